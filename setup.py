@@ -1,0 +1,46 @@
+"""ipa_jax: reinforcement learning of agentic language models in JAX (IPA and FlashREINFORCE)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="ipa_jax",
+    version="0.1.0",
+    description="Chunk-level RL (IPA) and FlashREINFORCE for multi-turn tool-using LLM agents, in JAX.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["ipa_jax", "ipa_jax.*"]),
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.11",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "transformers>=4.51",
+        "tokenizers>=0.21",
+        "safetensors>=0.4",
+        "ml-collections>=1.0",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+        "aiohttp>=3.9",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        # torch only for the parity tests and benchmarks: pinned to the CPU build on this project's machines.
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "torch==2.13.0",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+            "matplotlib>=3.8",
+        ],
+        "notebooks": ["jupyter", "matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+        # Rollout hosts only: SGLang needs a CUDA GPU.
+        "sglang": ["sglang[all]>=0.5"],
+        "gpu": ["jax[cuda12]"],
+        "tpu": ["jax[tpu]"],
+    },
+)
