@@ -30,6 +30,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "scipy>=1.11",
             "hypothesis>=6.100",
             "torch==2.13.0",
             "nbclient>=0.10",

@@ -1,0 +1,10 @@
+"""Ablation: batch-mean baseline A_i = R_i - mean_B(R) (the base's setting, explicit)."""
+
+from configs.ablations.common import get_config as common_config
+
+
+def get_config():
+    c = common_config()
+    c.train.name = "baseline_batch_mean"
+    c.objective.baseline = "batch_mean"
+    return c

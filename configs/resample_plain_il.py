@@ -1,0 +1,12 @@
+"""configs/resample_plain.py with the IL fallback: where every sample at an anchor fails, the expert's chunks
+up to the fork become imitation targets (lambda_IL = objective.il_weight, lambda_RL = objective.rl_weight)."""
+
+from configs.resample_plain import get_config as plain_config
+
+
+def get_config():
+    c = plain_config()
+    c.train.name = "resample_plain_il"
+    c.resample.il_fallback = True
+    c.objective.il_weight = 0.5
+    return c

@@ -1,0 +1,214 @@
+"""Learner throughput: the jitted ipa_jax train step next to a plain PyTorch/transformers training step.
+
+Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safetensors), same batch, same
+objective (FlashREINFORCE: batch-mean baseline, detached token ratio, sequence Bernoulli-KL trust region,
+sample-mean; rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 on CPU.
+Also times ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the
+objective's share of the step. Reports tokens/s, MFU (6 * N_active * tokens + attention FLOPs over the
+device's peak), the minimum and median of --iters interleaved rounds after warm-up (compile), and the ratios
+(from the minima: the least disturbed measurements on a shared machine).
+
+  python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
+  python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from absl import app, flags
+
+flags.DEFINE_integer("layers", 4, "decoder layers")
+flags.DEFINE_integer("hidden", 256, "hidden size")
+flags.DEFINE_integer("experts", 16, "experts per MoE layer")
+flags.DEFINE_integer("top_k", 4, "experts per token")
+flags.DEFINE_integer("moe_width", 128, "moe_intermediate_size")
+flags.DEFINE_integer("vocab", 8192, "vocabulary size")
+flags.DEFINE_integer("batch", 4, "batch size (trajectories)")
+flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
+flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
+flags.DEFINE_string("moe_impl", "ragged", "ipa_jax MoE path: ragged | dense")
+flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
+flags.DEFINE_string("out", "", "also write the results as JSON here")
+FLAGS = flags.FLAGS
+
+DELTA = 3e-3  # FlashREINFORCE trust-region threshold (both implementations)
+
+
+def _time_round_robin(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
+    """{name: {"min": s, "median": s}} over `rounds` rounds that time each step once, after one warm-up
+    (compile) call each. Interleaving spreads the noise of a shared machine over all of them; the minimum is
+    the least disturbed measurement. Each step() must block until its work is done."""
+    for step in steps.values():
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: {"min": min(t), "median": statistics.median(t)} for name, t in times.items()}
+
+
+def _synthetic_batch(rng, batch: int, seq_len: int, vocab: int):
+    """Prompt = first quarter; then 8 chunks of policy tokens; behaviour log-probs near log(1/V)."""
+    import numpy as np
+
+    from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch
+
+    trajs = []
+    for i in range(batch):
+        tokens = rng.randint(0, vocab, seq_len)
+        action = np.zeros(seq_len, bool)
+        action[seq_len // 4:] = True
+        ends = np.linspace(seq_len // 4, seq_len - 1, 9).astype(int)[1:]
+        behavior = np.where(action, -np.log(vocab) + rng.normal(0, 0.01, seq_len), 0.0)
+        trajs.append(Trajectory(uid=str(i), tokens=tokens, action_mask=action, behavior_logprobs=behavior,
+                                chunk_ids=build_chunk_ids(action, ends), expert_mask=np.zeros(seq_len, bool),
+                                reward=float(i % 2), policy_version=0))
+    return pad_batch(trajs, (seq_len,))
+
+
+def _torch_step(hf, batch):
+    """transformers forward -> full logits -> log-softmax gather -> FlashREINFORCE loss -> AdamW step."""
+    import torch
+
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
+    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
+    mask = torch.as_tensor(batch.action_mask)
+    behavior = torch.as_tensor(batch.behavior_logprobs)
+    rewards = torch.as_tensor(batch.rewards)
+    attention = torch.as_tensor(batch.attention_mask, dtype=torch.long)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = hf(input_ids=tokens, attention_mask=attention).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
+        logp = torch.nn.functional.pad(logp, (1, 0))
+        with torch.no_grad():
+            adv = rewards - rewards.mean()
+            p = behavior.exp().clamp(1e-6, 1 - 1e-6)
+            q = logp.exp().clamp(1e-6, 1 - 1e-6)
+            kl = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+            n = mask.sum(1)
+            admitted = ((kl * mask).sum(1) / n).clamp(min=0) <= DELTA
+            w = torch.where(mask & admitted[:, None], (logp - behavior).exp() * adv[:, None], 0.0)
+        loss = -((w * logp).sum(1) / n).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        opt.step()
+        return float(loss.detach())
+
+    return step
+
+
+def main(_):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import torch
+    import transformers
+    from flax import nnx
+
+    from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
+    from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
+    from ipa_jax.train import OptimizerConfig, StepOptions, TrainState, TrainStep, make_optimizer, place_state
+    from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.manual_seed(0)
+    hf_config = transformers.Qwen3MoeConfig(
+        vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=4 * FLAGS.hidden,
+        moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=FLAGS.hidden // 8, num_experts=FLAGS.experts,
+        num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True, max_position_embeddings=4 * FLAGS.seq_len)
+    hf = transformers.Qwen3MoeForCausalLM(hf_config).float().train()
+    batch = _synthetic_batch(np.random.RandomState(0), FLAGS.batch, FLAGS.seq_len, FLAGS.vocab)
+    tokens_per_step = FLAGS.batch * FLAGS.seq_len
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl)
+    config = model.config
+    mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
+    optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
+    tx = make_optimizer(optimizer, total_steps=1000)
+    objective = flash_reinforce_config(DELTA)
+    options = StepOptions(objective=objective, logprob_block_size=128, entropy=False)
+    state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
+    step = TrainStep(state, mesh, options, optax.constant_schedule(optimizer.lr))
+    device_batch = step.put_batch(batch)
+    holder = {"state": state}
+
+    def jax_step():
+        holder["state"], metrics = step(holder["state"], device_batch)
+        return float(metrics["loss"])
+
+    # The same step with a plain next-token NLL over the action tokens instead of the objective.
+    def nll_update(state, batch):
+        def loss_fn(params):
+            model = nnx.merge(state.graphdef, params, state.rest)
+            logp, _, _ = token_logprobs(model, batch.tokens, batch.attention_mask, batch.positions, block_size=128)
+            return -jnp.sum(jnp.where(batch.action_mask, logp, 0)) / jnp.sum(batch.action_mask)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), loss
+
+    nll_jit = jax.jit(nll_update, donate_argnums=0)
+    # Its own copy of the weights: the objective step donates (and so frees) the buffers of its state.
+    nll_state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
+    nll_holder = {"state": jax.tree.map(lambda x: x.copy(), nll_state)}
+
+    def nll_step():
+        nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
+        return float(loss)
+
+    # The objective alone: loss and its gradient w.r.t. the [B, T] log-probs.
+    logp0 = jnp.asarray(batch.behavior_logprobs)
+
+    def objective_only(logp, batch):  # the batch is an argument, not a constant XLA could fold
+        adv = compute_advantages(batch.rewards, objective.baseline)
+        terms, _ = objective_terms(logp, batch.behavior_logprobs, adv, batch.action_mask, batch.chunk_ids,
+                                   batch.expert_mask, objective)
+        return combine_terms(terms, objective)
+
+    objective_grad = jax.jit(jax.grad(objective_only))
+
+    results = {"config": dict(layers=FLAGS.layers, hidden=FLAGS.hidden, experts=FLAGS.experts, top_k=FLAGS.top_k,
+                              moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
+                              seq_len=FLAGS.seq_len, moe_impl=FLAGS.moe_impl, device=jax.devices()[0].device_kind,
+                              threads=len(os.sched_getaffinity(0)))}
+    timed = _time_round_robin({
+        "ipa_jax_step": jax_step,
+        "ipa_jax_nll_step": nll_step,
+        "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready(),
+        "torch_step": _torch_step(hf, batch),
+    }, FLAGS.iters)
+    times = {name: t["min"] for name, t in timed.items()}
+    flops = train_flops_per_token(config, FLAGS.seq_len) * tokens_per_step
+    peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])
+    for name, seconds in times.items():
+        results[name] = {"seconds_min": seconds, "seconds_median": timed[name]["median"]}
+        if name != "objective_fwd_bwd":
+            results[name].update(tokens_per_s=tokens_per_step / seconds, mfu=flops / seconds / peak)
+    results["ratios"] = {  # from the minimum times
+        "torch_time_over_ipa_jax_time": times["torch_step"] / times["ipa_jax_step"],
+        "objective_share_of_step": (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times["ipa_jax_step"],
+        "objective_alone_share_of_step": times["objective_fwd_bwd"] / times["ipa_jax_step"],
+    }
+    results["flops_per_step"] = flops
+    results["peak_flops_per_device"] = peak
+    print(json.dumps(results, indent=2))
+    if FLAGS.out:
+        with open(FLAGS.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,459 @@
+"""Online training wiring: engines, environment, IL warm start, rollout workers -> queue -> learner, weight
+sync, held-out evaluation, samples and the run summary (issue 6 item 5, issue 7 item 1).
+
+    learner step s < train.il_warmup_steps: batches of scripted-expert episodes (IL only)
+    learner step s >= il_warmup_steps:      batches from the TrajectoryQueue fed by a RolloutWorker
+                                            (or from a ResampleSource, see `rollout.source`)
+    after every update:                     weights -> engines (every rollout.weight_sync_every steps;
+                                            queue.forced_lag pushes the weights of step s - forced_lag)
+    eval_fn:                                held-out tasks, success / reward / tool calls / turns
+
+Expert episodes are token rows built from the expert's chat messages through the chat template (the same
+bookkeeping as the agent loop): the expert's assistant turns are imitation targets (expert_mask). The
+Trajectory contract needs at least one action token, so the expert's very last token (the final answer's
+`<|im_end|>`) is the single action, with behaviour log-prob 0 (the scripted expert emits it with
+probability 1) and chunk id 0; the IL-only warm-up step gives it no weight.
+
+Run folder (CONTRACTS.md "Run folder layout"): tokenizer/ (when built), samples/step_<8 digits>.jsonl,
+trajectories/train.jsonl (every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished
+ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight sync), summary.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from transformers import AutoTokenizer
+
+from ipa_jax.engines import Engine, SGLangEngine
+from ipa_jax.envs import Env, Task, make_env
+from ipa_jax.models import save_pretrained
+from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
+from ipa_jax.rollout.agent import IM_END, _replay_prefill, _Row
+from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
+from ipa_jax.tokenizer import build_tokenizer
+from ipa_jax.train.metrics import read_metrics
+from ipa_jax.trajectory import Trajectory, write_jsonl
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED = 0  # the held-out set is the same for every run (comparable across seeds and configs)
+SAMPLES_PER_SPLIT = 4  # episodes of each split written to samples/step_*.jsonl
+RESAMPLE_TASKS_PER_ROUND_MULTIPLE = 8  # resampling cycles over 8 * tasks_per_round training tasks
+WAIT_POLL_S = 1.0  # the learner re-checks the rollout worker's health this often while waiting
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+def load_or_build_tokenizer(exp, run_dir: str):
+    """model.tokenizer, else the model folder's, else <run_dir>/tokenizer (built by an earlier attempt of this
+    run, or now: a small BPE on the built-in environments' expert conversations, sized to model.arch)."""
+    path = exp.model.tokenizer or exp.model.path
+    if path:
+        return AutoTokenizer.from_pretrained(path)
+    out = os.path.join(run_dir, "tokenizer")
+    vocab_size = int(exp.model.arch["vocab_size"])
+    if os.path.exists(os.path.join(out, "tokenizer_config.json")):
+        tok = AutoTokenizer.from_pretrained(out)
+    else:
+        tok = build_tokenizer(vocab_size=vocab_size)
+        if jax.process_index() == 0:
+            tok.save_pretrained(out)
+    if len(tok) > vocab_size:
+        raise ValueError(f"config key 'model.arch.vocab_size': {vocab_size} is smaller than the tokenizer's {len(tok)} "
+                         f"tokens ({out})")
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------- experts
+def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Trajectory:
+    """The scripted expert's episode of `task` as a Trajectory: its assistant turns expert-masked (the IL
+    targets), observations as template differences; the last token is the one action (see module doc)."""
+    messages = env.expert(task)
+    initial = task.initial_messages()
+    turns, answer = messages[len(initial):-1], messages[-1]
+    if answer.get("role") != "assistant" or answer.get("tool_calls"):
+        raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
+    env.reset(task)
+    history = list(initial)
+    row = _Row([], [], [], [], [])
+    row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
+    _replay_prefill(env, task, chat, turns, row, history)
+    # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).
+    prefix = chat.render(history, task.tools, add_generation_prompt=True)
+    full = chat.render(history + [answer], task.tools)
+    body = chat.encode(full[len(prefix): full.rindex(IM_END) + len(IM_END)])
+    row.extend(body[:-1], expert=True)
+    row.extend(body[-1:], action=True, logprobs=[0.0], chunk=0)
+    reward = env.final_answer(answer["content"])
+    n = len(row.tokens)
+    return Trajectory(
+        uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
+        behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
+        expert_mask=np.asarray(row.expert, bool), reward=float(reward), policy_version=0,
+        chunk_versions=np.zeros(1, np.int32), routed_experts=None,
+        info={"task_id": task.task_id, "env": task.env, "finish_reason": "answer", "expert": True,
+              "num_turns": len(turns) // 2 + 1, "num_tool_calls": env.num_tool_calls,
+              "num_tool_errors": env.num_tool_errors, "generated_tokens": 0, "split": "train", "length": n})
+
+
+class ExpertStream:
+    """Endless scripted-expert trajectories over a task stream; position = number yielded (checkpointed)."""
+
+    def __init__(self, env_factory: Callable[[], Env], tasks: Iterator[Task], chat: ChatFormat):
+        self.env_factory, self.tasks, self.chat = env_factory, tasks, chat
+        self.count = 0
+
+    def take(self, n: int) -> list[Trajectory]:
+        out = []
+        for _ in range(n):
+            task = next(self.tasks)
+            out.append(expert_trajectory(task, self.env_factory(), self.chat, uid=f"expert:{task.task_id}"))
+            self.count += 1
+        return out
+
+    def skip_to(self, count: int) -> None:
+        while self.count < count:  # the stream is deterministic: replay the task draws
+            next(self.tasks)
+            self.count += 1
+
+
+# ---------------------------------------------------------------------------------------------- engines
+class EngineHost:
+    """Engines built from exp.rollout, and weight sync. The rollout engine lives on the rollout worker's
+    event loop (or the ResampleSource's); the control engine (evaluation; SGLang weight updates) on a private
+    loop driven from the learner thread. Embedded: two in-process engines sharing compiled functions;
+    SGLang: two clients of the same servers (weights are a server-side state)."""
+
+    def __init__(self, exp, state, run_dir: str, tokenizer):
+        r = exp.rollout
+        self.kind, self.run_dir = r.engine, run_dir
+        self.loop = asyncio.new_event_loop()
+        if r.engine == "embedded":
+            from ipa_jax.engines import EmbeddedEngine
+
+            model = _engine_model(state)
+            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer)
+            self.rollout = EmbeddedEngine(model, seed=exp.train.seed, **kw)
+            self.control = EmbeddedEngine(model, seed=exp.train.seed + 1,
+                                          **{**kw, "max_batch": max(exp.train.eval_episodes, 1)})
+        else:
+            self.rollout = SGLangEngine(list(r.sglang_urls))
+            self.control = SGLangEngine(list(r.sglang_urls))
+        self.version = -1
+
+    def push(self, state, version: int) -> None:
+        """Serve `state`'s weights as `version` on every engine (copies: the state's buffers are donated)."""
+        if self.kind == "embedded":
+            params = _engine_params(state)
+            self.rollout.set_params_from_model(params, version)
+            self.control.set_params_from_model(params, version)
+        else:
+            path = os.path.join(self.run_dir, "weights", f"v{version:08d}")
+            save_pretrained(state.model(), path)
+            self.loop.run_until_complete(self.control.update_weights(path, version))
+        self.version = version
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.control.close())
+        self.loop.close()
+
+
+def _engine_params(state) -> nnx.State:
+    """The policy's parameters in their mesh placement (the model's sharding constraints name the mesh); the
+    engine copies them."""
+    return nnx.state(state.model())
+
+
+def _engine_model(state):
+    graphdef, params = nnx.split(state.model())
+    return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, params))
+
+
+# ---------------------------------------------------------------------------------------------- the source
+class OnlineSource:
+    """The learner's TrajectorySource: expert episodes during the IL warm start, then rollouts (queue or
+    resampling). Also the weight-sync hook (`after_update`) and the evaluation function (`evaluate`)."""
+
+    def __init__(self, exp, state, run_dir: str):
+        self.exp, self.run_dir = exp, run_dir
+        r, t = exp.rollout, exp.train
+        if exp.queue.max_size < t.batch_size:
+            raise ValueError(f"config key 'queue.max_size': {exp.queue.max_size} < train.batch_size={t.batch_size}; "
+                             "the learner takes whole batches from the queue")
+        if not exp.env.name:
+            raise ValueError("config key 'env.name': online training needs an environment (ipa_jax.envs)")
+        env_kwargs = dict(exp.env.kwargs)
+        self.env_factory = lambda: make_env(exp.env.name, **env_kwargs)
+        env = self.env_factory()
+        self.tokenizer = load_or_build_tokenizer(exp, run_dir)
+        self.chat = ChatFormat(self.tokenizer)
+        self.engines = EngineHost(exp, state, run_dir, self.tokenizer)
+        self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
+        self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
+        self.agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
+                                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                 return_routed_experts=exp.model.routing_replay)
+        self.eval_agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
+                                      max_context=r.max_context, temperature=r.eval_temperature,
+                                      record_messages=True)
+        source = r.source
+        if source == "auto":
+            source = "resample" if exp.resample.mode != "none" or exp.resample.il_fallback else "queue"
+        self.kind = source
+        self.queue: TrajectoryQueue | None = None
+        self.worker: RolloutWorker | None = None
+        self.resample: ResampleSource | None = None
+        if source == "queue":
+            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag,
+                                         vocab_size=int(exp.model.arch["vocab_size"]) if not exp.model.path else None)
+            self.train_tasks = env.task_stream("train", seed=t.seed)
+        else:
+            n = RESAMPLE_TASKS_PER_ROUND_MULTIPLE * exp.resample.tasks_per_round
+            tasks = env.tasks("train", n, seed=t.seed)
+            self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
+                                           self.engines.rollout, self.chat, self.agent, concurrency=r.concurrency)
+        self.step = 0
+        self.history: collections.deque = collections.deque(maxlen=exp.queue.forced_lag + 1)
+        self.last_train: list[Trajectory] = []
+        self.wait_s = 0.0
+        self.rl_started_at: float | None = None
+        self.closed = False
+        os.makedirs(os.path.join(run_dir, "trajectories"), exist_ok=True)
+
+    # ---- TrajectorySource ---------------------------------------------------------------------------
+    def next_trajectories(self, n: int) -> list[Trajectory]:
+        if self.step < self.exp.train.il_warmup_steps:
+            out = self.experts.take(n)
+        elif self.resample is not None:  # synchronous: the learner waits while a round is sampled
+            t0 = time.perf_counter()
+            self.rl_started_at = self.rl_started_at or t0
+            out = self.resample.next_trajectories(n)
+            self.wait_s += time.perf_counter() - t0
+        else:
+            out = self._take(n)
+        for traj in out:
+            traj.info.setdefault("split", "train")
+        self.last_train = out[:SAMPLES_PER_SPLIT]
+        _append_jsonl(os.path.join(self.run_dir, "trajectories", "train.jsonl"), out)
+        return out
+
+    def _take(self, n: int) -> list[Trajectory]:
+        if self.worker is None:  # rollouts start with the first RL batch, from the warmed-up weights
+            self.rl_started_at = time.perf_counter()
+            self.worker = RolloutWorker(self.engines.rollout, self.chat, self.train_tasks, self.queue, self.agent,
+                                        concurrency=self.exp.rollout.concurrency,
+                                        group_size=self.exp.rollout.group_size,
+                                        env_factory=lambda task: self.env_factory(), name="rollout").start()
+        t0 = time.perf_counter()
+        try:
+            while True:
+                self.worker.check()
+                if not self.worker.running:
+                    raise RuntimeError("rollout worker stopped: no more training tasks")
+                try:
+                    return self.queue.take(n, timeout=WAIT_POLL_S)
+                except TimeoutError:
+                    continue
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"experts_taken": self.experts.count}
+        if self.resample is not None:
+            out["resample"] = self.resample.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.experts.skip_to(int(state["experts_taken"]))
+        if self.resample is not None:
+            self.resample.load_state_dict(state["resample"])
+
+    def metrics(self) -> dict[str, float]:
+        """Logged by the learner as source/<name> on every training line."""
+        out: dict[str, float] = {}
+        if self.rl_started_at is not None:
+            out["learner_idle_fraction"] = self.wait_s / max(time.perf_counter() - self.rl_started_at, 1e-9)
+        if self.queue is not None:
+            q = self.queue.stats()
+            out.update({f"queue_{k}": float(q[k]) for k in ("depth", "dropped_total", "dropped_stale",
+                                                             "lag_taken_mean", "put_per_s")})
+        if self.worker is not None:
+            w = self.worker.stats()
+            out.update({k: float(w[k]) for k in ("episodes_per_s", "generated_tokens_per_s", "success_rate",
+                                                  "finished", "failed")})
+            # Admission by policy lag, per finished episode (the queue's own count includes retried puts).
+            out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
+        if self.resample is not None:
+            out.update({f"resample_{k}": float(v) for k, v in self.resample.resampler.metrics().items()})
+        return out
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def after_update(self, state) -> None:
+        """Weight sync. Runs before the first step (after any restore) and after every update."""
+        self.step = int(jax.device_get(state.step))
+        if self.queue is not None:
+            self.queue.set_version(max(self.step, self.queue.version))
+        sync_every = self.exp.rollout.weight_sync_every
+        if self.engines.version >= 0 and self.step % sync_every:
+            return
+        lag = self.exp.queue.forced_lag
+        if lag == 0:
+            self.engines.push(state, self.step)
+            return
+        # Staleness experiments: the engines serve the weights of step - forced_lag (copies kept on the host).
+        self.history.append((self.step, jax.device_get(nnx.state(state.model()))))
+        version, params = self.history[0]
+        self.engines.push(_HostState(state, params), version)
+
+    def evaluate(self, state) -> dict[str, float]:
+        """Held-out episodes with the current weights: success, reward, tool calls, turns (and samples)."""
+        step = int(jax.device_get(state.step))
+        if self.engines.kind == "embedded":
+            self.engines.control.set_params_from_model(_engine_params(state), step)
+        t0 = time.perf_counter()
+        trajs = self.engines.loop.run_until_complete(run_episodes(
+            self.engines.control, self.chat, self.eval_tasks, self.eval_agent,
+            concurrency=len(self.eval_tasks), env_factory=lambda task: self.env_factory()))
+        done = [t for t in trajs if t is not None]
+        if not done:
+            raise RuntimeError("evaluation: every episode was aborted by the engine")
+        for traj in done:
+            traj.info["split"] = "eval"
+        self._write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
+        return {
+            "success": float(np.mean([t.reward >= 1.0 for t in done])),
+            "reward": float(np.mean([t.reward for t in done])),
+            "tool_calls": float(np.mean([t.info["num_tool_calls"] for t in done])),
+            "tool_errors": float(np.mean([t.info["num_tool_errors"] for t in done])),
+            "turns": float(np.mean([t.info["num_turns"] for t in done])),
+            "episodes": float(len(done)),
+            "time_s": time.perf_counter() - t0,
+        }
+
+    def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
+        if jax.process_index() != 0:
+            return
+        path = os.path.join(self.run_dir, "samples", f"step_{step:08d}.jsonl")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_jsonl(path, trajs)
+
+    # ---- shutdown -----------------------------------------------------------------------------------
+    def rollout_stats(self) -> dict[str, float]:
+        out = {"learner_idle_fraction": self.metrics().get("learner_idle_fraction", 0.0)}
+        if self.worker is not None:
+            w = self.worker.stats()
+            out.update(episodes_per_s=w["episodes_per_s"], generated_tokens_per_s=w["generated_tokens_per_s"],
+                       rollout_episodes=w["finished"], rollout_success_rate=w["success_rate"])
+            out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
+        return out
+
+    def close(self) -> None:
+        """Stop the rollouts; finished trajectories not consumed go to trajectories/unconsumed.jsonl."""
+        if self.closed:
+            return
+        self.closed = True
+        left: list[Trajectory] = []
+        if self.worker is not None:
+            self.worker.stop(abort_in_flight=True, timeout=60.0)
+            self.final_rollout_stats = self.rollout_stats()
+            left += self.worker.leftovers
+        if self.queue is not None:
+            self.queue.close()
+            left += self.queue.drain()
+        if left:
+            _append_jsonl(os.path.join(self.run_dir, "trajectories", "unconsumed.jsonl"), left)
+        if self.resample is not None:
+            self.resample.close()
+        self.engines.close()
+
+
+def _append_jsonl(path: str, trajs: list[Trajectory]) -> None:
+    if jax.process_index() == 0:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(t.to_json() + "\n" for t in trajs)
+
+
+class _HostState:
+    """A TrainState stand-in whose model() has older parameters (forced policy lag)."""
+
+    def __init__(self, state, params: nnx.State):
+        self._graphdef, self._params = state.graphdef, params
+        self._rest = state.rest
+
+    def model(self):
+        return nnx.merge(self._graphdef, self._params, self._rest)
+
+
+def make_online_source_and_hooks(exp, state, run_dir: str) -> tuple[OnlineSource, Callable, Callable]:
+    """(source, after_update, eval_fn) for `experiments.train.run`; call source.close() when training ends."""
+    source = OnlineSource(exp, state, run_dir)
+    return source, source.after_update, source.evaluate
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def write_summary(exp, learner, run_dir: str, wall_time_s: float, source: Any = None) -> dict[str, Any]:
+    """summary.json (names in CONTRACTS.md) from the learner's eval history and metrics.jsonl; returns it."""
+    evals = [e for e in learner.eval_history if "success" in e]
+    warm = exp.train.il_warmup_steps
+    before = next((e for e in evals if e["step"] == warm), None)
+    after = evals[-1] if evals else None
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl")) if os.path.exists(
+        os.path.join(run_dir, "metrics.jsonl")) else []
+    rl_rows = [r for r in rows if "admitted_fraction" in r and r["step"] > warm]
+    step = int(jax.device_get(learner.state.step))
+    summary = {
+        "success_before": None if before is None else before["success"],
+        "success_after": None if after is None else after["success"],
+        "tool_calls_before": None if before is None else before["tool_calls"],
+        "tool_calls_after": None if after is None else after["tool_calls"],
+        "reward_before": None if before is None else before["reward"],
+        "reward_after": None if after is None else after["reward"],
+        "steps": step,
+        "il_warmup_steps": warm,
+        "wall_time_s": wall_time_s,
+        "run_dir": os.path.abspath(run_dir),
+        "name": exp.train.name,
+        "config": os.path.abspath(os.path.join(run_dir, "config.json")),
+        "seed": exp.train.seed,
+        "env": exp.env.name,
+        "eval_episodes": exp.train.eval_episodes,
+        "admitted_fraction_mean": float(np.mean([r["admitted_fraction"] for r in rl_rows])) if rl_rows else None,
+        "reward_mean_rl": float(np.mean([r["reward_mean"] for r in rl_rows])) if rl_rows else None,
+        "eval_history": evals,
+    }
+    if source is not None:
+        summary.update(getattr(source, "final_rollout_stats", None) or source.rollout_stats())
+    if jax.process_index() == 0:
+        with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+    return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
+    lines = [
+        f"held-out success: {pct(s['success_before'])} (after IL warm start) -> {pct(s['success_after'])} (end)",
+        f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
+        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
+    ]
+    if "episodes_per_s" in s:
+        lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
+                     f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue")
+    lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
+    return "\n".join(lines)

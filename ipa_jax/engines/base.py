@@ -1,0 +1,170 @@
+"""The engine interface: token ids in, sampled token ids + the log-probs that sampled them out.
+
+Two implementations sit behind it: `SGLangEngine` (HTTP client of a pool of SGLang servers) and
+`EmbeddedEngine` (jitted JAX prefill + decode on the ipa_jax model). Everything is asyncio so that many
+episodes run at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+class EngineError(RuntimeError):
+    """A generation or control call failed (after retries, where the engine retries)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters (SGLang names and semantics).
+
+    temperature 0 means greedy. top_k -1 (or 0) means the whole vocabulary. Generation stops after a token in
+    `stop_token_ids` (the token is kept), after a stop string appears in the decoded text (needs a tokenizer on
+    the engine side), or after `max_new_tokens` tokens.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    return_routed_experts: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept lists for the tuple fields: callers build these from configs and JSON.
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)):
+            raise ValueError(f"SamplingParams.max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (whole vocab), 0 or a positive int, got {self.top_k}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be non-negative, got {self.stop_token_ids}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+
+    @property
+    def truncates_support(self) -> bool:
+        """True when top-p/top-k cut the sampler's support (importance ratios then need care)."""
+        return self.top_p < 1.0 or self.top_k > 0
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """One generated continuation.
+
+    token_ids and logprobs have the same length; logprobs[i] = log mu(token_ids[i] | prompt, token_ids[:i]) under
+    the distribution actually sampled from (after temperature / top-p / top-k; at temperature 0 the model's
+    own log-prob, as SGLang reports). A matched stop token is included in token_ids. `matched_stop` is the stop
+    token id (int) or stop string (str) that ended generation, else None. `weight_version` is the version of
+    the weights when the request finished. `routed_experts` is int32 [len(prompt) + len(token_ids) - 1, L, k]
+    (row t = experts chosen when processing token t of prompt + output; the last sampled token is never fed)
+    when requested, else None.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    matched_stop: int | str | None
+    weight_version: int
+    routed_experts: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"GenerationResult.logprobs has {len(self.logprobs)} entries for {len(self.token_ids)} token_ids"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"GenerationResult.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
+            )
+
+
+def broadcast_params(
+    params: SamplingParams | Sequence[SamplingParams], num_prompts: int
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt (a single one is shared); raises ValueError on a length mismatch."""
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"params has {len(params)} entries for {num_prompts} prompts")
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"params entries must be SamplingParams, got {type(p).__name__}")
+    return params
+
+
+def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Validate token-id prompts: a list of non-empty lists of non-negative ints."""
+    out = []
+    for i, p in enumerate(prompts):
+        ids = [int(t) for t in p]
+        if not ids:
+            raise ValueError(f"prompts[{i}] is empty")
+        if min(ids) < 0:
+            raise ValueError(f"prompts[{i}] has a negative token id")
+        out.append(ids)
+    return out
+
+
+class Engine(abc.ABC):
+    """Async generation engine. Implementations: SGLangEngine, EmbeddedEngine."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """The version of the weights currently served."""
+
+    @abc.abstractmethod
+    async def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        session_ids: list[str] | None = None,
+        request_ids: list[str] | None = None,
+    ) -> list[GenerationResult]:
+        """Continue each prompt. session_ids keep a multi-turn episode on one server (prefix cache);
+        request_ids name requests so `abort` can end them early (finish_reason "abort", partial output)."""
+
+    @abc.abstractmethod
+    async def update_weights(self, path: str, version: int) -> None:
+        """Load HF safetensors weights from `path` and serve them as `version`."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Stop generating until resume(). Callers of generate() see no abort from a pause: in-flight requests
+        are held, or interrupted and resubmitted (prompt + partial output, remaining budget) after resume()."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Undo pause()."""
+
+    async def abort(self, request_ids: list[str] | None = None) -> None:
+        """End the requests whose id starts with one of `request_ids` (None: all in-flight requests); they return
+        finish_reason "abort" with their partial output. Optional: the dev server's /abort_request needs it."""
+        raise NotImplementedError(f"{type(self).__name__} does not support abort")
+
+    @abc.abstractmethod
+    async def health(self) -> bool:
+        """True iff the engine can generate."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release resources; the engine is unusable afterwards."""

@@ -1,0 +1,645 @@
+"""An SGLang-compatible HTTP server in front of any Engine (the embedded JAX engine from the CLI).
+
+It speaks the subset of SGLang's native API the trainer uses (shared/reference/sglang-protocol.md §1-2), with
+SGLang's request/response shapes, so `SGLangEngine` is tested over real HTTP on a CPU machine and several dev
+servers stand in for a pool:
+
+  POST/PUT /generate            single or batch `input_ids` (or `text` with a tokenizer), sampling_params
+  POST /update_weights_from_disk  {"model_path", "weight_version"?, "abort_all_requests"?, ...}
+  POST /pause_generation        {"mode": "abort" (default) | "retract" | "in_place"} (body optional)
+  POST /continue_generation
+  POST /abort_request           {"rid": prefix} | {"abort_all": true}
+  GET|POST /flush_cache         400 while requests run
+  GET /get_model_info, /model_info, /health, /health_generate
+
+Sampling keys SGLang knows but the dev server does not implement are accepted only at their default value
+(anything else is a 400 naming the key); unknown keys are a 400 in SGLang 0.5.23's schema-error shape.
+
+    python -m ipa_jax.engines.devserver --model PATH --port P [--host H] [--weight-version 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from ipa_jax.engines.base import Engine, GenerationResult, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Sampling keys the dev server implements (value -> SamplingParams or response formatting).
+_SUPPORTED_SAMPLING_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+)
+# Keys SGLang knows that the dev server accepts only at SGLang's default (0.5.5 SamplingParams + 0.5.23 schema).
+_DEFAULT_ONLY_SAMPLING_KEYS: dict[str, Any] = {
+    "stop_regex": None,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": None,
+    "stream_interval": None,
+    "logit_bias": None,
+    "sampling_seed": None,
+    "beam_width": None,
+    "watermark": None,
+    "choice": None,
+}
+KNOWN_SAMPLING_KEYS: tuple[str, ...] = _SUPPORTED_SAMPLING_KEYS + tuple(_DEFAULT_ONLY_SAMPLING_KEYS)
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when the request omits it.
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class RequestError(ValueError):
+    """A bad request. schema=True: body/schema error (SGLang's RequestValidationError shape), else a ValueError
+    raised while serving (SGLang's `{"error": {"message"}}` shape). Both are HTTP 400."""
+
+    def __init__(self, message: str, *, schema: bool):
+        super().__init__(message)
+        self.schema = schema
+
+
+def error_response(message: str, *, schema: bool, status: int = 400) -> web.Response:
+    """SGLang's two error bodies (protocol §1.3 "Errors")."""
+    if schema:
+        body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": status}
+    else:
+        body = {"error": {"message": message}}
+    return web.json_response(body, status=status)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_sampling_params(
+    raw: Any, *, eos_token_ids: Sequence[int], return_routed_experts: bool
+) -> tuple[SamplingParams, dict[str, Any]]:
+    """SGLang sampling_params dict -> (SamplingParams, text-formatting options). Raises RequestError."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RequestError(f"sampling_params must be an object, got {type(raw).__name__}", schema=True)
+    for key in raw:
+        if key not in KNOWN_SAMPLING_KEYS:
+            expected = ", ".join(f"`{k}`" for k in KNOWN_SAMPLING_KEYS)
+            raise RequestError(f"unknown field `{key}`, expected one of {expected}", schema=True)
+    for key, default in _DEFAULT_ONLY_SAMPLING_KEYS.items():
+        if key in raw and raw[key] != default:
+            raise RequestError(
+                f"sampling_params.{key}={raw[key]!r} is not supported by the dev server (only {default!r})",
+                schema=False,
+            )
+    max_new_tokens = raw.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
+    if not _is_int(max_new_tokens):
+        raise RequestError(f"sampling_params.max_new_tokens must be an integer, got {max_new_tokens!r}", schema=True)
+    for key in ("temperature", "top_p"):
+        if key in raw and not _is_number(raw[key]):
+            raise RequestError(f"sampling_params.{key} must be a number, got {raw[key]!r}", schema=True)
+    if "top_k" in raw and not _is_int(raw["top_k"]):
+        raise RequestError(f"sampling_params.top_k must be an integer, got {raw['top_k']!r}", schema=True)
+    top_k = raw.get("top_k", -1)
+    if top_k < -1 or top_k == 0:  # SGLang's own check (SamplingParams.verify)
+        raise RequestError(f"top_k must be -1 (disable), or at least 1, got {top_k}.", schema=False)
+    stop = raw.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"sampling_params.stop must be a string or a list of strings, got {stop!r}", schema=True)
+    stop_ids = raw.get("stop_token_ids") or ()
+    if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(t) for t in stop_ids):
+        raise RequestError(f"sampling_params.stop_token_ids must be a list of ints, got {stop_ids!r}", schema=True)
+    for key in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise RequestError(f"sampling_params.{key} must be a boolean, got {raw[key]!r}", schema=True)
+    # SGLang stops on the model's EOS ids in addition to stop_token_ids unless ignore_eos.
+    all_stop_ids = tuple(stop_ids) + (() if raw.get("ignore_eos", False) else tuple(eos_token_ids))
+    try:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=float(raw.get("temperature", 1.0)),
+            top_p=float(raw.get("top_p", 1.0)),
+            top_k=top_k,
+            stop_token_ids=tuple(dict.fromkeys(all_stop_ids)),
+            stop=tuple(stop),
+            return_routed_experts=return_routed_experts,
+        )
+    except ValueError as e:
+        raise RequestError(str(e), schema=False) from e
+    text_options = {
+        "skip_special_tokens": raw.get("skip_special_tokens", True),
+        "spaces_between_special_tokens": raw.get("spaces_between_special_tokens", True),
+        "no_stop_trim": raw.get("no_stop_trim", False),
+    }
+    return params, text_options
+
+
+def _per_item(value: Any, n: int, name: str, *, batch: bool) -> list[Any]:
+    """A scalar or (for a batch) a list of n values -> list of n values."""
+    if batch and isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{name} has {len(value)} entries for a batch of {n}", schema=True)
+        return value
+    return [value] * n
+
+
+class DevServer:
+    """SGLang's HTTP contract around an Engine.
+
+    Use `await start()` / `await stop()` inside a running loop, or `serve_in_thread()` for a server in a
+    background thread with its own event loop (tests, notebooks); `kill()` drops it abruptly like a crash.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_path: str = "",
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] = (),
+        enable_return_routed_experts: bool = False,
+        health_timeout_s: float = 20.0,
+    ):
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.enable_return_routed_experts = enable_return_routed_experts
+        self.health_timeout_s = health_timeout_s
+        self.num_running = 0
+        self.paused = False
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ app
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024**2)
+        app.router.add_route("POST", "/generate", self.handle_generate)
+        app.router.add_route("PUT", "/generate", self.handle_generate)
+        app.router.add_post("/update_weights_from_disk", self.handle_update_weights)
+        app.router.add_post("/pause_generation", self.handle_pause)
+        app.router.add_post("/continue_generation", self.handle_continue)
+        app.router.add_post("/abort_request", self.handle_abort)
+        app.router.add_get("/flush_cache", self.handle_flush_cache)
+        app.router.add_post("/flush_cache", self.handle_flush_cache)
+        app.router.add_get("/get_model_info", self.handle_model_info)
+        app.router.add_get("/model_info", self.handle_model_info)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/health_generate", self.handle_health_generate)
+        return app
+
+    @staticmethod
+    async def _json_body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw.strip():
+            if optional:
+                return {}
+            raise RequestError("request body is empty; expected a JSON object", schema=True)
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"JSON decode error: {e}", schema=True) from e
+        if not isinstance(body, dict):
+            raise RequestError(f"request body must be a JSON object, got {type(body).__name__}", schema=True)
+        return body
+
+    # ------------------------------------------------------------------ /generate
+    def _parse_generate(self, body: dict[str, Any]) -> tuple[bool, list[list[int]], list[dict[str, Any]]]:
+        """-> (is_batch, prompts, per-item options)."""
+        given = [k for k in ("text", "input_ids", "input_embeds") if body.get(k) is not None]
+        if len(given) != 1:
+            raise RequestError("Either text, input_ids or input_embeds should be provided.", schema=False)
+        if given[0] == "input_embeds":
+            raise RequestError("input_embeds is not supported by the dev server", schema=False)
+        if given[0] == "text":
+            if self.tokenizer is None:
+                raise RequestError("`text` needs a tokenizer; this dev server has none (send input_ids)", schema=False)
+            text = body["text"]
+            batch = isinstance(text, list)
+            texts = text if batch else [text]
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise RequestError("text must be a string or a non-empty list of strings", schema=True)
+            prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        else:
+            ids = body["input_ids"]
+            if not isinstance(ids, list) or not ids:
+                raise RequestError("input_ids must be a non-empty list of ints or of lists of ints", schema=True)
+            batch = isinstance(ids[0], list)
+            prompts = ids if batch else [ids]
+            for i, p in enumerate(prompts):
+                if not isinstance(p, list) or not p or not all(_is_int(t) and t >= 0 for t in p):
+                    raise RequestError(f"input_ids[{i}] must be a non-empty list of non-negative ints", schema=True)
+        n = len(prompts)
+        sp = body.get("sampling_params")
+        if isinstance(sp, list) and not batch:
+            raise RequestError("sampling_params is a list but the request is not a batch", schema=True)
+        sps = _per_item(sp, n, "sampling_params", batch=batch)
+        rid = body.get("rid")
+        if rid is None:
+            rids = [uuid.uuid4().hex for _ in range(n)]
+        elif isinstance(rid, str):
+            rids = [f"{rid}_{i}" for i in range(n)] if batch else [rid]
+        elif isinstance(rid, list) and batch and all(isinstance(r, str) for r in rid):
+            rids = _per_item(rid, n, "rid", batch=True)
+        else:
+            raise RequestError(f"rid must be a string (or a list of strings for a batch), got {rid!r}", schema=True)
+        return_logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", batch=batch)
+        routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", batch=batch)
+        for flag in return_logprob + routed:
+            if not isinstance(flag, bool):
+                raise RequestError(f"return_logprob/return_routed_experts must be booleans, got {flag!r}", schema=True)
+        if any(routed) and not self.enable_return_routed_experts:
+            raise RequestError(
+                "return_routed_experts needs the server flag --enable-return-routed-experts", schema=False
+            )
+        for key, default in (("logprob_start_len", -1), ("top_logprobs_num", 0), ("stream", False)):
+            values = _per_item(body.get(key, default), n, key, batch=batch)
+            if any(v != default for v in values):
+                raise RequestError(
+                    f"{key}={body[key]!r} is not supported by the dev server (only {default!r})", schema=False
+                )
+        items = []
+        for i in range(n):
+            params, text_options = parse_sampling_params(
+                sps[i], eos_token_ids=self.eos_token_ids, return_routed_experts=routed[i]
+            )
+            items.append({"rid": rids[i], "params": params, "text": text_options, "return_logprob": return_logprob[i]})
+        return batch, prompts, items
+
+    def _decode_text(self, result: GenerationResult, options: dict[str, Any]) -> str:
+        ids = list(result.token_ids)
+        trim = not options["no_stop_trim"]
+        if trim and result.finish_reason == "stop" and isinstance(result.matched_stop, int) and ids:
+            ids = ids[:-1]  # SGLang trims the matched stop token from `text` only.
+        text = self.tokenizer.decode(
+            ids,
+            skip_special_tokens=options["skip_special_tokens"],
+            spaces_between_special_tokens=options["spaces_between_special_tokens"],
+        )
+        if trim and result.finish_reason == "stop" and isinstance(result.matched_stop, str):
+            pos = text.find(result.matched_stop)
+            if pos >= 0:
+                text = text[:pos]
+        return text
+
+    def _format(self, prompt: list[int], result: GenerationResult, item: dict[str, Any], latency: float) -> dict:
+        meta: dict[str, Any]
+        if result.finish_reason == "abort" and not result.token_ids:
+            # SGLang's reduced meta_info for a request aborted before it ran (protocol §1.3).
+            meta = {
+                "id": item["rid"],
+                "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+                "completion_tokens": 0,
+            }
+        else:
+            if result.finish_reason == "stop":
+                finish = {"type": "stop", "matched": result.matched_stop}
+            elif result.finish_reason == "length":
+                finish = {"type": "length", "length": item["params"].max_new_tokens}
+            else:
+                finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+            meta = {
+                "id": item["rid"],
+                "finish_reason": finish,
+                "prompt_tokens": len(prompt),
+                "weight_version": str(result.weight_version),
+                "total_retractions": 0,
+                "completion_tokens": len(result.token_ids),
+                "cached_tokens": 0,
+                "e2e_latency": latency,
+            }
+        if item["return_logprob"]:
+            meta["input_token_logprobs"] = [[None, prompt[-1], None]]
+            pairs = zip(result.logprobs, result.token_ids)
+            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in pairs]
+        if result.routed_experts is not None:
+            routed = np.ascontiguousarray(result.routed_experts, dtype=np.int32)
+            meta["routed_experts"] = base64.b64encode(routed.tobytes()).decode("ascii")
+        out: dict[str, Any] = {"output_ids": list(result.token_ids), "meta_info": meta}
+        if self.tokenizer is not None:
+            out = {"text": self._decode_text(result, item["text"]), **out}
+        return out
+
+    async def handle_generate(self, request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        try:
+            body = await self._json_body(request)
+            batch, prompts, items = self._parse_generate(body)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        self.num_running += 1
+        try:
+            results = await self.engine.generate(
+                prompts, [it["params"] for it in items], request_ids=[it["rid"] for it in items]
+            )
+        except ValueError as e:  # e.g. prompt too long, stop strings without a tokenizer
+            return error_response(str(e), schema=False)
+        finally:
+            self.num_running -= 1
+        latency = time.perf_counter() - start
+        outs = [self._format(p, r, it, latency) for p, r, it in zip(prompts, results, items)]
+        return web.json_response(outs if batch else outs[0])
+
+    # ------------------------------------------------------------------ control
+    async def handle_update_weights(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+            model_path = body.get("model_path")
+            if not isinstance(model_path, str) or not model_path:
+                raise RequestError("model_path (a non-empty string) is required", schema=True)
+            version = body.get("weight_version")
+            if version is None:
+                new_version = self.engine.weight_version
+            else:
+                try:
+                    new_version = int(version)
+                except (TypeError, ValueError):
+                    raise RequestError(
+                        f"weight_version must be an integer (as a string) for the dev server, got {version!r}",
+                        schema=False,
+                    ) from None
+            if body.get("load_format") not in (None, "auto", "safetensors"):
+                raise RequestError(
+                    f"load_format {body['load_format']!r} is not supported by the dev server", schema=False
+                )
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        if body.get("abort_all_requests", False):
+            await self.engine.abort(None)
+        try:
+            await self.engine.update_weights(model_path, new_version)
+        except Exception as e:  # noqa: BLE001 - reported to the caller, old weights stay (SGLang's rollback).
+            log.exception("weight update from %s failed", model_path)
+            message = f"Failed to update weights: {e}.\nRolling back to original weights."
+            return web.json_response({"success": False, "message": message, "num_paused_requests": 0}, status=400)
+        self.model_path = model_path
+        message = f"Succeeded to update model weights. Weight version updated to {new_version}."
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def handle_pause(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request, optional=True)
+            mode = body.get("mode", "abort")
+            if mode not in PAUSE_MODES:
+                raise RequestError(f"mode must be one of {PAUSE_MODES}, got {mode!r}", schema=True)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        self.paused = True
+        await self.engine.pause()  # holds running requests in place and queues new ones
+        if mode == "abort":
+            await self.engine.abort(None)  # in-flight requests return with partial output
+        # "retract" (recompute later) and "in_place" (keep KV) look the same from outside: requests continue.
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def handle_continue(self, request: web.Request) -> web.Response:
+        try:
+            await self._json_body(request, optional=True)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        await self.engine.resume()
+        self.paused = False
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def handle_abort(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+            rid, abort_all = body.get("rid"), body.get("abort_all", False)
+            if not isinstance(abort_all, bool) or (not abort_all and not isinstance(rid, str)):
+                raise RequestError('expected {"rid": "<prefix>"} or {"abort_all": true}', schema=True)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        await self.engine.abort(None if abort_all else [rid])
+        return web.Response(status=200)
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        if self.num_running:
+            text = f"Cache not flushed because there are {self.num_running} running requests.\n"
+            return web.Response(status=400, text=text)
+        return web.Response(status=200, text="Cache flushed.\nPlease check backend logs for more details. ")
+
+    async def handle_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": getattr(self.tokenizer, "name_or_path", None),
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": str(self.engine.weight_version),
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+            }
+        )
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if await self.engine.health() else 503)
+
+    async def handle_health_generate(self, request: web.Request) -> web.Response:
+        if not await self.engine.health():
+            return web.Response(status=503)
+        if self.paused:  # a probe generation would wait for /continue_generation
+            return web.Response(status=200)
+        probe = SamplingParams(max_new_tokens=1, temperature=0.0)
+        try:
+            await asyncio.wait_for(
+                self.engine.generate([[0]], probe, request_ids=[f"HEALTH_CHECK_{uuid.uuid4().hex}"]),
+                timeout=self.health_timeout_s,
+            )
+        except Exception:  # noqa: BLE001 - any failure means unhealthy
+            log.exception("health_generate probe failed")
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Listen on host:port (port 0: a free port, stored in self.port)."""
+        self._runner = web.AppRunner(self.make_app(), shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self.host, self.port)
+        await self._site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("dev server listening on %s", self.url)
+
+    async def stop(self, *, abrupt: bool = False) -> None:
+        """Stop serving. abrupt=True drops open connections at once (a crash, seen from clients)."""
+        if self._runner is None:
+            return
+        if abrupt:
+            assert self._site is not None
+            await self._site.stop()
+            for handler in self._runner.server.connections if self._runner.server else []:
+                if handler.transport is not None:
+                    handler.transport.abort()
+            await self.engine.abort(None)
+        await self._runner.cleanup()
+        await self.engine.close()
+        self._runner = None
+
+    def serve_in_thread(self) -> "DevServer":
+        """Start in a daemon thread with its own event loop; returns self once listening."""
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"devserver-{self.port}", daemon=True)
+        self._thread.start()
+        started.wait()
+        if errors:
+            raise errors[0]
+        return self
+
+    def _stop_thread(self, abrupt: bool) -> None:
+        assert self._loop is not None and self._thread is not None, "not started with serve_in_thread()"
+        asyncio.run_coroutine_threadsafe(self.stop(abrupt=abrupt), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._thread = None
+
+    def shutdown(self) -> None:
+        """Graceful stop of a serve_in_thread() server."""
+        self._stop_thread(abrupt=False)
+
+    def kill(self) -> None:
+        """Abrupt stop of a serve_in_thread() server: listening socket and open connections dropped."""
+        self._stop_thread(abrupt=True)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def _read_eos_token_ids(model_path: str) -> list[int]:
+    """EOS ids SGLang stops on: config.json's / generation_config.json's eos_token_id (int or list)."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(model_path, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+            if eos is not None:
+                ids += [eos] if isinstance(eos, int) else list(eos)
+    return list(dict.fromkeys(ids))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", "--model-path", dest="model", required=True,
+                        help="HF folder (config.json + safetensors)")
+    parser.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default="",
+                        help="tokenizer folder (default: the model folder, if it has tokenizer files)")
+    parser.add_argument("--skip-tokenizer-init", action="store_true", help="token ids only, even with a tokenizer")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--weight-version", type=int, default=0)
+    parser.add_argument("--max-len", type=int, default=2048, help="longest prompt + generation")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--batch-buckets", default="", help="comma-separated padded batch sizes (default: powers of 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--enable-return-routed-experts", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    from ipa_jax.engines.embedded import EmbeddedEngine
+    from ipa_jax.models import from_pretrained
+
+    tokenizer = None
+    tokenizer_path = args.tokenizer or args.model
+    has_files = any(os.path.exists(os.path.join(tokenizer_path, f)) for f in TOKENIZER_FILES)
+    if args.skip_tokenizer_init:
+        pass
+    elif has_files:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    elif args.tokenizer:
+        parser.error(f"--tokenizer {args.tokenizer} has none of {TOKENIZER_FILES}")
+    else:  # SGLang's --skip-tokenizer-init behaviour: input_ids in, output_ids out
+        log.info("no tokenizer files in %s: serving input_ids only", args.model)
+    engine = EmbeddedEngine(
+        from_pretrained(args.model),
+        seed=args.seed,
+        max_len=args.max_len,
+        max_batch=args.max_batch,
+        batch_buckets=tuple(int(b) for b in args.batch_buckets.split(",")) if args.batch_buckets else None,
+        tokenizer=tokenizer,
+        weight_version=args.weight_version,
+    )
+    server = DevServer(
+        engine,
+        host=args.host,
+        port=args.port,
+        model_path=args.model,
+        tokenizer=tokenizer,
+        eos_token_ids=_read_eos_token_ids(args.model),
+        enable_return_routed_experts=args.enable_return_routed_experts,
+    )
+
+    async def serve() -> None:
+        stopping = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
+        await server.start()
+        print(f"dev server ready at {server.url}", flush=True)
+        await stopping.wait()
+        await server.stop()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

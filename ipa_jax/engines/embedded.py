@@ -1,0 +1,562 @@
+"""EmbeddedEngine: batched, jitted prefill + decode with a KV cache on the ipa_jax Qwen3 model.
+
+Requests queue up; a worker takes up to `max_batch` at a time and decodes them as one batch in a worker thread
+(the event loop stays free for HTTP and control calls):
+
+* prefill (`_admit`): right-padded prompts [B, P] (per-row lengths) written into the rows they are admitted to
+  of a position-addressed cache; the last real position of each row gives the first sampled token.
+* decode: a jitted `lax.while_loop` of up to `decode_chunk` [B, 1] steps at per-row positions; finished rows
+  stop writing. Between chunks the host applies aborts, stop strings and pauses, returns finished rows to their
+  callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
+  picks up new weights.
+* Shapes are bucketed (batch and lengths to powers of two) so compiles are bounded; compiled functions are
+  module-level and shared by every engine with the same model structure.
+
+Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
+those of the distribution actually sampled from (see sampling.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import threading
+import uuid
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ipa_jax.engines.base import (
+    Engine,
+    EngineError,
+    GenerationResult,
+    SamplingParams,
+    broadcast_params,
+    check_prompts,
+)
+from ipa_jax.engines.sampling import sample_tokens
+from ipa_jax.models import KVCache, Qwen3ForCausalLM, from_pretrained, init_kv_cache
+
+RUNNING, STOP, LENGTH, ABORT = 0, 1, 2, 3
+_FINISH_NAMES = {STOP: "stop", LENGTH: "length", ABORT: "abort"}
+MIN_LEN_BUCKET = 16
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(n, minimum)
+    return 1 << (n - 1).bit_length()
+
+
+class RowParams(NamedTuple):
+    """Per-row sampling controls: temperature/top_p float32[B], top_k/max_new int32[B], stop_ids int32[B, S]
+    (-1 padded)."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    top_k: jax.Array
+    stop_ids: jax.Array
+    max_new: jax.Array
+
+
+class DecodeState(NamedTuple):
+    """Decode loop carry. `last` is the newest sampled token of each row, to be fed at position `pos`; outputs
+    tokens/logprobs [B, M] hold n_gen entries per row; routed [B, M, L, k] (or None) row j = experts used
+    when feeding output token j; finish: RUNNING/STOP/LENGTH/ABORT."""
+
+    cache: KVCache
+    last: jax.Array
+    pos: jax.Array
+    n_gen: jax.Array
+    done: jax.Array
+    finish: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    routed: jax.Array | None
+    key: jax.Array
+
+
+def _record(st: DecodeState, tok: jax.Array, lp: jax.Array, rp: RowParams) -> DecodeState:
+    """Append the sampled token of every unfinished row; finish rows on a stop token or max_new."""
+    b, m = st.tokens.shape
+    active = ~st.done
+    rows = jnp.arange(b)
+    idx = jnp.where(active, st.n_gen, m)  # out of range -> dropped
+    n_gen = st.n_gen + active.astype(jnp.int32)
+    hit_stop = active & jnp.any(tok[:, None] == rp.stop_ids, axis=-1)
+    hit_len = active & ~hit_stop & (n_gen >= rp.max_new)
+    return st._replace(
+        tokens=st.tokens.at[rows, idx].set(tok, mode="drop"),
+        logprobs=st.logprobs.at[rows, idx].set(lp, mode="drop"),
+        n_gen=n_gen,
+        finish=jnp.where(hit_stop, STOP, jnp.where(hit_len, LENGTH, st.finish)),
+        done=st.done | hit_stop | hit_len,
+        last=jnp.where(active, tok, st.last),
+        pos=jnp.where(active, st.pos + 1, st.pos),
+    )
+
+
+def empty_state(config, batch: int, cache_len: int, with_routed: bool, key: jax.Array, dtype) -> DecodeState:
+    """A DecodeState with every row finished (free) and an empty cache; output buffers have cache_len columns."""
+    routed = None
+    if with_routed:
+        routed = jnp.zeros((batch, cache_len, config.num_hidden_layers, config.num_experts_per_tok), jnp.int32)
+    return DecodeState(
+        cache=init_kv_cache(config, batch, cache_len, dtype),
+        last=jnp.zeros((batch,), jnp.int32),
+        pos=jnp.zeros((batch,), jnp.int32),
+        n_gen=jnp.zeros((batch,), jnp.int32),
+        done=jnp.ones((batch,), bool),
+        finish=jnp.full((batch,), LENGTH, jnp.int32),
+        tokens=jnp.zeros((batch, cache_len), jnp.int32),
+        logprobs=jnp.zeros((batch, cache_len), jnp.float32),
+        routed=routed,
+        key=key,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _admit(graphdef, params, st: DecodeState, prompts, lengths, admit, rp: RowParams):
+    """Prefill new requests into the rows where `admit` is True and sample their first token; the other rows
+    (running or free) are untouched.
+
+    prompts int32[B, P] right-padded, lengths int32[B], admit bool[B] -> (DecodeState, prompt routed experts
+    int32[B, P, L, k] or None).
+    """
+    model = nnx.merge(graphdef, params)
+    b, p = prompts.shape
+    cache = st.cache._replace(valid=st.cache.valid & ~admit[:, None])  # forget the rows' previous requests
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    mask = (positions < lengths[:, None]) & admit[:, None]
+    hidden, aux = model.hidden_states(prompts, positions, mask, cache=cache)
+    logits = hidden[jnp.arange(b), lengths - 1] @ model.lm_head_weight()
+    key, sub = jax.random.split(st.key)
+    tok, lp = sample_tokens(sub, logits, rp.temperature, rp.top_p, rp.top_k)
+    fresh = st._replace(
+        cache=aux["cache"],
+        key=key,
+        pos=jnp.where(admit, lengths - 1, st.pos),
+        n_gen=jnp.where(admit, 0, st.n_gen),
+        done=~admit,  # only admitted rows take the first token
+        finish=jnp.where(admit, RUNNING, st.finish),
+    )
+    rec = _record(fresh, tok, lp, rp)
+    rec = rec._replace(done=jnp.where(admit, rec.done, st.done), finish=jnp.where(admit, rec.finish, st.finish))
+    return rec, (aux["routed_experts"] if st.routed is not None else None)
+
+
+def _decode_impl(graphdef, params, st: DecodeState, rp: RowParams, num_steps):
+    """Up to num_steps decode steps (fewer if every row finishes) -> DecodeState."""
+    model = nnx.merge(graphdef, params)
+    b, m = st.tokens.shape
+    rows = jnp.arange(b)
+
+    def body(carry):
+        i, s = carry
+        out = model(s.last[:, None], s.pos[:, None], ~s.done[:, None], cache=s.cache)
+        key, sub = jax.random.split(s.key)
+        tok, lp = sample_tokens(sub, out.logits[:, 0], rp.temperature, rp.top_p, rp.top_k)
+        routed = s.routed
+        if routed is not None:  # experts used for the token just fed = output token n_gen - 1
+            idx = jnp.where(s.done, m, s.n_gen - 1)
+            routed = routed.at[rows, idx].set(out.aux["routed_experts"][:, 0], mode="drop")
+        s = s._replace(cache=out.cache, key=key, routed=routed)
+        return i + 1, _record(s, tok, lp, rp)
+
+    def cond(carry):
+        i, s = carry
+        return (i < num_steps) & ~jnp.all(s.done)
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), st))[1]
+
+
+@functools.cache
+def _decode_fn():
+    # Donating the carry halves decode memory on accelerators; CPU cannot use donated buffers.
+    donate = () if jax.default_backend() == "cpu" else ("st",)
+    return jax.jit(_decode_impl, static_argnames=("graphdef",), donate_argnames=donate)
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    rid: str
+    future: asyncio.Future
+    aborted: bool = False
+
+
+@dataclasses.dataclass
+class _Slot:
+    """A batch row's request and its host-side state."""
+
+    req: _Request
+    checked: int = 0  # output tokens already known to be free of stop strings
+    matched: str | None = None  # the stop string that ended it
+    prompt_routed: np.ndarray | None = None  # [len(prompt), L, k]
+
+
+def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class EmbeddedEngine(Engine):
+    """The Engine interface on an in-process ipa_jax model.
+
+    model: a Qwen3ForCausalLM (its config and dtype are kept; weights can be swapped for ones of the same
+    structure). max_len: longest prompt + max_new_tokens. tokenizer: needed only for stop strings.
+    batch_buckets: the padded batch sizes to compile for (default: powers of two). Use from one event loop.
+    """
+
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        *,
+        seed: int = 0,
+        max_len: int = 2048,
+        max_batch: int = 32,
+        decode_chunk: int = 16,
+        tokenizer: Any = None,
+        weight_version: int = 0,
+        batch_wait_s: float = 0.002,
+        batch_buckets: tuple[int, ...] | None = None,
+    ):
+        if max_len < 2 or max_batch < 1 or decode_chunk < 1:
+            raise ValueError(f"need max_len >= 2, max_batch >= 1, decode_chunk >= 1 (got {max_len}, {max_batch}, "
+                             f"{decode_chunk})")
+        if batch_buckets is not None and (not batch_buckets or max(batch_buckets) < max_batch):
+            raise ValueError(f"batch_buckets {batch_buckets} must include a size >= max_batch {max_batch}")
+        self.config = model.config
+        self.dtype = model.dtype
+        self._graphdef, params = nnx.split(model)
+        self._current: tuple[Any, int] = (params, weight_version)  # swapped atomically
+        self.max_len = max_len
+        self.max_batch = max_batch
+        self.decode_chunk = decode_chunk
+        self.tokenizer = tokenizer
+        self.batch_wait_s = batch_wait_s
+        self.batch_buckets = None if batch_buckets is None else tuple(sorted(batch_buckets))
+        self._key = jax.random.key(seed)
+        self._queue: list[_Request] = []
+        self._queue_lock = threading.Lock()  # the queue is taken from by the decode thread too
+        self._running: list[_Request] = []  # admitted, not yet returned
+        self._draining = False  # a weight update waits: admit nothing new
+        self._paused = False
+        self._hold = threading.Event()  # set = decode may step (cleared by pause)
+        self._hold.set()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedded-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._resumed: asyncio.Event | None = None
+        self._batch_lock: asyncio.Lock | None = None
+        self._worker: asyncio.Task | None = None
+        self._closed = False
+        self.num_batches = 0  # prefill calls (a batch, or requests admitted into finished rows)
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def weight_version(self) -> int:
+        return self._current[1]
+
+    def _check_params(self, params: Any, source: str) -> None:
+        old = self._current[0]
+        if jax.tree.structure(params) != jax.tree.structure(old):
+            raise ValueError(f"{source}: parameter tree differs from the engine's model")
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(old)):
+            if a.shape != b.shape:
+                raise ValueError(f"{source}: parameter shape {a.shape} != engine's {b.shape}")
+
+    def set_params_from_model(self, model_or_state: Qwen3ForCausalLM | nnx.State, version: int) -> None:
+        """Serve the learner's weights (an nnx model or its nnx.State) as `version`; generation in flight
+        continues with them from its next decode chunk. The weights are copied (a jitted train step may donate
+        the learner's buffers) in the engine's parameter dtypes (the compiled decode stays valid)."""
+        params = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
+        self._check_params(params, "set_params_from_model")
+        params = jax.tree.map(lambda new, old: jnp.copy(new.astype(old.dtype)), params, self._current[0])
+        self._current = (params, int(version))
+
+    async def update_weights(self, path: str, version: int) -> None:
+        """Reload HF safetensors from `path`. Unless paused, admits nothing new and waits for the running requests
+        to finish (SGLang's update semantics); when paused, held requests continue on the new weights after
+        resume()."""
+        self._setup()
+        model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype)
+        graphdef, params = nnx.split(model)
+        if graphdef != self._graphdef:
+            raise ValueError(f"checkpoint {path} has a different architecture than the engine's model")
+        self._check_params(params, f"checkpoint {path}")
+        if self._paused:
+            self._current = (params, int(version))
+            return
+        assert self._batch_lock is not None
+        self._draining = True
+        try:
+            async with self._batch_lock:
+                self._current = (params, int(version))
+        finally:
+            self._draining = False
+
+    # ------------------------------------------------------------------ async front
+    def _setup(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise EngineError("EmbeddedEngine is closed")
+        if self._loop is None:
+            self._loop = loop
+            self._wake = asyncio.Event()
+            self._resumed = asyncio.Event()
+            if not self._paused:
+                self._resumed.set()
+            self._batch_lock = asyncio.Lock()
+            self._worker = loop.create_task(self._work())
+        elif self._loop is not loop:
+            raise EngineError("EmbeddedEngine is bound to another event loop")
+
+    def _validate(self, prompt: list[int], p: SamplingParams, i: int) -> None:
+        if len(prompt) + p.max_new_tokens > self.max_len:
+            raise ValueError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_new_tokens {p.max_new_tokens} "
+                             f"exceed the engine's max_len {self.max_len}")
+        if max(prompt) >= self.config.vocab_size:
+            raise ValueError(f"prompts[{i}] has a token id >= vocab_size {self.config.vocab_size}")
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: EmbeddedEngine(..., tokenizer=...)")
+        if p.return_routed_experts and not self.config.is_moe:
+            raise ValueError("return_routed_experts needs a MoE model")
+
+    async def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        session_ids: list[str] | None = None,
+        request_ids: list[str] | None = None,
+    ) -> list[GenerationResult]:
+        prompts = check_prompts(prompts)
+        plist = broadcast_params(params, len(prompts))
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise ValueError(f"request_ids has {len(request_ids)} entries for {len(prompts)} prompts")
+        for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            self._validate(prompt, p, i)
+        self._setup()
+        assert self._loop is not None and self._wake is not None
+        reqs = [
+            _Request(prompt, p, request_ids[i] if request_ids else uuid.uuid4().hex, self._loop.create_future())
+            for i, (prompt, p) in enumerate(zip(prompts, plist))
+        ]
+        for r in reqs:
+            if r.params.max_new_tokens == 0:
+                r.future.set_result(GenerationResult([], [], "length", None, self.weight_version))
+            else:
+                with self._queue_lock:
+                    self._queue.append(r)
+        self._wake.set()
+        return list(await asyncio.gather(*(r.future for r in reqs)))
+
+    def _take(self, n: int, fits=lambda r: True) -> list[_Request]:
+        """Remove and return up to n queued requests for which fits(request) holds, in arrival order."""
+        with self._queue_lock:
+            taken, keep = [], []
+            for r in self._queue:
+                (taken if len(taken) < n and fits(r) else keep).append(r)
+            self._queue = keep
+        return taken
+
+    async def _work(self) -> None:
+        assert self._wake is not None and self._resumed is not None and self._batch_lock is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join the batch
+            while self._queue:
+                await self._resumed.wait()
+                async with self._batch_lock:
+                    first = self._take(self.max_batch)
+                    if not first:
+                        continue
+                    try:
+                        await loop.run_in_executor(self._executor, self._run, first)
+                    except Exception as e:  # noqa: BLE001 - handed to every caller still waiting
+                        for r in first + self._running:
+                            if not r.future.done():
+                                r.future.set_exception(e)
+                    finally:
+                        self._running = []
+
+    async def pause(self) -> None:
+        """Hold running requests in place between decode chunks; queued and new ones wait for resume()."""
+        self._setup()
+        assert self._resumed is not None
+        self._paused = True
+        self._resumed.clear()
+        self._hold.clear()
+
+    async def resume(self) -> None:
+        self._setup()
+        assert self._resumed is not None
+        self._paused = False
+        self._hold.set()
+        self._resumed.set()
+
+    async def abort(self, request_ids: list[str] | None = None) -> None:
+        """Queued matches return at once (no tokens); running ones at the next chunk boundary with their partial
+        output. Matching is by id prefix (SGLang's rule); None aborts everything."""
+
+        def match(r: _Request) -> bool:
+            return request_ids is None or any(r.rid.startswith(p) for p in request_ids)
+
+        for r in self._take(len(self._queue), match):
+            _resolve(r.future, GenerationResult([], [], "abort", None, self.weight_version))
+        for r in list(self._running):
+            if match(r):
+                r.aborted = True
+
+    async def health(self) -> bool:
+        return not self._closed and (self._worker is None or not self._worker.done())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.abort(None)
+        self._closed = True
+        self._hold.set()
+        if self._worker is not None:
+            self._worker.cancel()
+        self._executor.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ the batch (worker thread)
+    def _run(self, first: list[_Request]) -> None:
+        """Decode `first` as one batch; rows that finish return their result at once and take queued requests
+        that fit the batch's shapes (continuous batching at decode-chunk boundaries). Runs in the worker thread."""
+        n = len(first)
+        b = bucket(n) if self.batch_buckets is None else next(x for x in self.batch_buckets if x >= n)
+        cache_len = min(bucket(max(len(r.prompt) + r.params.max_new_tokens for r in first), MIN_LEN_BUCKET),
+                        self.max_len)
+        num_stop = bucket(max(len(r.params.stop_token_ids) for r in first))
+        with_routed = any(r.params.return_routed_experts for r in first)
+
+        def fits(r: _Request) -> bool:
+            return (len(r.prompt) + r.params.max_new_tokens <= cache_len and len(r.params.stop_token_ids) <= num_stop
+                    and (with_routed or not r.params.return_routed_experts))
+
+        self._key, key = jax.random.split(self._key)
+        st = empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
+        host_rp = RowParams(temperature=np.ones(b, np.float32), top_p=np.ones(b, np.float32),
+                            top_k=np.full(b, -1, np.int32), stop_ids=np.full((b, num_stop), -1, np.int32),
+                            max_new=np.ones(b, np.int32))
+        slots: list[_Slot | None] = [None] * b
+        decode = _decode_fn()
+        pending, version = first, self._current[1]
+        while True:
+            if pending:
+                st, rp = self._admit(st, slots, pending, host_rp)
+            st = self._host_checks(st, slots)
+            done = np.asarray(st.done)
+            finished = [i for i, slot in enumerate(slots) if slot is not None and done[i]]
+            if finished:
+                self._deliver(st, slots, finished, version)
+            running = self._hold.is_set() and not self._closed
+            free = slots.count(None)
+            pending = self._take(free, fits) if running and free and not self._draining else []
+            if pending:
+                continue
+            if all(slot is None for slot in slots):
+                return
+            if not running:  # paused in place; aborts still apply
+                self._hold.wait(0.01)
+                continue
+            params, version = self._current
+            st = decode(self._graphdef, params, st, rp, jnp.int32(self.decode_chunk))
+
+    def _admit(self, st: DecodeState, slots: list[_Slot | None], reqs: list[_Request],
+               host_rp: RowParams) -> tuple[DecodeState, RowParams]:
+        """Prefill reqs into free rows (host_rp updated in place) -> (state, device row params)."""
+        b = len(slots)
+        rows = [i for i, slot in enumerate(slots) if slot is None][: len(reqs)]
+        prompts = np.zeros((b, bucket(max(len(r.prompt) for r in reqs), MIN_LEN_BUCKET)), np.int32)
+        lengths, admit = np.ones(b, np.int32), np.zeros(b, bool)
+        for i, r in zip(rows, reqs):
+            p = r.params
+            prompts[i, : len(r.prompt)], lengths[i], admit[i] = r.prompt, len(r.prompt), True
+            host_rp.temperature[i], host_rp.top_p[i], host_rp.top_k[i] = p.temperature, p.top_p, p.top_k
+            host_rp.stop_ids[i] = -1
+            host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
+            host_rp.max_new[i] = p.max_new_tokens
+            slots[i] = _Slot(r)
+            self._running.append(r)
+        rp = RowParams(*(jnp.asarray(x) for x in host_rp))
+        params, _ = self._current
+        st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
+                                   jnp.asarray(admit), rp)
+        self.num_batches += 1
+        if prompt_routed is not None:
+            prompt_routed = np.asarray(prompt_routed)
+            for i, r in zip(rows, reqs):
+                slots[i].prompt_routed = prompt_routed[i, : len(r.prompt)]
+        return st, rp
+
+    def _deliver(self, st: DecodeState, slots: list[_Slot | None], rows: list[int], version: int) -> None:
+        """Hand the finished rows' results to their callers and free the rows."""
+        tokens, logprobs = np.asarray(st.tokens), np.asarray(st.logprobs)
+        n_gen, finish = np.asarray(st.n_gen), np.asarray(st.finish)
+        routed = None if st.routed is None else np.asarray(st.routed)
+        for i in rows:
+            slot = slots[i]
+            k = int(n_gen[i])
+            ids = tokens[i, :k].tolist()
+            reason = _FINISH_NAMES[int(finish[i])]
+            matched: int | str | None = None
+            if reason == "stop":
+                matched = slot.matched if slot.matched is not None else ids[-1]
+            experts = None
+            if slot.req.params.return_routed_experts and routed is not None:
+                experts = np.concatenate([slot.prompt_routed, routed[i, : max(k - 1, 0)]], axis=0)
+            result = GenerationResult(ids, logprobs[i, :k].astype(float).tolist(), reason, matched, version, experts)
+            slots[i] = None
+            self._running.remove(slot.req)
+            try:
+                self._loop.call_soon_threadsafe(_resolve, slot.req.future, result)
+            except RuntimeError:  # the event loop is gone (engine closed with it): nobody waits
+                pass
+
+    def _host_checks(self, st: DecodeState, slots: list[_Slot | None]) -> DecodeState:
+        """Apply aborts (every row once the engine is closed) and stop strings to the carry (host side, between
+        decode chunks)."""
+        aborted = [i for i, slot in enumerate(slots) if slot is not None and (slot.req.aborted or self._closed)]
+        with_stop = [i for i, slot in enumerate(slots) if slot is not None and slot.req.params.stop]
+        if not aborted and not with_stop:
+            return st
+        done, finish, n_gen = (np.array(x) for x in (st.done, st.finish, st.n_gen))
+        changed = False
+        for i in aborted:
+            if not done[i]:
+                done[i], finish[i], changed = True, ABORT, True
+        tokens = np.asarray(st.tokens) if with_stop else None
+        for i in with_stop:
+            slot, k = slots[i], int(n_gen[i])
+            if k <= slot.checked or finish[i] == ABORT:
+                continue
+            hit = self._find_stop_string(tokens[i, :k].tolist(), slot.req.params.stop, slot.checked)
+            slot.checked = k
+            if hit is not None:
+                n_gen[i], done[i], finish[i], changed = hit[0], True, STOP, True
+                slot.matched = hit[1]
+        if not changed:
+            return st
+        return st._replace(done=jnp.asarray(done), finish=jnp.asarray(finish), n_gen=jnp.asarray(n_gen))
+
+    def _find_stop_string(self, ids: list[int], stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
+        """Shortest prefix ids[:c] (c > start) whose decoded text contains a stop string -> (c, the string)."""
+        if not any(s in self.tokenizer.decode(ids) for s in stops):
+            return None
+        for c in range(start + 1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:c])
+            for s in stops:
+                if s in text:
+                    return c, s
+        return None

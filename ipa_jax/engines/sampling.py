@@ -1,0 +1,61 @@
+"""Token sampling with per-row temperature / top-p / top-k that returns the log-prob of the distribution it
+actually sampled from (what importance ratios need as the behaviour log-prob)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def truncation_mask(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+    """Tokens kept by top-k then top-p (SGLang's order), bool[B, V].
+
+    scaled [B, V] temperature-scaled logits; top_p float[B] in (0, 1]; top_k int[B] (<= 0: whole vocab).
+    In descending-probability order, token r is kept iff r < top_k and the probability mass before it is
+    < top_p (so the most likely token is always kept). Ties are broken by sort order, so exactly the sorted
+    prefix is kept.
+    """
+    b, v = scaled.shape
+    order = jnp.argsort(-scaled, axis=-1)
+    sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+    rank = jnp.arange(v)[None, :]
+    in_top_k = (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    # top-p on the top-k-renormalised distribution: mass_before[r] = sum_{j<r} p_j
+    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_logits, -jnp.inf), axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = in_top_k & (mass_before < top_p[:, None])
+    rows = jnp.arange(b)[:, None]
+    return jnp.zeros((b, v), bool).at[rows, order].set(keep_sorted)
+
+
+def sampling_logprobs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+    """log mu(. | context) of the distribution sampled from, float32[B, V] (-inf outside the support).
+
+    logits [B, V]; temperature float[B] (0 = greedy: the model's own log_softmax(logits), as SGLang reports);
+    top_p float[B]; top_k int[B]. mu = softmax(mask(logits / T)) with mask from truncation_mask.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0.0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    needs_mask = jnp.any((top_p < 1.0) | (top_k > 0))
+    masked = jax.lax.cond(
+        needs_mask,
+        lambda x: jnp.where(truncation_mask(x, top_p, top_k), x, -jnp.inf),
+        lambda x: x,
+        scaled,
+    )
+    return jnp.where(greedy[:, None], jax.nn.log_softmax(logits, axis=-1), jax.nn.log_softmax(masked, axis=-1))
+
+
+def sample_tokens(
+    key: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Sample one token per row -> (tokens int32[B], logprobs float32[B]).
+
+    logits [B, V]; temperature/top_p/top_k [B] as in sampling_logprobs. token ~ mu (argmax of the logits where
+    temperature == 0); logprob = log mu(token).
+    """
+    logp = sampling_logprobs(logits, temperature, top_p, top_k)
+    drawn = jax.random.categorical(key, logp, axis=-1)
+    tokens = jnp.where(temperature <= 0.0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

@@ -1,0 +1,156 @@
+"""Qwen3 building blocks: parameters with logical axes, RMSNorm, RoPE, GQA attention with QK-norm, SwiGLU MLP.
+
+Numerics follow transformers' Qwen3 (float32 RMSNorm statistics cast back to the model dtype, QK-norm per head
+before RoPE, float32 RoPE tables cast to the model dtype, float32 attention softmax). Weights are stored
+[in, out] (the transpose of torch's Linear). Each Param carries `logical_axes` (sharding) and `hf_layout`
+(how it maps to a HF tensor: "linear" = transposed torch Linear weight, "copy" = same layout, "experts" = one
+transposed Linear per expert stacked on axis 0) and `init` ("normal" | "ones" | "zeros", for init_model).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ipa_jax.models.cache import scatter_rows
+from ipa_jax.models.config import Qwen3Config
+
+INIT_STD = 0.02  # transformers' initializer_range default for Qwen3
+
+
+def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], logical_axes: tuple[str | None, ...], dtype,
+               hf_layout: str, init: str = "normal") -> nnx.Param:
+    """A Param initialised N(0, 0.02) ("normal"), to ones or to zeros, tagged with its sharding and HF layout."""
+    if init in ("ones", "zeros"):
+        value = (jnp.ones if init == "ones" else jnp.zeros)(shape, dtype)
+    else:
+        value = (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=logical_axes, hf_layout=hf_layout, init=init)
+
+
+class RMSNorm(nnx.Module):
+    """y = w * cast(x / sqrt(mean(x^2) + eps)), statistics in float32. x [..., D] -> [..., D]."""
+
+    def __init__(self, dim: int, eps: float, dtype, logical_axis: str = "norm"):
+        self.weight = make_param(None, (dim,), (logical_axis,), dtype, "copy", init="ones")
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * normed.astype(x.dtype)
+
+
+def rope_tables(config: Qwen3Config, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, head_dim] for int positions [B, T]: angle = pos * inv_freq (float32), halves duplicated."""
+    inv_freq, scale = config.rope_inv_freq()
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x * cos + rotate_half(x) * sin; x [B, T, N, D], cos/sin [B, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def _attend_all(q, k, v, q_pos, k_pos, k_valid, scale):
+    """`attend` for all queries at once (scores [B, Hkv, G, T, S])."""
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    q = q.reshape(b, t, hkv, hq // hkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * jnp.asarray(scale, q.dtype)
+    visible = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, hq * d)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array, k_valid: jax.Array,
+           scale: float, query_block: int = 0) -> jax.Array:
+    """GQA softmax(q k^T * scale) v over keys with k_valid and k_pos <= q_pos (softmax in float32).
+
+    q [B, T, Hq, D], k/v [B, S, Hkv, D], q_pos [B, T], k_pos/k_valid [B, S] -> [B, T, Hq * D].
+    A query with no visible key (a pad) gets a finite uniform average, never NaN. With 0 < query_block < T the
+    queries go in blocks (each rematerialised in the backward pass), so the float32 scores held at once are
+    [B, H, query_block, S] instead of [B, H, T, S]; every row's result is the same.
+    """
+    b, t = q_pos.shape
+    if not 0 < query_block < t:
+        return _attend_all(q, k, v, q_pos, k_pos, k_valid, scale)
+    num_blocks = -(-t // query_block)
+    pad = num_blocks * query_block - t
+    q_blocks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, num_blocks, query_block, *q.shape[2:])
+    p_blocks = jnp.pad(q_pos, ((0, 0), (0, pad))).reshape(b, num_blocks, query_block)
+    block_fn = jax.checkpoint(lambda qp: _attend_all(qp[0], k, v, qp[1], k_pos, k_valid, scale))
+    out = jax.lax.map(block_fn, (q_blocks.swapaxes(0, 1), p_blocks.swapaxes(0, 1)))  # [nb, B, qb, Hq * D]
+    return out.swapaxes(0, 1).reshape(b, num_blocks * query_block, -1)[:, :t]
+
+
+class Attention(nnx.Module):
+    """Qwen3 self-attention: q/k/v projections (+ biases: Qwen2 family or attention_bias), per-head RMSNorm on q
+    and k (Qwen3 family), RoPE, GQA, output projection (+ bias with attention_bias)."""
+
+    def __init__(self, config: Qwen3Config, dtype, rngs: nnx.Rngs):
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.query_block = config.attention_query_block
+        self.q_proj = make_param(rngs, (h, self.num_heads * d), ("embed", "q_heads"), dtype, "linear")
+        self.k_proj = make_param(rngs, (h, self.num_kv_heads * d), ("embed", "kv_heads"), dtype, "linear")
+        self.v_proj = make_param(rngs, (h, self.num_kv_heads * d), ("embed", "kv_heads"), dtype, "linear")
+        self.o_proj = make_param(rngs, (self.num_heads * d, h), ("q_heads", "embed"), dtype, "linear")
+        self.qk_norm, self.qkv_bias, self.o_bias = config.qk_norm, config.qkv_bias, config.attention_bias
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, "head_dim")
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, "head_dim")
+        if self.qkv_bias:  # HF names q_proj.bias etc.
+            self.q_proj_bias = make_param(None, (self.num_heads * d,), ("q_heads",), dtype, "copy", init="zeros")
+            self.k_proj_bias = make_param(None, (self.num_kv_heads * d,), ("kv_heads",), dtype, "copy", init="zeros")
+            self.v_proj_bias = make_param(None, (self.num_kv_heads * d,), ("kv_heads",), dtype, "copy", init="zeros")
+        if self.o_bias:
+            self.o_proj_bias = make_param(None, (h,), ("embed",), dtype, "copy", init="zeros")
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array, key_valid: jax.Array,
+                 kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None):
+        """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None).
+
+        Without a cache, keys are this call's tokens (positions, validity key_valid [B, T]); with a cache, the new
+        keys are written at `slots` and the queries attend to all slots (slot index = key position, key_valid
+        [B, S] = slots written so far, including this call's).
+        """
+        b, t, _ = x.shape
+        q, k, v = x @ self.q_proj[...], x @ self.k_proj[...], x @ self.v_proj[...]
+        if self.qkv_bias:
+            q, k, v = q + self.q_proj_bias[...], k + self.k_proj_bias[...], v + self.v_proj_bias[...]
+        q = q.reshape(b, t, self.num_heads, self.head_dim)
+        k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is None:
+            new_cache, key_pos = None, positions
+        else:
+            k_buf, v_buf = scatter_rows(kv_cache[0], slots, k), scatter_rows(kv_cache[1], slots, v)
+            new_cache = (k_buf, v_buf)
+            k, v = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
+            key_pos = jnp.broadcast_to(jnp.arange(k_buf.shape[1]), (b, k_buf.shape[1]))
+        out = attend(q, k, v, positions, key_pos, key_valid, self.head_dim**-0.5, self.query_block)
+        out = out @ self.o_proj[...]
+        return (out + self.o_proj_bias[...] if self.o_bias else out), new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(x @ gate) * (x @ up)). x [..., H] -> [..., H]."""
+
+    def __init__(self, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs):
+        self.gate_proj = make_param(rngs, (hidden, intermediate), ("embed", "mlp"), dtype, "linear")
+        self.up_proj = make_param(rngs, (hidden, intermediate), ("embed", "mlp"), dtype, "linear")
+        self.down_proj = make_param(rngs, (intermediate, hidden), ("mlp", "embed"), dtype, "linear")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (jax.nn.silu(x @ self.gate_proj[...]) * (x @ self.up_proj[...])) @ self.down_proj[...]

@@ -1,0 +1,49 @@
+"""Aggregation of token terms into (numerator, denominator) with denominators over the whole batch.
+
+Denominators depend only on the masks (counts of rows with actions, of action tokens), so they ADD across
+microbatches: the full-batch value is sum(numerators) / sum(denominators). A row without actions (padding
+row) contributes nothing to either.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ipa_jax.objectives.chunks import chunk_sum, num_chunks
+from ipa_jax.objectives.config import AGGREGATIONS
+
+
+def aggregation_weights(action_mask: jax.Array, chunk_ids: jax.Array | None, aggregation: str,
+                        dtype: jnp.dtype = jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """(scale [B, T], denominator scalar) such that Agg(v) = sum(scale * v) / denominator.
+
+    sample_mean:  (1/B) sum_i (1/T_i) sum_t v                          scale 1/T_i,            den B
+    token_mean:   sum_i sum_t v / sum_i T_i                            scale 1,                den sum T_i
+    chunk_mean:   (1/B) sum_i (1/K_i) sum_k (1/|c_k|) sum_{t in c_k} v  scale 1/(K_i |c_k|),    den B
+    sequence_sum: (1/B) sum_i sum_t v                                  scale 1,                den B
+    B counts rows with at least one action token.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation: {aggregation!r} is not one of {AGGREGATIONS}")
+    mask = action_mask.astype(dtype)
+    tokens_per_row = mask.sum(axis=1)
+    rows = (tokens_per_row > 0).sum().astype(dtype)
+    if aggregation == "sample_mean":
+        return mask / jnp.maximum(tokens_per_row, 1)[:, None], rows
+    if aggregation == "token_mean":
+        return mask, tokens_per_row.sum()
+    if aggregation == "sequence_sum":
+        return mask, rows
+    if chunk_ids is None:
+        raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
+    chunk_size = chunk_sum(mask, action_mask, chunk_ids)
+    k = num_chunks(action_mask, chunk_ids).astype(dtype)[:, None]
+    return jnp.where(action_mask, 1 / jnp.maximum(chunk_size * k, 1), 0), rows
+
+
+def aggregate(values: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array | None,
+              aggregation: str) -> tuple[jax.Array, jax.Array]:
+    """values [B, T] -> (numerator, denominator) scalars; Agg(values) = numerator / denominator."""
+    scale, den = aggregation_weights(action_mask, chunk_ids, aggregation, values.dtype)
+    return jnp.sum(jnp.where(action_mask, scale * values, 0)), den

@@ -1,0 +1,192 @@
+"""The composed objective: advantages -> credit -> masks -> importance ratio -> aggregation, plus imitation.
+
+Notation (DESIGN.md): l = current log-prob (differentiated), b = behaviour log-prob, A_i advantage, G credit,
+rho importance ratio, all weights stop-gradient:  L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),
+w_{i,t} = keep_{i,t} * rho_{i,t} * G_{i,t}.
+
+Microbatching: compute advantages on the FULL batch, then objective_terms per microbatch; every term is a
+(numerator, denominator) pair whose denominator depends only on masks, so summing both over microbatches and
+calling combine_terms gives the full-batch loss; with full_dens = term_denominators(full-batch masks),
+combine_terms(terms_mb, config, denominators=full_dens) is a per-microbatch loss whose sum over microbatches
+(and so whose summed gradient) equals the full-batch one.
+
+Diagnostics (dict), by shape:
+  scalars: acceptance_rate (admitted rows, or admitted chunks at chunk level, among rows/chunks with actions),
+    kept_fraction (chunks with >= 1 kept token / chunks), kept_token_fraction, mean_is_ratio / max_is_ratio
+    (level ratio before truncation, over kept tokens; 1 at level none), clip_fraction (kept tokens truncated),
+    mean_abs_log_ratio (mean |l - b| over action tokens), mean_kl (mean Bernoulli-KL proxy over action
+    tokens), nonfinite_weights (kept tokens whose weight is inf/NaN: an overflowing admitted ratio);
+    policy_loss adds rl_loss, il_loss, loss.
+  per row [B]: advantages, sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk
+    admitted), num_chunks (int32), policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
+  per token [B, T]: chunk_returns (G), chunk_ratios (exp of the chunk-mean l - b, 0 outside actions),
+    weights (w, before aggregation scaling).
+Scalars are over the arrays given (microbatch-local); per-row arrays concatenate across microbatches.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ipa_jax.objectives.advantages import compute_advantages
+from ipa_jax.objectives.aggregation import aggregation_weights
+from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
+from ipa_jax.objectives.config import ObjectiveConfig
+from ipa_jax.objectives.credit import credit_returns
+from ipa_jax.objectives.imitation import imitation_term
+from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask
+from ipa_jax.objectives.ratios import importance_weights, level_log_ratio
+from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
+from ipa_jax.objectives.validation import validate_if_concrete
+
+Terms = dict[str, tuple[jax.Array, jax.Array]]
+
+
+def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
+    return num / jnp.maximum(den, 1)
+
+
+def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advantages: jax.Array,
+                    action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
+                    config: ObjectiveConfig, entropies: jax.Array | None = None, *,
+                    failures: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
+    """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
+
+    Inputs are assumed valid (validate_objective_inputs on the host). chunk_ids may be None unless the config
+    uses chunks (then each row counts as one chunk). entropies [B, T] are needed when
+    negative_token_fraction < 1; failures bool[B] (default A_i < 0) selects the rows it filters.
+    Computes in float32 (float64 if log_probs is float64); only log_probs carries gradient.
+    """
+    if chunk_ids is None:
+        if config.uses_chunks:
+            raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
+        chunk_ids = jnp.where(action_mask, 0, -1)
+    dtype = compute_dtype(log_probs)
+    action = action_mask.astype(bool)
+    l = log_probs.astype(dtype)
+    l_sg = jax.lax.stop_gradient(l)
+    b = behavior_log_probs.astype(dtype)
+    adv = jax.lax.stop_gradient(advantages.astype(dtype))
+    log_ratio = jnp.where(action, l_sg - b, 0)
+
+    returns = credit_returns(adv, action, chunk_ids, config.credit, config.gamma)
+
+    # Trust region: D = mean Bernoulli KL over the sequence (or chunk), admit iff D <= delta.
+    kl = jnp.where(action, bernoulli_kl(b, l_sg), 0)
+    seq_kl = sequence_divergence(kl, action)
+    starts = chunk_starts(action, chunk_ids)
+    has_actions = action.any(axis=1)
+    if config.trust_region_level == "sequence":
+        admitted = seq_kl <= config.trust_region_delta
+        admit_tok = action & admitted[:, None]
+        acceptance = _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions))
+    elif config.trust_region_level == "chunk":
+        admit_tok = action & (chunk_divergence(kl, action, chunk_ids) <= config.trust_region_delta)
+        admitted = ~jnp.any(action & ~admit_tok, axis=1)
+        acceptance = _ratio(jnp.sum(starts & admit_tok), jnp.sum(starts))
+    else:
+        admitted, admit_tok, acceptance = jnp.ones_like(has_actions), action, jnp.asarray(1.0, dtype)
+
+    keep = admit_tok
+    if config.mismatch_level != "none":
+        keep &= mismatch_mask(level_log_ratio(log_ratio, action, chunk_ids, config.mismatch_level), action,
+                              config.mismatch_range)
+    if config.negative_token_fraction < 1.0:
+        if entropies is None:
+            raise ValueError("entropies: required when negative_token_fraction < 1")
+        fail = adv < 0 if failures is None else failures.astype(bool)
+        keep &= entropy_filter_mask(entropies, action, fail, config.negative_token_fraction)
+
+    log_rho = level_log_ratio(log_ratio, action, chunk_ids, config.is_level)
+    rho, clipped = importance_weights(log_rho, keep, adv, config.is_apply_to, config.is_clip_max)
+    weights = jnp.where(keep, rho * returns, 0)
+
+    scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype)
+    num_rl = -jnp.sum(jnp.where(keep, weights * scale * l, 0))
+    expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
+    terms = {"rl": (num_rl, den_rl), "il": imitation_term(l, expert)}
+
+    n_keep = jnp.sum(keep)
+    n_action = jnp.sum(action)
+    raw_rho = jnp.exp(jnp.where(keep, log_rho, 0))
+    kept_chunks = jnp.sum(starts & (chunk_sum(keep.astype(dtype), action, chunk_ids) > 0))
+    diagnostics = {
+        "acceptance_rate": acceptance.astype(dtype),
+        "kept_fraction": _ratio(kept_chunks, jnp.sum(starts)).astype(dtype),
+        "kept_token_fraction": _ratio(n_keep, n_action).astype(dtype),
+        "mean_is_ratio": _ratio(jnp.sum(jnp.where(keep, raw_rho, 0)), n_keep).astype(dtype),
+        "max_is_ratio": jnp.max(jnp.where(keep, raw_rho, 0)),
+        "clip_fraction": _ratio(jnp.sum(clipped), n_keep).astype(dtype),
+        "mean_abs_log_ratio": _ratio(jnp.sum(jnp.abs(log_ratio)), n_action).astype(dtype),
+        "mean_kl": _ratio(jnp.sum(kl), n_action).astype(dtype),
+        "nonfinite_weights": jnp.sum(keep & ~jnp.isfinite(weights)),
+        "advantages": adv,
+        "sequence_kl": seq_kl,
+        "admitted": admitted,
+        "num_chunks": num_chunks(action, chunk_ids),
+        "policy_tokens": action.sum(axis=1, dtype=jnp.int32),
+        "retained_tokens": keep.sum(axis=1, dtype=jnp.int32),
+        "chunk_returns": returns,
+        "chunk_ratios": jnp.exp(jnp.where(action, chunk_mean(log_ratio, action, chunk_ids), -jnp.inf)),
+        "weights": jax.lax.stop_gradient(weights),
+    }
+    return terms, diagnostics
+
+
+def term_denominators(action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
+                      config: ObjectiveConfig) -> dict[str, jax.Array]:
+    """The denominators objective_terms returns, from the masks alone ([B, T] -> scalars): compute them on the
+    full batch first, then pass them to combine_terms for each microbatch."""
+    action = action_mask.astype(bool)
+    if chunk_ids is None:
+        if config.aggregation == "chunk_mean":
+            raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
+        chunk_ids = jnp.where(action, 0, -1)
+    _, den_rl = aggregation_weights(action, chunk_ids, config.aggregation)
+    den_il = jnp.zeros((), jnp.float32) if expert_mask is None else expert_mask.astype(bool).sum().astype(jnp.float32)
+    return {"rl": den_rl, "il": den_il}
+
+
+def combine_terms(terms: Terms, config: ObjectiveConfig,
+                  denominators: dict[str, jax.Array] | None = None) -> jax.Array:
+    """loss = rl_weight * num_rl / max(den_rl, 1) + il_weight * num_il / max(den_il, 1).
+
+    Denominators are counts, so max(., 1) only matters when a term has no tokens at all (it then adds 0).
+    ``denominators`` (full-batch totals) replace the terms' own: the per-microbatch losses then sum to the
+    full-batch loss."""
+    den = {name: d for name, (_, d) in terms.items()} if denominators is None else denominators
+    loss = config.rl_weight * _ratio(terms["rl"][0], den["rl"])
+    if config.il_weight != 0:
+        loss = loss + config.il_weight * _ratio(terms["il"][0], den["il"])
+    return loss
+
+
+def policy_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array, action_mask: jax.Array,
+                chunk_ids: jax.Array | None = None, expert_mask: jax.Array | None = None,
+                group_ids: jax.Array | None = None, entropies: jax.Array | None = None,
+                config: ObjectiveConfig = ObjectiveConfig(), *,
+                failures: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
+
+    Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
+    validate_objective_inputs. Inside a trace the inputs are assumed valid."""
+    validate_if_concrete(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
+                         entropies, config, failures=failures)
+    return _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
+                        entropies, config, failures)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
+                 config, failures):
+    adv = compute_advantages(rewards, config.baseline, group_ids)
+    terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
+                                         config, entropies, failures=failures)
+    loss = combine_terms(terms, config)
+    diagnostics["rl_loss"] = _ratio(*terms["rl"])
+    diagnostics["il_loss"] = _ratio(*terms["il"])
+    diagnostics["loss"] = loss
+    return loss, diagnostics

@@ -1,0 +1,83 @@
+"""ObjectiveConfig: every switch of the composed objective (DESIGN.md, "The objective"), validated on creation.
+
+Frozen and hashable, so it can be a static argument of jax.jit. Defaults are IPA as published (chunk credit
+gamma 0.95, no baseline, chunk ratio applied to negatives truncated at 1, chunk mismatch mask [0, 5], no trust
+region, sample-mean); the FlashREINFORCE preset is ``flash_reinforce_config()`` in presets.py.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+BASELINES = ("none", "batch_mean", "group_mean")
+CREDITS = ("chunk", "token", "trajectory")
+IS_LEVELS = ("none", "token", "chunk", "sequence")
+IS_APPLY_TO = ("all", "negatives")
+MISMATCH_LEVELS = ("none", "token", "chunk")
+TRUST_REGION_LEVELS = ("none", "sequence", "chunk")
+AGGREGATIONS = ("sample_mean", "token_mean", "chunk_mean", "sequence_sum")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """baseline: A_i = R_i - {0, batch mean, group mean}. credit: unit sharing a discounted return.
+    gamma in (0, 1]. is_level / is_apply_to / is_clip_max: the stop-gradient importance ratio rho, applied to
+    all samples or to negative advantages only, truncated at is_clip_max (None = never).
+    mismatch_level / mismatch_range: keep tokens whose token- or chunk-level ratio lies in [low, high].
+    trust_region_level / trust_region_delta: Bernoulli-KL gate D <= delta (inf disables it).
+    negative_token_fraction q in [0, 1]: failed trajectories keep their ceil(q T_i) highest-entropy tokens.
+    aggregation: how token terms are averaged. rl_weight / il_weight: lambda_RL, lambda_IL.
+    """
+
+    baseline: str = "none"
+    credit: str = "chunk"
+    gamma: float = 0.95
+    is_level: str = "chunk"
+    is_apply_to: str = "negatives"
+    is_clip_max: float | None = 1.0
+    mismatch_level: str = "chunk"
+    mismatch_range: tuple[float, float] = (0.0, 5.0)
+    trust_region_level: str = "none"
+    trust_region_delta: float = 3e-3
+    negative_token_fraction: float = 1.0
+    aggregation: str = "sample_mean"
+    rl_weight: float = 1.0
+    il_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, choices in (("baseline", BASELINES), ("credit", CREDITS), ("is_level", IS_LEVELS),
+                              ("is_apply_to", IS_APPLY_TO), ("mismatch_level", MISMATCH_LEVELS),
+                              ("trust_region_level", TRUST_REGION_LEVELS), ("aggregation", AGGREGATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
+        if not _number(self.gamma) or not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"ObjectiveConfig.gamma: must be in (0, 1], got {self.gamma!r}")
+        if self.is_clip_max is not None and (not _number(self.is_clip_max) or not self.is_clip_max > 0):
+            raise ValueError(f"ObjectiveConfig.is_clip_max: must be None or > 0, got {self.is_clip_max!r}")
+        # A list (e.g. from a ConfigDict) would make the config unhashable: store a tuple.
+        rng = tuple(self.mismatch_range) if isinstance(self.mismatch_range, (tuple, list)) else None
+        if rng is None or len(rng) != 2 or not all(_number(x) for x in rng) or not 0.0 <= rng[0] <= rng[1]:
+            raise ValueError(f"ObjectiveConfig.mismatch_range: must be (low, high) with 0 <= low <= high, "
+                             f"got {self.mismatch_range!r}")
+        object.__setattr__(self, "mismatch_range", (float(rng[0]), float(rng[1])))
+        if not _number(self.trust_region_delta) or not self.trust_region_delta >= 0:  # also rejects NaN
+            raise ValueError(f"ObjectiveConfig.trust_region_delta: must be >= 0 (inf disables the trust region), "
+                             f"got {self.trust_region_delta!r}")
+        if not _number(self.negative_token_fraction) or not 0.0 <= self.negative_token_fraction <= 1.0:
+            raise ValueError(f"ObjectiveConfig.negative_token_fraction: must be in [0, 1], "
+                             f"got {self.negative_token_fraction!r}")
+        for name in ("rl_weight", "il_weight"):
+            if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
+                raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
+
+    @property
+    def uses_chunks(self) -> bool:
+        """Whether this configuration needs chunk_ids."""
+        return "chunk" in (self.credit, self.is_level, self.mismatch_level, self.trust_region_level) \
+            or self.aggregation == "chunk_mean"

@@ -1,0 +1,317 @@
+"""The agent loop: one multi-turn tool-use episode -> one Trajectory, with any Engine.
+
+Token bookkeeping (DESIGN.md "The data contract"):
+  tokens = template(initial messages, add_generation_prompt)            action 0
+         + turn 0's generated ids (the engine's own ids, never re-tokenized)   action 1, chunk 0
+         + observation 0 = template difference of the tool messages           action 0
+         + turn 1's generated ids ...                                         action 1, chunk 1
+A turn is generated until `<|im_end|>` (or `<|endoftext|>`, or the token budget). The observation
+tokens are the template difference: what the chat template renders after an assistant turn's `<|im_end|>`
+when the tool messages follow, through the next generation prompt (the `\n` that the template puts after
+`<|im_end|>` is not generated, so it starts the observation). For an append-only template (Qwen2.5, the
+tiny tokenizer) `tokens` then equals the tokenization of the final conversation rendered by the template,
+each assistant turn's text replaced by the engine's ids (`<|im_end|>` is an added token, so the
+tokenization splits there).
+
+An optional `prefill` (expert messages after the initial ones) starts the episode at a later state: its
+assistant turns are expert-masked (imitation targets, never actions), its tool calls are replayed in the
+environment, and sampling continues from there (chunk-level initialized resampling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ipa_jax.engines.base import Engine, SamplingParams
+from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
+from ipa_jax.trajectory import Trajectory
+
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+_SENTINEL = "@@ipa_jax_assistant_turn@@"  # marks the dummy assistant turn when taking template differences
+# Episode end states recorded in info["finish_reason"].
+FINISH_REASONS = ("answer", "max_turns", "length", "context", "endoftext", "env_done")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Sampling and budgets of one episode (field names match the experiment's rollout config)."""
+
+    max_new_tokens: int = 256  # per turn
+    max_turns: int = 0  # assistant turns incl. the final answer; 0 = the task's own max_turns
+    max_context: int = 2048  # tokens of the whole episode
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    return_routed_experts: bool = False
+    record_messages: bool = False  # put the final conversation (assistant text as generated) in info
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"AgentConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_turns < 0:
+            raise ValueError(f"AgentConfig.max_turns must be >= 0 (0 = the task's), got {self.max_turns}")
+        if self.max_context < 2:
+            raise ValueError(f"AgentConfig.max_context must be >= 2, got {self.max_context}")
+
+
+class ChatFormat:
+    """Token-level view of the tokenizer's chat template: prompt ids, observation ids, stop ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        for t in (IM_END, ENDOFTEXT):
+            if t not in vocab:
+                raise ValueError(f"tokenizer has no {t} token (a Qwen-style chat tokenizer is required)")
+        self.im_end_id = vocab[IM_END]
+        self.endoftext_id = vocab[ENDOFTEXT]
+        self.stop_token_ids = (self.im_end_id, self.endoftext_id)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def observation_ids(self, tool_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Tool responses as the template difference: what the template puts after an assistant turn's
+        `<|im_end|>` when these tool messages follow, through the next generation prompt; for Qwen
+        `\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`.
+        The cut is found inside one rendering (after a sentinel assistant turn), so templates that render
+        the last assistant turn differently from earlier ones (Qwen3's think block) work too."""
+        rendered = self.render([{"role": "user", "content": "."}, {"role": "assistant", "content": _SENTINEL}]
+                               + tool_messages, tools, add_generation_prompt=True)
+        at = rendered.find(_SENTINEL)
+        cut = rendered.find(IM_END, at)
+        if at < 0 or rendered.find(_SENTINEL, at + 1) >= 0 or cut < 0:
+            raise ValueError("cannot locate the end of the assistant turn in the chat template's rendering")
+        return self.encode(rendered[cut + len(IM_END):])
+
+
+@dataclass
+class _Row:
+    """The growing token row of an episode."""
+
+    tokens: list[int]
+    action: list[bool]
+    logprobs: list[float]
+    chunks: list[int]
+    expert: list[bool]
+
+    def extend(self, ids: list[int], *, action: bool = False, logprobs: list[float] | None = None,
+               chunk: int = -1, expert: bool = False) -> None:
+        self.tokens += ids
+        self.action += [action] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.chunks += [chunk] * len(ids)
+        self.expert += [expert] * len(ids)
+
+
+def _tool_message(call: Any, observation: str) -> dict[str, Any]:
+    return {"role": "tool", "name": call.name if isinstance(call, ToolCall) else "error", "content": observation}
+
+
+def _replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[str, Any]], row: _Row,
+                    messages: list[dict[str, Any]]) -> int:
+    """Append the expert's turns (expert-masked) and tool responses; replay the calls in `env`.
+    Returns the number of assistant turns consumed. Raises ValueError when the environment's
+    observations differ from the prefilled tool messages."""
+    turns = 0
+    i = 0
+    while i < len(prefill):
+        msg = prefill[i]
+        if msg.get("role") != "assistant" or not msg.get("tool_calls"):
+            raise ValueError(f"prefill[{i}]: expected an assistant message with tool_calls, "
+                             f"got role {msg.get('role')!r}")
+        tool_msgs = []
+        j = i + 1
+        while j < len(prefill) and prefill[j].get("role") == "tool":
+            tool_msgs.append(prefill[j])
+            j += 1
+        if len(tool_msgs) != len(msg["tool_calls"]):
+            raise ValueError(f"prefill[{i}]: {len(msg['tool_calls'])} tool calls but {len(tool_msgs)} tool messages")
+        # The assistant turn's own tokens: everything after the generation prompt up to its <|im_end|>.
+        turn_text = chat.render(messages + [msg], task.tools)
+        prefix_text = chat.render(messages, task.tools, add_generation_prompt=True)
+        if not turn_text.startswith(prefix_text):
+            raise ValueError("the chat template is not append-only for the prefill")
+        body = turn_text[len(prefix_text): turn_text.rindex(IM_END) + len(IM_END)]
+        row.extend(chat.encode(body), expert=True)
+        for call_dict, tool_msg in zip(msg["tool_calls"], tool_msgs):
+            fn = call_dict.get("function", call_dict)
+            args = fn["arguments"]
+            call = ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else args)
+            result = env.step(call)
+            if result.observation != tool_msg.get("content"):
+                raise ValueError(f"prefill: replaying {call.name} gave {result.observation!r}, "
+                                 f"the prefill says {tool_msg.get('content')!r}")
+        messages.append(msg)
+        row.extend(chat.observation_ids(tool_msgs, task.tools))
+        messages.extend(tool_msgs)
+        turns += 1
+        i = j
+    return turns
+
+
+async def run_episode(
+    engine: Engine,
+    chat: ChatFormat,
+    task: Task,
+    config: AgentConfig = AgentConfig(),
+    *,
+    env: Env | None = None,
+    uid: str | None = None,
+    prefill: list[dict[str, Any]] | None = None,
+) -> Trajectory | None:
+    """Play one episode of `task` with `engine`; returns its Trajectory, or None if the engine aborted it
+    (or generated no token at all).
+
+    `env`: a fresh environment for this episode (default `make_env(task.env)`). `prefill`: expert messages
+    (assistant tool-call turns and their tool responses) to start from; they count against the turn budget.
+    Raises ValueError when the prompt (with the prefill) leaves no room in `config.max_context`.
+    """
+    t_start = time.perf_counter()
+    env = env if env is not None else make_env(task.env)
+    uid = uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}"
+    env.reset(task)
+    messages = task.initial_messages()
+    row = _Row([], [], [], [], [])
+    row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
+    turns_used = _replay_prefill(env, task, chat, prefill, row, messages) if prefill else 0
+    prefill_calls, prefill_errors = env.num_tool_calls, env.num_tool_errors
+    if len(row.tokens) >= config.max_context:
+        raise ValueError(f"max_context={config.max_context} leaves no room: the prompt has {len(row.tokens)} tokens "
+                         f"(task {task.task_id})")
+    max_turns = min(task.max_turns, config.max_turns) if config.max_turns else task.max_turns
+    if turns_used >= max_turns:
+        raise ValueError(f"prefill uses {turns_used} turns, leaving none of max_turns={max_turns} to sample")
+    reward, finish = 0.0, "max_turns"
+    chunk_versions: list[int] = []
+    routed: np.ndarray | None = None
+    gen_tokens = 0
+    engine_s = 0.0
+    for turn in range(turns_used, max_turns):
+        # >= 1: the prompt and every appended observation leave room for at least one token.
+        budget = min(config.max_new_tokens, config.max_context - len(row.tokens))
+        params = SamplingParams(max_new_tokens=budget, temperature=config.temperature, top_p=config.top_p,
+                                top_k=config.top_k, stop_token_ids=chat.stop_token_ids,
+                                return_routed_experts=config.return_routed_experts)
+        t0 = time.perf_counter()
+        (res,) = await engine.generate([list(row.tokens)], params, session_ids=[uid], request_ids=[uid])
+        engine_s += time.perf_counter() - t0
+        if res.finish_reason == "abort":
+            return None
+        ids = [int(t) for t in res.token_ids]
+        if not ids:  # the engine generated nothing: the episode cannot go on
+            if not chunk_versions:
+                return None  # no action token at all: not a trajectory
+            finish = "length"
+            break
+        chunk = len(chunk_versions)
+        row.extend(ids, action=True, logprobs=[float(x) for x in res.logprobs], chunk=chunk)
+        chunk_versions.append(int(res.weight_version))
+        gen_tokens += len(ids)
+        if res.routed_experts is not None:
+            routed = np.asarray(res.routed_experts)
+        stopped = res.finish_reason == "stop" and ids[-1] in chat.stop_token_ids
+        text = chat.decode(ids[:-1] if stopped else ids)
+        messages.append({"role": "assistant", "content": text})
+        if not stopped:
+            finish = "length"
+            break
+        parsed = parse_tool_calls(text)
+        if not parsed.calls:
+            reward, finish = env.final_answer(parsed.content), "answer"
+            break
+        if ids[-1] != chat.im_end_id:
+            finish = "endoftext"  # a tool-call turn ended by <|endoftext|>: the conversation is over
+            break
+        if turn == max_turns - 1:
+            break  # tool calls on the last allowed turn: no room left to answer ("max_turns")
+        tool_msgs, done_result = [], None
+        for call in parsed.calls:
+            result = env.step(call)
+            tool_msgs.append(_tool_message(call, result.observation))
+            if result.done:
+                done_result = result
+                break
+        if done_result is not None:
+            reward, finish = float(done_result.reward or 0.0), "env_done"
+            break
+        obs = chat.observation_ids(tool_msgs, task.tools)
+        if len(row.tokens) + len(obs) >= config.max_context:
+            finish = "context"
+            break
+        row.extend(obs)
+        messages.extend(tool_msgs)
+
+    info: dict[str, Any] = {
+        "task_id": task.task_id,
+        "env": task.env,
+        "finish_reason": finish,
+        "num_turns": len(chunk_versions),
+        "num_prefill_turns": turns_used,
+        "num_tool_calls": env.num_tool_calls - prefill_calls,  # the policy's own (executed) calls
+        "num_tool_errors": env.num_tool_errors - prefill_errors,
+        "generated_tokens": gen_tokens,
+        "episode_s": time.perf_counter() - t_start,
+        "engine_s": engine_s,
+    }
+    if config.record_messages:
+        info["messages"] = messages
+    routed_rows = None
+    if routed is not None:
+        # The last generate call covered tokens[:-1] (its last sampled token was never fed); the final
+        # token's row is never used by the loss, so it repeats the previous row.
+        if routed.shape[0] != len(row.tokens) - 1:
+            raise ValueError(f"engine returned routed_experts for {routed.shape[0]} tokens, expected "
+                             f"{len(row.tokens) - 1}")
+        routed_rows = np.concatenate([routed, routed[-1:]], axis=0).astype(np.int32)
+    return Trajectory(
+        uid=uid,
+        tokens=np.asarray(row.tokens, np.int32),
+        action_mask=np.asarray(row.action, bool),
+        behavior_logprobs=np.asarray(row.logprobs, np.float32),
+        chunk_ids=np.asarray(row.chunks, np.int32),
+        expert_mask=np.asarray(row.expert, bool),
+        reward=float(reward),
+        policy_version=min(chunk_versions),
+        chunk_versions=np.asarray(chunk_versions, np.int32),
+        routed_experts=routed_rows,
+        info=info,
+    )
+
+
+async def run_episodes(
+    engine: Engine,
+    chat: ChatFormat,
+    tasks: list[Task],
+    config: AgentConfig = AgentConfig(),
+    *,
+    concurrency: int = 8,
+    env_factory: Callable[[Task], Env] | None = None,
+) -> list[Trajectory | None]:
+    """Run one episode per task, at most `concurrency` at a time; results in task order (None = aborted)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> Trajectory | None:
+        async with sem:
+            env = env_factory(task) if env_factory is not None else None
+            return await run_episode(engine, chat, task, config, env=env)
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))

@@ -1,0 +1,138 @@
+"""Wiring from typed configs to a ready learner: mesh, model, TrainState, train steps, checkpointer, Learner.
+
+Each function takes the typed sections of `ipa_jax.config.ExperimentConfig` (duck-typed here: the train layer
+does not import the config module), so experiments (train, the quickstart, ablations, the online trainer)
+reuse them and only choose the data source and the hooks.
+"""
+
+import dataclasses
+import logging
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from ipa_jax.models import Qwen3Config, from_pretrained, init_model, make_mesh
+from ipa_jax.models.sharding import DEFAULT_RULES, batch_sharding
+from ipa_jax.train.checkpoint import Checkpointer
+from ipa_jax.train.learner import Learner
+from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
+from ipa_jax.train.optimizer import make_optimizer, make_schedule
+from ipa_jax.train.sources import TrajectorySource
+from ipa_jax.train.state import TrainState
+from ipa_jax.train.step import StepOptions, TrainStep, place_state
+
+log = logging.getLogger(__name__)
+
+
+def build_mesh(mesh_config) -> Mesh:
+    return make_mesh(mesh_config)
+
+
+def model_config(model_cfg) -> Qwen3Config:
+    """Qwen3Config of an HF folder (model.path) or of the inline `model.arch` fields."""
+    learner_side = dict(moe_impl=model_cfg.moe_impl, remat_policy=model_cfg.remat)
+    if model_cfg.path:
+        return Qwen3Config.from_pretrained_dir(model_cfg.path, **learner_side)
+    arch = dict(model_cfg.arch)
+    arch["model_type"] = "qwen3_moe" if arch.get("num_experts", 0) > 0 else "qwen3"
+    if arch["model_type"] == "qwen3":  # a dense config.json carries no MoE fields
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                    "decoder_sparse_step", "mlp_only_layers"):
+            arch.pop(key)
+    return Qwen3Config.from_hf_dict(arch, **learner_side)
+
+
+def build_model(model_cfg, mesh: Mesh, seed: int):
+    """The policy (master weights in model.param_dtype), each parameter placed in its sharding."""
+    dtype = jnp.dtype(model_cfg.param_dtype)
+    if model_cfg.path:
+        return from_pretrained(model_cfg.path, dtype=dtype, mesh=mesh, moe_impl=model_cfg.moe_impl,
+                               remat_policy=model_cfg.remat)
+    return init_model(model_config(model_cfg), seed=seed, dtype=dtype, mesh=mesh)
+
+
+def step_options(exp, objective=None) -> StepOptions:
+    m = exp.model
+    return StepOptions(
+        objective=objective or exp.objective,
+        microbatches=exp.train.microbatches,
+        logprob_block_size=m.logprob_block_size,
+        entropy=exp.logging.entropy,
+        routing_replay=m.routing_replay,
+        load_balancing_coef=m.load_balancing_coef,
+        router_z_coef=m.router_z_coef,
+        compute_dtype=None if m.dtype == m.param_dtype else m.dtype,
+    )
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """How many ways the batch axis is split (the mesh axes of the "batch" sharding rule)."""
+    axes = batch_sharding(mesh, DEFAULT_RULES, 1).spec[0]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def check_batch_divisibility(train_cfg, mesh: Mesh) -> None:
+    """Every microbatch is split evenly over the data-parallel devices."""
+    dp = data_parallel_size(mesh)
+    rows = train_cfg.batch_size // (train_cfg.minibatches * train_cfg.microbatches)
+    if rows % dp:
+        raise ValueError(f"config key 'train.batch_size': {train_cfg.batch_size} trajectories / (train.minibatches="
+                         f"{train_cfg.minibatches} * train.microbatches={train_cfg.microbatches}) = {rows} rows per "
+                         f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}")
+
+
+def build_state(exp, mesh: Mesh) -> TrainState:
+    model = build_model(exp.model, mesh, exp.train.seed)
+    tx = make_optimizer(exp.optimizer, exp.train.steps)
+    return place_state(TrainState.create(model, tx, exp.train.seed, mesh), mesh)
+
+
+def build_steps(exp, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:
+    """(the main step, the IL-only warm-start step or None)."""
+    check_batch_divisibility(exp.train, mesh)
+    schedule = make_schedule(exp.optimizer, exp.train.steps)
+    step = TrainStep(state, mesh, step_options(exp), schedule, DEFAULT_RULES)
+    warmup = None
+    if exp.train.il_warmup_steps > 0:
+        il_only = dataclasses.replace(exp.objective, rl_weight=0.0, il_weight=1.0)
+        warmup = TrainStep(state, mesh, step_options(exp, il_only), schedule, DEFAULT_RULES)
+    return step, warmup
+
+
+def build_learner(exp, source: TrajectorySource, *, run_dir: str, mesh: Mesh | None = None,
+                  state: TrainState | None = None, **hooks: Any) -> Learner:
+    """A Learner over `source` with checkpoints under <run_dir>/checkpoints. hooks: eval_fn, after_update,
+    extra (see Learner). The state is restored from the latest checkpoint when checkpoint.resume is set."""
+    mesh = mesh or build_mesh(exp.mesh)
+    state = state or build_state(exp, mesh)
+    step, warmup = build_steps(exp, state, mesh)
+    arch = model_config(exp.model)
+    peak = exp.logging.peak_tflops * 1e12 if exp.logging.peak_tflops > 0 else _detect_peak()
+    return Learner(
+        state=state,
+        step_fn=step,
+        warmup_step_fn=warmup,
+        source=source,
+        config=exp.train,
+        run_dir=run_dir,
+        logging_config=exp.logging,
+        checkpointer=Checkpointer(os.path.join(run_dir, "checkpoints"), exp.checkpoint),
+        vocab_size=arch.vocab_size,
+        flops_per_token=lambda seq_len: train_flops_per_token(arch, seq_len),
+        peak_flops=peak,
+        requires_routed_experts=exp.model.routing_replay,
+        **hooks,
+    )
+
+
+def _detect_peak() -> float:
+    try:
+        return peak_flops_per_device(jax.devices()[0])
+    except ValueError as e:
+        log.warning("MFU is not logged: %s", e)
+        return 0.0

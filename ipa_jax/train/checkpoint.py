@@ -1,0 +1,93 @@
+"""Orbax checkpoints of the learner: every N steps and at exit, keep the last K, async, atomic.
+
+Orbax writes each step into a temporary folder and renames it when the save is complete, so a checkpoint
+cut short by SIGKILL is never listed by `latest_step()` and never loaded. A checkpoint holds the train
+state (params, optimizer state, step, skipped count, RNG) and a JSON document for everything host-side
+(the data source's position, learner counters, any extra state such as resampling statistics).
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from ipa_jax.train.state import TrainState
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 100  # learner steps; 0 = only at exit
+    keep: int = 3
+    async_save: bool = True
+    resume: bool = True
+    export_hf: bool = False
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every: must be >= 0 (0 = only at exit), got {self.every}")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep: must be >= 1, got {self.keep}")
+
+
+class Checkpointer:
+    """A thin wrapper over `ocp.CheckpointManager` for TrainState + JSON host state."""
+
+    def __init__(self, directory: str, config: CheckpointConfig):
+        self.config = config
+        self.directory = os.path.abspath(directory)
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=config.keep, enable_async_checkpointing=config.async_save, create=True
+            ),
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint (partial ones are invisible), or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, state: TrainState, host_state: dict[str, Any]) -> bool:
+        """Saves at `state.step` unless that step is already saved. Returns whether it saved."""
+        step = int(jax.device_get(state.step))
+        if step in self._manager.all_steps():
+            return False
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state.checkpoint_tree()), host=ocp.args.JsonSave(host_state)
+            ),
+            force=True,
+        )
+        return True
+
+    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+        """Restores `step` (default: latest) into the shapes, dtypes and shardings of `template`."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.checkpoint_tree())
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()),
+        )
+        return template.replace_checkpoint_tree(restored.state), dict(restored.host)
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def export_hf(state: TrainState, path: str) -> None:
+    """Writes the current policy as an HF folder (config.json + safetensors) via the model's save_pretrained."""
+    from ipa_jax.models import save_pretrained
+
+    save_pretrained(nnx.merge(state.graphdef, state.params, state.rest), path)

@@ -1,0 +1,289 @@
+"""The learner loop: trajectories from a source -> validated, padded batches -> train steps -> metrics,
+evaluations, weight-sync hook and checkpoints.
+
+One update per fresh batch by default (FlashREINFORCE); `epochs_per_batch` / `minibatches` > 1 exist for
+comparison runs (advantages are then computed on the whole batch before it is split). The learner knows no
+engine: the experiment passes `after_update(state)` to sync weights and `eval_fn(state)` to evaluate.
+"""
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipa_jax.objectives import compute_advantages
+from ipa_jax.train.checkpoint import Checkpointer
+from ipa_jax.train.metrics import LoggingConfig, MetricsWriter
+from ipa_jax.train.sources import TrajectorySource
+from ipa_jax.train.state import TrainState
+from ipa_jax.train.step import TrainStep
+from ipa_jax.trajectory import DEFAULT_BUCKETS, Trajectory, TrajectoryBatch, pad_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100  # optimizer updates
+    batch_size: int = 8  # trajectories per batch, global over processes
+    microbatches: int = 1
+    epochs_per_batch: int = 1
+    minibatches: int = 1  # optimizer updates per epoch over one batch
+    seed: int = 0
+    name: str = "run"
+    run_dir: str = ""  # "" = runs/<name>
+    eval_every: int = 0  # 0 = only before, after the IL warm start, and at the end
+    eval_episodes: int = 32
+    il_warmup_steps: int = 0
+    data: tuple[str, ...] = ()
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.minibatches:
+            raise ValueError(f"train.minibatches: {self.minibatches} must divide train.batch_size={self.batch_size}")
+        if (self.batch_size // self.minibatches) % self.microbatches:
+            raise ValueError(f"train.microbatches: {self.microbatches} must divide the minibatch size "
+                             f"{self.batch_size // self.minibatches} (train.batch_size / train.minibatches)")
+        if self.eval_every < 0:
+            raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
+        if not 0 <= self.il_warmup_steps <= self.steps:
+            raise ValueError(f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], "
+                             f"got {self.il_warmup_steps}")
+        if not self.buckets or any(b < 2 for b in self.buckets):
+            raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
+        if not self.name:
+            raise ValueError("train.name: must be non-empty")
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir or os.path.join("runs", self.name)
+
+
+@dataclass
+class Learner:
+    """Owns the loop. `run()` returns the final state; metrics go to <run_dir>/metrics.jsonl (+ TensorBoard).
+
+    step_fn: the jitted TrainStep; warmup_step_fn: the IL-only step used for the first train.il_warmup_steps.
+    after_update(state) (weight sync) runs once before the first step (after any restore) and after every update;
+    the state's buffers are donated to the next step, so the hook must copy what it keeps.
+    eval_fn(state) -> {name: value} runs before training, after the IL warm start, every train.eval_every steps
+    and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
+    flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
+    `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
+    """
+
+    state: TrainState
+    step_fn: TrainStep
+    source: TrajectorySource
+    config: TrainConfig
+    run_dir: str
+    logging_config: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpointer: Checkpointer | None = None
+    vocab_size: int | None = None
+    warmup_step_fn: TrainStep | None = None
+    eval_fn: Callable[[TrainState], dict[str, float]] | None = None
+    after_update: Callable[[TrainState], None] | None = None
+    flops_per_token: Callable[[int], float] | None = None
+    peak_flops: float = 0.0
+    requires_routed_experts: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.dropped_total = 0
+        self.eval_history: list[dict[str, Any]] = []
+        self.resumed_from: int | None = None
+        self._metrics: MetricsWriter | None = None
+
+    # ---------------------------------------------------------------------------------------------- resume
+    def restore_latest(self) -> int | None:
+        """Restores the newest complete checkpoint (state, source position, counters, extra); returns its
+        step or None when there is none."""
+        if self.checkpointer is None or self.checkpointer.latest_step() is None:
+            return None
+        self.state, host = self.checkpointer.restore(self.state)
+        self.source.load_state_dict(host["source"])
+        self.dropped_total = int(host["dropped_total"])
+        self.eval_history = list(host["eval_history"])
+        self.extra.clear()  # in place: callers may hold a reference to it
+        self.extra.update(host["extra"])
+        self.resumed_from = int(jax.device_get(self.state.step))
+        log.info("resumed from step %d (%s)", self.resumed_from, self.checkpointer.directory)
+        return self.resumed_from
+
+    def host_state(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            "dropped_total": self.dropped_total,
+            "eval_history": self.eval_history,
+            "extra": self.extra,
+        }
+
+    def save_checkpoint(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.state, self.host_state())
+
+    # ---------------------------------------------------------------------------------------------- data
+    def _check(self, traj: Trajectory) -> None:
+        traj.validate(self.vocab_size)
+        if traj.length > max(self.config.buckets):
+            raise ValueError(f"trajectory {traj.uid!r}: field 'tokens': length {traj.length} exceeds the largest "
+                             f"bucket {max(self.config.buckets)}")
+        if self.requires_routed_experts and traj.routed_experts is None:
+            raise ValueError(f"trajectory {traj.uid!r}: field 'routed_experts': required by model.routing_replay")
+
+    def next_batch(self) -> tuple[list[Trajectory], int]:
+        """B valid trajectories (bad ones are dropped, counted and replaced) and the number dropped."""
+        b, good, dropped = self.config.batch_size, [], 0
+        while len(good) < b:
+            for traj in self.source.next_trajectories(b - len(good)):
+                try:
+                    self._check(traj)
+                    good.append(traj)
+                except ValueError as e:
+                    dropped += 1
+                    log.warning("dropping trajectory: %s", e)
+            if dropped > 10 * b + 100:  # a source that yields nothing usable is a bug to report, not to spin on
+                raise RuntimeError(f"{dropped} invalid trajectories in a row from {type(self.source).__name__}")
+        return good, dropped
+
+    # ---------------------------------------------------------------------------------------------- loop
+    def _step_fn(self, step: int) -> TrainStep:
+        if step < self.config.il_warmup_steps and self.warmup_step_fn is not None:
+            return self.warmup_step_fn
+        return self.step_fn
+
+    def _evaluate(self, step: int) -> None:
+        if self.eval_fn is None or any(e["step"] == step for e in self.eval_history):
+            return
+        results = {k: float(v) for k, v in self.eval_fn(self.state).items()}
+        self.eval_history.append({"step": step, **results})
+        if self._metrics is not None:
+            self._metrics.write(step, {f"eval/{k}": v for k, v in results.items()})
+        log.info("eval at step %d: %s", step, results)
+
+    def _updates(self, batch: TrajectoryBatch, step: int):
+        """(device batch, device advantages | None) for each update made from one batch."""
+        cfg = self.config
+        if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
+            yield self.step_fn.put_batch(batch), None
+            return
+        # Advantages from the whole batch, then per-epoch shuffled minibatches (seeded: resumable).
+        adv = np.asarray(compute_advantages(jnp.asarray(batch.rewards), self.step_fn.options.objective.baseline,
+                                            jnp.asarray(batch.group_ids)))
+        rng = np.random.default_rng([cfg.seed, step])
+        size = cfg.batch_size // cfg.minibatches
+        for _ in range(cfg.epochs_per_batch):
+            order = rng.permutation(cfg.batch_size)
+            for j in range(cfg.minibatches):
+                rows = np.sort(order[j * size:(j + 1) * size])
+                sub = jax.tree.map(lambda x: x[rows], batch)
+                yield self.step_fn.put_batch(sub), self.step_fn.put_batch(adv[rows])
+
+    def run(self) -> TrainState:
+        cfg = self.config
+        if self.checkpointer is not None and self.resumed_from is None and self.checkpointer.latest_step() is not None:
+            if not self.checkpointer.config.resume:
+                raise ValueError(f"config key 'checkpoint.resume': False, but {self.checkpointer.directory} holds "
+                                 "checkpoints of an earlier run: resume it or choose a new train.run_dir")
+            self.restore_latest()
+        # A fresh start drops metrics a killed run wrote before its first checkpoint.
+        self._metrics = MetricsWriter(self.run_dir, tensorboard=self.logging_config.tensorboard,
+                                      resume_step=-1 if self.resumed_from is None else self.resumed_from)
+        step = last_saved = int(jax.device_get(self.state.step))
+        every = self.checkpointer.config.every if self.checkpointer is not None else 0
+        bar = _progress(cfg.steps, step)
+        save_at_exit = False
+        try:
+            if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
+                self.after_update(self.state)
+            if step == 0:
+                self._evaluate(step)
+            while step < cfg.steps:
+                trajs, dropped = self.next_batch()
+                self.dropped_total += dropped
+                batch = pad_batch(trajs, cfg.buckets)
+                lag = step - batch.policy_versions
+                for device_batch, adv in self._updates(batch, step):
+                    t0 = time.perf_counter()
+                    self.state, metrics = self._step_fn(step)(self.state, device_batch, adv)
+                    metrics = jax.device_get(metrics)
+                    dt = time.perf_counter() - t0
+                    step += 1
+                    metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
+                    if step % self.logging_config.every == 0 or step == cfg.steps:
+                        self._metrics.write(step, metrics)
+                    _report(bar, step, cfg.steps, metrics, self.logging_config.every)
+                    if self.after_update is not None:
+                        self.after_update(self.state)
+                    if step == cfg.il_warmup_steps or (cfg.eval_every and step % cfg.eval_every == 0):
+                        self._evaluate(step)
+                    if step >= cfg.steps:
+                        break
+                # Checkpoints only between batches (the source position is exact there).
+                if every and step // every > last_saved // every:
+                    self.save_checkpoint()
+                    last_saved = step
+            self._evaluate(step)
+            save_at_exit = True
+        except KeyboardInterrupt:
+            log.warning("interrupted at step %d: saving a checkpoint", step)
+            save_at_exit = True
+            raise
+        finally:
+            # At exit (normal end or Ctrl-C): a final checkpoint; always wait for async writes to finish.
+            if self.checkpointer is not None:
+                if save_at_exit:
+                    self.save_checkpoint()
+                self.checkpointer.wait()
+            self._metrics.close()
+            if bar is not None:
+                bar.close()
+        return self.state
+
+    def _host_metrics(self, metrics: dict[str, Any], device_batch: TrajectoryBatch, dropped: int,
+                      lag: np.ndarray, dt: float) -> dict[str, float]:
+        b, t = device_batch.tokens.shape
+        out = {
+            "step_time_s": dt,
+            "dropped_trajectories": float(dropped),
+            "dropped_total": float(self.dropped_total + getattr(self.source, "num_unparsable", 0)),
+            "policy_lag_mean": float(np.mean(lag)),
+            "policy_lag_max": float(np.max(lag)),
+            "seq_len": float(t),
+        }
+        out["tokens_per_s"] = float(metrics["real_tokens"] / dt)
+        if self.flops_per_token is not None and self.peak_flops > 0:
+            flops = self.flops_per_token(t) * b * t  # padded tokens: the work the devices actually do
+            out["mfu"] = flops / dt / (self.peak_flops * jax.device_count())
+        source_metrics = getattr(self.source, "metrics", None)
+        if callable(source_metrics):
+            out.update({f"source/{k}": float(v) for k, v in source_metrics().items()})
+        return out
+
+
+def _progress(total: int, initial: int):
+    """tqdm on a terminal (process 0 only); None elsewhere (log lines instead)."""
+    if jax.process_index() != 0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True)
+
+
+def _report(bar, step: int, total: int, metrics: dict[str, Any], every: int) -> None:
+    summary = {k: metrics[k] for k in ("loss", "reward_mean", "grad_norm", "tokens_per_s") if k in metrics}
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix({k: f"{float(v):.4g}" for k, v in summary.items()})
+    elif jax.process_index() == 0 and (step % every == 0 or step == total):
+        log.info("step %d/%s %s", step, total, " ".join(f"{k}={float(v):.4g}" for k, v in summary.items()))

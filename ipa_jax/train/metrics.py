@@ -1,0 +1,179 @@
+"""Per-step metrics: metrics.jsonl (one JSON object per line) and TensorBoard, plus FLOP/MFU accounting."""
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    every: int = 1  # learner steps between metric lines
+    tensorboard: bool = True
+    entropy: bool = True  # compute the policy's token entropy every step (one extra logsumexp pass)
+    peak_tflops: float = 0.0  # per device; 0 = detect from the device kind
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"logging.every: must be >= 1, got {self.every}")
+        if self.peak_tflops < 0:
+            raise ValueError(f"logging.peak_tflops: must be >= 0 (0 = detect), got {self.peak_tflops}")
+
+
+class MetricsWriter:
+    """Appends `{"step": s, **metrics}` lines to <run_dir>/metrics.jsonl and scalars to <run_dir>/tb.
+
+    On resume from step s, lines with step > s (written after the checkpoint by a run that was killed)
+    are removed first, so the file reads as one uninterrupted run (resume_step=-1: start afresh, nothing is
+    kept; None: append). Only process 0 writes.
+    """
+
+    def __init__(self, run_dir: str, *, tensorboard: bool = True, resume_step: int | None = None):
+        self.enabled = jax.process_index() == 0
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._tb = None
+        if not self.enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        if resume_step is not None:
+            truncate_metrics(self.path, resume_step)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1  # drop events logged after the checkpoint
+            self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step)}
+        for key, value in metrics.items():
+            row[key] = _to_python(value)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _to_python(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no nan/inf
+    return value
+
+
+def truncate_metrics(path: str, last_step: int) -> None:
+    """Keeps only lines with step <= last_step (atomic rewrite)."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError):
+            pass  # a line cut short by a kill
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """All complete lines of a metrics.jsonl file."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # the last line of a killed run may be partial
+    return rows
+
+
+def _is_moe_layer(config: Any, layer: int) -> bool:
+    return (
+        config.num_experts > 0
+        and layer not in tuple(config.mlp_only_layers or ())
+        and (layer + 1) % config.decoder_sparse_step == 0
+    )
+
+
+def active_params_per_token(config: Any) -> int:
+    """Parameters used by one token's forward matmuls (embedding lookup excluded, LM head included)."""
+    h, d = config.hidden_size, config.head_dim
+    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    total = 0
+    for layer in range(config.num_hidden_layers):
+        if _is_moe_layer(config, layer):
+            mlp = h * config.num_experts + config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+        else:
+            mlp = 3 * h * config.intermediate_size
+        total += attn + mlp
+    return total + h * config.vocab_size
+
+
+def train_flops_per_token(config: Any, seq_len: int) -> float:
+    """Training FLOPs per token: 6 * N_active + causal attention 6 * L * n_heads * head_dim * T.
+
+    (Forward 2N per token for the matmuls, backward 4N; QK^T and AV are 4 * L * n_heads * head_dim * T
+    per token forward, halved by the causal mask, times 3 for forward + backward.)
+    """
+    attention = 6 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq_len
+    return 6.0 * active_params_per_token(config) + attention
+
+
+# bf16 dense peak per device (TFLOP/s); matched against jax's device_kind.
+_PEAK_TFLOPS = {
+    r"H200|H100": 989.0,
+    r"A100": 312.0,
+    r"L4": 121.0,
+    r"TPU v4": 275.0,
+    r"TPU v5 lite|TPU v5e": 197.0,
+    r"TPU v5p|TPU v5": 459.0,
+    r"TPU v6": 918.0,
+}
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> float:
+    """Peak FLOP/s of one device: a table for accelerators; for CPU, cores * clock * FMA width (float32)."""
+    device = device or jax.devices()[0]
+    if device.platform == "cpu":
+        return _cpu_peak_flops() / max(jax.local_device_count(), 1)
+    for pattern, tflops in _PEAK_TFLOPS.items():
+        if re.search(pattern, device.device_kind):
+            return tflops * 1e12
+    raise ValueError(f"unknown peak FLOP/s for device kind {device.device_kind!r}: set logging.peak_tflops")
+
+
+def _cpu_peak_flops() -> float:
+    flags, mhz = "", 0.0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags") and not flags:
+                    flags = line
+                elif line.startswith("cpu MHz"):
+                    mhz = max(mhz, float(line.split(":")[1]))
+    except OSError:
+        pass
+    # float32 FLOPs per cycle per core: 2 FMA units x vector width x 2 (multiply + add).
+    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
+    return len(os.sched_getaffinity(0)) * (mhz or 2000.0) * 1e6 * per_cycle

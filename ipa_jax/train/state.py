@@ -1,0 +1,68 @@
+"""TrainState: everything a train step reads and writes, as one pytree."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+@struct.dataclass
+class TrainState:
+    """params and opt_state are trained; `rest` holds the model's non-parameter variables (passed through).
+
+    step counts learner steps (one per train_step call); skipped counts steps whose update was not
+    applied because the loss or gradient was not finite. The number of applied updates is step - skipped.
+    """
+
+    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    params: nnx.State
+    rest: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array  # int32 []
+    skipped: jax.Array  # int32 []
+    rng: jax.Array  # uint32 [2], a raw PRNG key (plain array: checkpoints as is)
+
+    @classmethod
+    def create(cls, model: nnx.Module, tx: optax.GradientTransformation, seed: int,
+               mesh: Mesh | None = None) -> "TrainState":
+        """Splits the model into (graphdef, params, rest). With a mesh, the optimizer's per-parameter state
+        (Adam moments) is created in its parameter's sharding and everything else is replicated on the mesh."""
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        out_shardings = None
+        if mesh is not None:
+            replicated = NamedSharding(mesh, P())
+            param_shardings = jax.tree.map(
+                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, params)
+            out_shardings = optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params),
+                                                  param_shardings, transform_non_params=lambda _: replicated)
+        opt_state = jax.jit(tx.init, out_shardings=out_shardings)(params)
+        return cls(
+            graphdef=graphdef,
+            tx=tx,
+            params=params,
+            rest=rest,
+            opt_state=opt_state,
+            step=jnp.zeros((), jnp.int32),
+            skipped=jnp.zeros((), jnp.int32),
+            rng=jax.random.PRNGKey(seed),
+        )
+
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.params, self.rest)
+
+    def checkpoint_tree(self) -> dict[str, Any]:
+        """The saved part (rest is rebuilt from the model config)."""
+        return {
+            "params": self.params,
+            "opt_state": self.opt_state,
+            "step": self.step,
+            "skipped": self.skipped,
+            "rng": self.rng,
+        }
+
+    def replace_checkpoint_tree(self, tree: dict[str, Any]) -> "TrainState":
+        return self.replace(**tree)

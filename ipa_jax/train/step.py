@@ -1,0 +1,262 @@
+"""The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
+
+    train_step(state, batch[, advantages]) -> (state, metrics)
+
+1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
+   (masks only) are computed on the full batch first.
+2. The batch is split into microbatches; lax.scan accumulates the gradient of
+   sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch), so the accumulated
+   gradient equals the full-batch gradient (up to float reassociation).
+3. A non-finite loss or gradient leaves params and optimizer state unchanged and counts a skipped update.
+
+Current log-probs (and entropies when asked) come from the model's blockwise `token_logprobs`.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ipa_jax.models import token_logprobs
+from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
+from ipa_jax.objectives import ObjectiveConfig, combine_terms, compute_advantages, objective_terms
+from ipa_jax.train.state import TrainState
+from ipa_jax.trajectory import TrajectoryBatch
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Static choices of the train step (hashable)."""
+
+    objective: ObjectiveConfig
+    microbatches: int = 1
+    logprob_block_size: int = 128
+    entropy: bool = False  # compute token entropies (always on when the objective needs them)
+    routing_replay: bool = False  # feed batch.routed_experts to the model's MoE layers
+    load_balancing_coef: float = 0.0
+    router_z_coef: float = 0.0
+    compute_dtype: str | None = None  # cast floating params to this dtype in the forward (None = as stored)
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy or self.objective.negative_token_fraction < 1.0
+
+
+def _split_microbatches(x: jax.Array, m: int) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...]; microbatch j = rows j, j+M, j+2M, ... so every device's rows are spread over
+    all microbatches (the leading, device-sharded axis stays whole)."""
+    return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _cast_floating(tree: Any, dtype: str | None) -> Any:
+    if dtype is None:
+        return tree
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _full_batch_denominators(batch: TrajectoryBatch, advantages: jax.Array, options: StepOptions) -> dict:
+    # Denominators depend only on masks and B: evaluate the terms with placeholder log-probs (the numerators
+    # are dead code that XLA removes) to get the full-batch counts every microbatch divides by.
+    zeros = jnp.zeros(batch.behavior_logprobs.shape, jnp.float32)
+    terms, _ = objective_terms(zeros, batch.behavior_logprobs, advantages, batch.action_mask, batch.chunk_ids,
+                               batch.expert_mask, options.objective, entropies=zeros)
+    return {name: den for name, (_, den) in terms.items()}
+
+
+def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, dens: dict,
+                     options: StepOptions):
+    """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics."""
+    model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
+    logp, entropy, aux = token_logprobs(
+        model, mb.tokens, mb.attention_mask, mb.positions, return_entropy=options.needs_entropy,
+        block_size=options.logprob_block_size,
+        routed_experts=mb.routed_experts if options.routing_replay else None,
+    )
+    logp = logp.astype(jnp.float32)
+    terms, diag = objective_terms(logp, mb.behavior_logprobs, adv, mb.action_mask, mb.chunk_ids, mb.expert_mask,
+                                  options.objective, entropy)
+    loss = combine_terms(terms, options.objective, denominators=dens)
+    # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
+    # per-microbatch means, averaged over microbatches (not exactly the full-batch value).
+    coefs = {"load_balancing_loss": options.load_balancing_coef, "router_z_loss": options.router_z_coef}
+    aux_losses = {name: aux[name] / options.microbatches for name, coef in coefs.items() if coef > 0}
+    aux_loss = sum(coefs[name] * value for name, value in aux_losses.items())
+    action = mb.action_mask
+    n_action = jnp.sum(action).astype(jnp.float32)
+    n_keep = jnp.sum(diag["retained_tokens"]).astype(jnp.float32)
+    n_chunks = jnp.sum(diag["num_chunks"]).astype(jnp.float32)
+    # Sums (not means) so that microbatches combine exactly into full-batch statistics.
+    stats = {
+        "rl_num": terms["rl"][0],
+        "il_num": terms["il"][0],
+        "n_action": n_action,
+        "n_keep": n_keep,
+        "n_chunks": n_chunks,
+        "n_kept_chunks": diag["kept_fraction"] * n_chunks,
+        "sum_abs_log_ratio": diag["mean_abs_log_ratio"] * n_action,
+        "sum_kl": diag["mean_kl"] * n_action,
+        "sum_is_ratio": diag["mean_is_ratio"] * n_keep,
+        "max_is_ratio": diag["max_is_ratio"],
+        "n_clipped": diag["clip_fraction"] * n_keep,
+        "nonfinite_weights": diag["nonfinite_weights"].astype(jnp.float32),
+        "admitted": jnp.sum(diag["admitted"]).astype(jnp.float32),
+        "max_chunks": jnp.max(diag["num_chunks"]).astype(jnp.float32),
+        "sum_entropy": (jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None
+                        else jnp.zeros((), jnp.float32)),
+        **aux_losses,
+    }
+    return loss + aux_loss, stats
+
+
+_MAX_STATS = ("max_is_ratio", "max_chunks")
+
+
+def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None, *,
+               options: StepOptions, schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] or None (computed
+    here from batch.rewards with the objective's baseline). Returns the new state and scalar metrics."""
+    objective, m = options.objective, options.microbatches
+    b = batch.tokens.shape[0]
+    if b % m:
+        raise ValueError(f"batch size {b} is not divisible by microbatches={m}")
+    if advantages is None:
+        advantages = compute_advantages(batch.rewards, objective.baseline, batch.group_ids)
+    advantages = advantages.astype(jnp.float32)
+    dens = _full_batch_denominators(batch, advantages, options)
+    grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
+    f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
+
+    if m == 1:
+        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, batch, advantages, dens, options)
+        grads = f32(grads)
+    else:
+        mbs = jax.tree.map(lambda x: _split_microbatches(x, m), batch)
+        mb_adv = _split_microbatches(advantages, m)
+
+        def accumulate(carry, xs):
+            grads_acc, loss_acc = carry
+            mb, adv = xs
+            (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, dens, options)
+            grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+            return (grads_acc, loss_acc + loss), stats
+
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)), (mbs, mb_adv))
+        stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+
+    def apply(_):
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state
+
+    # A skipped update keeps params and optimizer state bit for bit (the schedule's count too); cond runs
+    # only the taken branch, so the usual path pays nothing for the check.
+    new_params, new_opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), None)
+    new_state = state.replace(
+        params=new_params,
+        opt_state=new_opt_state,
+        step=state.step + 1,
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+        rng=jax.random.split(state.rng)[0],
+    )
+
+    rewards = batch.rewards.astype(jnp.float32)
+    n_action = jnp.maximum(stats["n_action"], 1.0)
+    n_keep = jnp.maximum(stats["n_keep"], 1.0)
+    metrics = {
+        "loss": loss,
+        "rl_loss": stats["rl_num"] / jnp.maximum(dens["rl"], 1),
+        "il_loss": stats["il_num"] / jnp.maximum(dens["il"], 1),
+        "grad_norm": grad_norm,
+        "lr": schedule(state.step - state.skipped),
+        "skipped": (~finite).astype(jnp.int32),
+        "skipped_total": new_state.skipped,
+        "reward_mean": jnp.mean(rewards),
+        "reward_std": jnp.std(rewards),
+        "advantage_mean": jnp.mean(advantages),
+        "advantage_std": jnp.std(advantages),
+        "advantage_min": jnp.min(advantages),
+        "advantage_max": jnp.max(advantages),
+        "admitted_fraction": stats["admitted"] / b,
+        "kept_token_fraction": stats["n_keep"] / n_action,
+        "kept_chunk_fraction": stats["n_kept_chunks"] / jnp.maximum(stats["n_chunks"], 1.0),
+        "is_ratio_mean": stats["sum_is_ratio"] / n_keep,
+        "is_ratio_max": stats["max_is_ratio"],
+        "clip_fraction": stats["n_clipped"] / n_keep,
+        "mismatch_abs": stats["sum_abs_log_ratio"] / n_action,  # mean |l - b| over action tokens
+        "mismatch_kl": stats["sum_kl"] / n_action,  # mean Bernoulli-KL proxy over action tokens
+        "chunks_mean": stats["n_chunks"] / b,
+        "chunks_max": stats["max_chunks"],
+        "action_tokens": stats["n_action"],
+        "real_tokens": jnp.sum(batch.attention_mask).astype(jnp.float32),
+        "nonfinite_weights": stats["nonfinite_weights"],
+        **{name: stats[name] for name in ("load_balancing_loss", "router_z_loss") if name in stats},
+    }
+    if options.needs_entropy:
+        metrics["entropy"] = stats["sum_entropy"] / n_action
+    return new_state, metrics
+
+
+def place_state(state: TrainState, mesh: Mesh) -> TrainState:
+    """Every leaf on `mesh`: already mesh-sharded leaves stay, anything else (scalars, RNG, an unsharded model)
+    becomes replicated, so the jitted step sees one device set."""
+    replicated = NamedSharding(mesh, P())
+
+    def place(x):
+        s = getattr(x, "sharding", None)
+        if isinstance(s, NamedSharding) and s.mesh == mesh:
+            return x
+        return jax.device_put(x, replicated)
+
+    return jax.tree.map(place, state)
+
+
+class TrainStep:
+    """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
+
+    step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages]).
+    `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
+    """
+
+    def __init__(self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: optax.Schedule,
+                 rules: Rules = DEFAULT_RULES):
+        self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
+        self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        self.replicated = NamedSharding(mesh, P())
+        self._compiled: dict[tuple[bool, bool], Any] = {}
+
+    def batch_shardings(self, batch: Any) -> Any:
+        """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
+        return jax.tree.map(lambda x: batch_sharding(self.mesh, self.rules, x.ndim), batch)
+
+    def put_batch(self, batch: Any) -> Any:
+        """Host (NumPy) global batch (or [B] array) -> sharded device arrays; each process uploads only its own
+        rows."""
+        from ipa_jax.train.distributed import device_put_global
+
+        return device_put_global(batch, self.batch_shardings(batch))
+
+    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool):
+        key = (batch.routed_experts is not None, with_advantages)
+        if key not in self._compiled:
+            fn = lambda state, batch, adv: train_step(  # noqa: E731
+                state, batch, adv, options=self.options, schedule=self.schedule)
+            adv_sharding = batch_sharding(self.mesh, self.rules, 1) if with_advantages else None
+            self._compiled[key] = jax.jit(
+                fn,
+                in_shardings=(self.state_shardings, self.batch_shardings(batch), adv_sharding),
+                out_shardings=(self.state_shardings, self.replicated),
+                donate_argnums=(0,),
+            )
+        return self._compiled[key]
+
+    def __call__(self, state: TrainState, batch: TrajectoryBatch,
+                 advantages: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._jitted(batch, advantages is not None)(state, batch, advantages)

@@ -1,0 +1,373 @@
+"""The Trajectory record (host side, NumPy only), its validation, JSONL I/O and padding into a TrajectoryBatch.
+
+Alignment convention: every per-token array is aligned with ``tokens``; position t holds the quantity of token t
+predicted from tokens[:t]. Position 0 has no predictor, so it is never an action (nor an expert target).
+
+A trajectory is one complete episode (prompt, every generated turn, every tool observation) in one token row.
+``chunk_ids`` numbers the interaction chunks: k for the action tokens of chunk k (0..K-1, non-decreasing,
+every chunk non-empty), -1 everywhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+DEFAULT_BUCKETS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+
+# Canonical dtype of each per-token field; the constructor casts to it when the kind already matches.
+_TOKEN_FIELDS: dict[str, np.dtype] = {
+    "tokens": np.dtype(np.int32),
+    "action_mask": np.dtype(np.bool_),
+    "behavior_logprobs": np.dtype(np.float32),
+    "chunk_ids": np.dtype(np.int32),
+    "expert_mask": np.dtype(np.bool_),
+}
+_KIND_OK = {"i": "iu", "b": "biu", "f": "fiu"}  # accepted source kinds per target kind
+
+
+def _canonical(value: Any, dtype: np.dtype) -> np.ndarray:
+    """np.asarray(value) cast to ``dtype`` when that cast cannot change a valid value (ints in range; 0/1 for
+    masks); otherwise left as is so that validate() names the problem (never silently truncate a float id)."""
+    arr = np.asarray(value)
+    if arr.size == 0:
+        return arr.astype(dtype)
+    if arr.dtype.kind not in _KIND_OK[dtype.kind]:
+        return arr
+    if dtype.kind == "i" and arr.dtype.kind in "iu" and (arr.min() < np.iinfo(dtype).min or
+                                                        arr.max() > np.iinfo(dtype).max):
+        return arr
+    if dtype.kind == "b" and arr.dtype.kind in "iu" and not np.isin(arr, (0, 1)).all():
+        return arr
+    return arr.astype(dtype, copy=False)
+
+
+@dataclass
+class Trajectory:
+    """One complete episode. Shapes: T tokens, K chunks, L MoE layers, k experts per token.
+
+    uid: unique id; tokens int32[T]; action_mask bool[T] (sampled by the policy: the RL targets);
+    behavior_logprobs float32[T] (log-prob the sampler used, 0 outside actions); chunk_ids int32[T];
+    expert_mask bool[T] (expert-prefilled imitation targets, disjoint from actions); reward float;
+    policy_version int (weight version that sampled it); chunk_versions int32[K] | None (version per chunk);
+    routed_experts int32[T, L, k] | None (row t = experts used when processing token t); info dict
+    (task_id, env, finish_reason, num_tool_calls, num_tool_errors, ... ; JSON-serialisable).
+    """
+
+    uid: str
+    tokens: np.ndarray
+    action_mask: np.ndarray
+    behavior_logprobs: np.ndarray
+    chunk_ids: np.ndarray
+    expert_mask: np.ndarray
+    reward: float
+    policy_version: int
+    chunk_versions: np.ndarray | None = None
+    routed_experts: np.ndarray | None = None
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, dtype in _TOKEN_FIELDS.items():
+            setattr(self, name, _canonical(getattr(self, name), dtype))
+        if self.chunk_versions is not None:
+            self.chunk_versions = _canonical(self.chunk_versions, np.dtype(np.int32))
+        if self.routed_experts is not None:
+            self.routed_experts = _canonical(self.routed_experts, np.dtype(np.int32))
+
+    @property
+    def num_chunks(self) -> int:
+        """K = 1 + the largest chunk id (0 when there is no action token)."""
+        return int(self.chunk_ids.max()) + 1 if self.chunk_ids.size and self.chunk_ids.max() >= 0 else 0
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0]) if self.tokens.ndim == 1 else 0
+
+    def _error(self, name: str, problem: str) -> ValueError:
+        return ValueError(f"trajectory {self.uid!r}: field {name!r}: {problem}")
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raises ValueError naming the field and the uid for the first problem found."""
+        if not isinstance(self.uid, str) or not self.uid:
+            raise self._error("uid", f"must be a non-empty string, got {self.uid!r}")
+        tokens = self.tokens
+        if tokens.ndim != 1 or tokens.shape[0] < 2:
+            raise self._error("tokens", f"must be 1-D with at least 2 tokens, got shape {tokens.shape}")
+        if tokens.dtype != np.int32:
+            raise self._error("tokens", f"must be integer token ids in int32 range, got dtype {tokens.dtype}")
+        if tokens.min() < 0:
+            raise self._error("tokens", f"negative token id {int(tokens.min())}")
+        if vocab_size is not None and tokens.max() >= vocab_size:
+            raise self._error("tokens", f"token id {int(tokens.max())} outside the vocabulary of size {vocab_size}")
+        T = tokens.shape[0]
+        for name, dtype in _TOKEN_FIELDS.items():
+            arr = getattr(self, name)
+            if arr.shape != (T,):
+                raise self._error(name, f"shape {arr.shape} does not match tokens shape {(T,)}")
+            if arr.dtype != dtype:
+                raise self._error(name, f"dtype {arr.dtype} cannot be read as {dtype}")
+        action, expert = self.action_mask, self.expert_mask
+        if action[0]:
+            raise self._error("action_mask", "position 0 has no predictor and cannot be an action")
+        if not action.any():
+            raise self._error("action_mask", "no action token")
+        if expert[0]:
+            raise self._error("expert_mask", "position 0 has no predictor and cannot be an imitation target")
+        if (expert & action).any():
+            raise self._error("expert_mask", f"overlaps action_mask at position {int(np.argmax(expert & action))}")
+        lp = self.behavior_logprobs
+        bad = action & ~(np.isfinite(lp) & (lp <= 0))
+        if bad.any():
+            t = int(np.argmax(bad))
+            raise self._error("behavior_logprobs", f"action log-prob {lp[t]} at position {t} is not finite and <= 0")
+        if (lp[~action] != 0).any():
+            raise self._error("behavior_logprobs", "must be 0 outside action tokens")
+        self._validate_chunks()
+        if not isinstance(self.reward, (int, float, np.floating, np.integer)) or not math.isfinite(self.reward):
+            raise self._error("reward", f"must be a finite number, got {self.reward!r}")
+        if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, (int, np.integer)) \
+                or self.policy_version < 0:
+            raise self._error("policy_version", f"must be an integer >= 0, got {self.policy_version!r}")
+        if self.chunk_versions is not None:
+            cv = self.chunk_versions
+            if cv.shape != (self.num_chunks,) or cv.dtype != np.int32:
+                raise self._error("chunk_versions", f"must be int32[{self.num_chunks}] (one per chunk), got "
+                                                    f"{cv.dtype}{list(cv.shape)}")
+            if (cv < 0).any():
+                raise self._error("chunk_versions", "versions must be >= 0")
+        if self.routed_experts is not None:
+            re = self.routed_experts
+            if re.ndim != 3 or re.shape[0] != T or re.dtype != np.int32:
+                raise self._error("routed_experts", f"must be int32[T={T}, L, k], got {re.dtype}{list(re.shape)}")
+            if re.size and re.min() < 0:
+                raise self._error("routed_experts", "expert ids must be >= 0")
+        if not isinstance(self.info, dict):
+            raise self._error("info", f"must be a dict, got {type(self.info).__name__}")
+
+    def _validate_chunks(self) -> None:
+        action, cid = self.action_mask, self.chunk_ids
+        if (cid[~action] != -1).any():
+            t = int(np.argmax((cid != -1) & ~action))
+            raise self._error("chunk_ids", f"must be -1 outside action tokens (position {t} holds {cid[t]})")
+        inside = cid[action]
+        if inside[0] != 0:
+            raise self._error("chunk_ids", f"the first action token must be in chunk 0, got {inside[0]}")
+        steps = np.diff(inside)
+        if ((steps != 0) & (steps != 1)).any():
+            raise self._error("chunk_ids", "must be 0..K-1 non-decreasing over action tokens, each chunk non-empty "
+                                           f"(got the sequence {_short(inside)})")
+
+    # ---- JSON ---------------------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """One JSON line. Lossless: float32 values are written as the shortest decimal of their float64 value,
+        which parses back to the same float64 and so casts back to the same float32 bit pattern;
+        routed_experts (large) as base64 of little-endian int32 with its shape."""
+        record: dict[str, Any] = {
+            "uid": self.uid,
+            "tokens": self.tokens.tolist(),
+            "action_mask": self.action_mask.astype(np.uint8).tolist(),
+            "behavior_logprobs": np.asarray(self.behavior_logprobs, np.float64).tolist(),
+            "chunk_ids": self.chunk_ids.tolist(),
+            "expert_mask": self.expert_mask.astype(np.uint8).tolist(),
+            "reward": float(self.reward),
+            "policy_version": int(self.policy_version),
+            "chunk_versions": None if self.chunk_versions is None else self.chunk_versions.tolist(),
+            "routed_experts": None if self.routed_experts is None else {
+                "shape": list(self.routed_experts.shape),
+                "int32_le_b64": base64.b64encode(self.routed_experts.astype("<i4").tobytes()).decode("ascii"),
+            },
+            "info": self.info,
+        }
+        return json.dumps(record, separators=(",", ":"), default=_json_default)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        """Inverse of to_json. Raises ValueError on a malformed record (missing field, bad JSON)."""
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"trajectory JSON does not parse: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"trajectory JSON must be an object, got {type(d).__name__}")
+        uid = d.get("uid", "<unknown>")
+        missing = [k for k in ("uid", "tokens", "action_mask", "behavior_logprobs", "chunk_ids", "expert_mask",
+                               "reward", "policy_version") if k not in d]
+        if missing:
+            raise ValueError(f"trajectory {uid!r}: missing field(s) {missing}")
+        re = d.get("routed_experts")
+        if re is not None:
+            re = np.frombuffer(base64.b64decode(re["int32_le_b64"]), dtype="<i4").astype(np.int32)
+            re = re.reshape(d["routed_experts"]["shape"])  # a wrong shape raises ValueError
+        cv = d.get("chunk_versions")
+        # Plain np.asarray: the constructor casts what is castable without loss, validate() names the rest.
+        return cls(
+            uid=d["uid"],
+            tokens=np.asarray(d["tokens"]),
+            action_mask=np.asarray(d["action_mask"]),
+            behavior_logprobs=np.asarray(d["behavior_logprobs"], np.float64),
+            chunk_ids=np.asarray(d["chunk_ids"]),
+            expert_mask=np.asarray(d["expert_mask"]),
+            reward=float(d["reward"]),
+            policy_version=d["policy_version"],
+            chunk_versions=None if cv is None else np.asarray(cv),
+            routed_experts=re,
+            info=d.get("info") or {},
+        )
+
+
+def _short(a: np.ndarray, n: int = 12) -> str:
+    s = a[:n].tolist()
+    return f"{s}{'...' if a.size > n else ''}"
+
+
+def _json_default(obj: Any) -> Any:
+    # NumPy scalars/arrays in `info` become plain JSON values.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"info value of type {type(obj).__name__} is not JSON-serialisable")
+
+
+def write_jsonl(path: str | os.PathLike, trajs: Iterable[Trajectory]) -> None:
+    """Writes one JSON line per trajectory (overwrites ``path``)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for traj in trajs:
+            f.write(traj.to_json())
+            f.write("\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Trajectory]:
+    """Reads the trajectories written by write_jsonl (blank lines skipped). Does not validate: call
+    ``validate()`` on each (the learner drops and counts the bad ones). A malformed line raises a ValueError
+    naming the file and line number."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Trajectory.from_json(line))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    return out
+
+
+def build_chunk_ids(action_mask: np.ndarray, chunk_end_positions: Sequence[int]) -> np.ndarray:
+    """chunk_ids int32[T] from action_mask bool[T] and the token positions where chunks end (the last token
+    of each tool call; the final answer's end may be given or not).
+
+    chunk k = the action tokens t with end_{k-1} < t <= end_k; action tokens after the last end form one
+    more chunk (the final answer). Each end position must be an action token and the ends strictly
+    increasing, so every chunk is non-empty.  chunk_ids[t] = #{ends < t} on actions, -1 elsewhere.
+    """
+    action = np.asarray(action_mask, dtype=bool)
+    if action.ndim != 1:
+        raise ValueError(f"action_mask must be 1-D, got shape {action.shape}")
+    ends = np.asarray(chunk_end_positions, dtype=np.int64).reshape(-1)
+    if ends.size:
+        if (np.diff(ends) <= 0).any():
+            raise ValueError(f"chunk_end_positions must be strictly increasing, got {_short(ends)}")
+        if ends[0] < 0 or ends[-1] >= action.shape[0]:
+            raise ValueError(f"chunk_end_positions {_short(ends)} outside [0, {action.shape[0]})")
+        if not action[ends].all():
+            bad = int(ends[np.argmin(action[ends])])
+            raise ValueError(f"chunk_end_positions: position {bad} is not an action token")
+    ids = np.searchsorted(ends, np.arange(action.shape[0]), side="left")
+    return np.where(action, ids, -1).astype(np.int32)
+
+
+class TrajectoryBatch(NamedTuple):
+    """Right-padded device form of B trajectories (a JAX pytree). T is a length bucket.
+
+    Padding (t >= length of row i): tokens = pad_id, attention_mask/action_mask/expert_mask False,
+    behavior_logprobs 0, chunk_ids -1, positions continue counting (t), routed_experts 0.
+    """
+
+    tokens: np.ndarray  # int32[B, T]
+    attention_mask: np.ndarray  # bool[B, T]  real tokens
+    positions: np.ndarray  # int32[B, T]  0..T-1 (padding continues the count)
+    action_mask: np.ndarray  # bool[B, T]
+    behavior_logprobs: np.ndarray  # float32[B, T]
+    chunk_ids: np.ndarray  # int32[B, T]  -1 outside actions and on padding
+    expert_mask: np.ndarray  # bool[B, T]
+    rewards: np.ndarray  # float32[B]
+    group_ids: np.ndarray  # int32[B]  0..G-1 in order of first appearance of info['task_id'] (uid if absent)
+    policy_versions: np.ndarray  # int32[B]
+    routed_experts: np.ndarray | None = None  # int32[B, T, L, k]
+
+
+def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """The smallest bucket >= length; ValueError if length exceeds every bucket."""
+    fitting = [b for b in buckets if b >= length]
+    if not fitting:
+        raise ValueError(f"length {length} exceeds the largest bucket {max(buckets)}")
+    return min(fitting)
+
+
+def pad_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS,
+              pad_id: int = 0) -> TrajectoryBatch:
+    """Validates and right-pads trajectories into a TrajectoryBatch with T = the smallest bucket >= the
+    longest trajectory. routed_experts must be given for all trajectories or for none."""
+    if not trajs:
+        raise ValueError("pad_batch needs at least one trajectory")
+    for traj in trajs:
+        traj.validate()
+    longest = max(trajs, key=lambda tr: tr.length)
+    try:
+        T = bucket_length(longest.length, buckets)
+    except ValueError as e:
+        raise ValueError(f"trajectory {longest.uid!r}: field 'tokens': {e}") from None
+    B = len(trajs)
+    tokens = np.full((B, T), pad_id, np.int32)
+    attention = np.zeros((B, T), bool)
+    action = np.zeros((B, T), bool)
+    behavior = np.zeros((B, T), np.float32)
+    chunks = np.full((B, T), -1, np.int32)
+    expert = np.zeros((B, T), bool)
+    has_routes = [tr.routed_experts is not None for tr in trajs]
+    if any(has_routes) and not all(has_routes):
+        uid = trajs[has_routes.index(False)].uid
+        raise ValueError(f"trajectory {uid!r}: field 'routed_experts': missing while other trajectories have it")
+    routes = None
+    if all(has_routes):
+        L, k = trajs[0].routed_experts.shape[1:]
+        for tr in trajs:
+            if tr.routed_experts.shape[1:] != (L, k):
+                raise ValueError(f"trajectory {tr.uid!r}: field 'routed_experts': shape {tr.routed_experts.shape} "
+                                 f"does not match [T, {L}, {k}] of the other trajectories")
+        routes = np.zeros((B, T, L, k), np.int32)
+    group_of: dict[str, int] = {}
+    group_ids = np.zeros(B, np.int32)
+    for i, tr in enumerate(trajs):
+        n = tr.length
+        tokens[i, :n] = tr.tokens
+        attention[i, :n] = True
+        action[i, :n] = tr.action_mask
+        behavior[i, :n] = tr.behavior_logprobs
+        chunks[i, :n] = tr.chunk_ids
+        expert[i, :n] = tr.expert_mask
+        if routes is not None:
+            routes[i, :n] = tr.routed_experts
+        key = str(tr.info.get("task_id", tr.uid))
+        group_ids[i] = group_of.setdefault(key, len(group_of))
+    return TrajectoryBatch(
+        tokens=tokens,
+        attention_mask=attention,
+        positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+        action_mask=action,
+        behavior_logprobs=behavior,
+        chunk_ids=chunks,
+        expert_mask=expert,
+        rewards=np.asarray([tr.reward for tr in trajs], np.float32),
+        group_ids=group_ids,
+        policy_versions=np.asarray([tr.policy_version for tr in trajs], np.int32),
+        routed_experts=routes,
+    )

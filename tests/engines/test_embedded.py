@@ -1,0 +1,275 @@
+"""EmbeddedEngine against the model's own full forward pass (no cache) and token_logprobs.
+
+Every call uses 3 prompts (padded to a batch of 4), prompts <= 16 tokens and prompt + max_new <= 32, with
+routed experts on, so the whole module compiles one prefill and one decode loop.
+"""
+
+import asyncio
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import make_tiny_hf_checkpoint, tiny_qwen3_config
+
+from ipa_jax.engines import SamplingParams
+from ipa_jax.engines.embedded import EmbeddedEngine
+from ipa_jax.models import from_pretrained, init_model, token_logprobs
+
+PROMPTS = [[1, 5, 9], [2, 7, 11, 13, 17, 19, 23], [3, 4]]
+WIDTH = 32  # reference forward width (right padding is invisible to causal attention)
+
+
+def sp(max_new=20, **kw) -> SamplingParams:
+    return SamplingParams(max_new, return_routed_experts=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("embedded")
+    return make_tiny_hf_checkpoint(base / "a", seed=0), make_tiny_hf_checkpoint(base / "b", seed=1)
+
+
+@pytest.fixture(scope="module")
+def model(ckpts):
+    return from_pretrained(ckpts[0])
+
+
+@pytest.fixture(scope="module")
+def engine(model, loop):
+    eng = EmbeddedEngine(model, seed=0, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,))
+    yield eng
+    loop.run_until_complete(eng.close())
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """Jitted full forward (logits, routed experts) and token_logprobs on [3, WIDTH] right-padded rows."""
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def forward(params, tokens):
+        out = nnx.merge(graphdef, params)(tokens)
+        return out.logits.astype(jnp.float32), out.aux["routed_experts"]
+
+    @jax.jit
+    def logprobs(params, tokens, mask):
+        return token_logprobs(nnx.merge(graphdef, params), tokens, mask)[0]
+
+    def pad(rows):
+        tokens = np.zeros((len(rows), WIDTH), np.int32)
+        mask = np.zeros((len(rows), WIDTH), bool)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)], mask[i, : len(r)] = r, True
+        return jnp.asarray(tokens), jnp.asarray(mask)
+
+    class Ref:
+        def greedy(self, prompts, n, p=params):
+            rows = [list(x) for x in prompts]
+            for _ in range(n):
+                logits, _ = forward(p, pad(rows)[0])
+                for i, r in enumerate(rows):
+                    r.append(int(jnp.argmax(logits[i, len(r) - 1])))
+            return [r[len(x):] for r, x in zip(rows, prompts)]
+
+        def forward(self, rows):
+            return forward(params, pad(rows)[0])
+
+        def logprobs(self, rows):
+            return np.asarray(logprobs(params, *pad(rows)))
+
+    return Ref()
+
+
+def test_greedy_equals_argmax_of_full_forward(engine, reference, loop):
+    results = loop.run_until_complete(engine.generate(PROMPTS, sp(temperature=0.0)))
+    want = reference.greedy(PROMPTS, 20)
+    full = [p + r.token_ids for p, r in zip(PROMPTS, results)]
+    lp = reference.logprobs(full)
+    _, routed = reference.forward(full)
+    for i, (p, r) in enumerate(zip(PROMPTS, results)):
+        assert r.token_ids == want[i]
+        assert r.finish_reason == "length" and r.weight_version == 0
+        # greedy reports the model's log-prob of the chosen token
+        np.testing.assert_allclose(r.logprobs, lp[i, len(p): len(full[i])], atol=1e-5)
+        # routed experts: row t = experts used when processing token t of prompt + output (last never fed)
+        assert r.routed_experts.shape == (len(full[i]) - 1, 2, 2)
+        np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
+
+
+def test_sampled_logprobs_equal_token_logprobs(engine, reference, loop):
+    results = loop.run_until_complete(engine.generate(PROMPTS, sp(temperature=1.0)))
+    full = [p + r.token_ids for p, r in zip(PROMPTS, results)]
+    lp = reference.logprobs(full)
+    for i, (p, r) in enumerate(zip(PROMPTS, results)):
+        assert len(r.token_ids) == 20
+        assert np.max(np.abs(np.array(r.logprobs) - lp[i, len(p): len(full[i])])) < 1e-5
+    assert len({tuple(r.token_ids) for r in results}) == 3
+
+
+def test_truncated_sampling_logprobs_are_of_the_sampled_distribution(engine, reference, loop):
+    params = [sp(temperature=0.7, top_k=5), sp(temperature=1.3, top_p=0.6), sp(temperature=1.0, top_k=8, top_p=0.9)]
+    results = loop.run_until_complete(engine.generate(PROMPTS, params))
+    full = [p + r.token_ids for p, r in zip(PROMPTS, results)]
+    logits, _ = reference.forward(full)
+    logits = np.asarray(logits, np.float64)
+    for i, (p, r, q) in enumerate(zip(PROMPTS, results, params)):
+        for j, (tok, got) in enumerate(zip(r.token_ids, r.logprobs)):
+            z = logits[i, len(p) + j - 1] / q.temperature
+            probs = np.exp(z - z.max())
+            probs /= probs.sum()
+            order = np.argsort(-probs, kind="stable")
+            k = q.top_k if q.top_k > 0 else len(probs)
+            kept = order[:k]
+            pk = probs[kept] / probs[kept].sum()
+            before = np.cumsum(pk) - pk
+            kept = kept[before < q.top_p]
+            assert tok in kept
+            want = np.log(probs[tok] / probs[kept].sum())
+            assert abs(got - want) < 1e-5
+
+
+def test_stop_tokens_and_max_new_tokens_per_row(engine, reference, loop):
+    greedy = reference.greedy(PROMPTS, 20)
+    stop = greedy[0][4]
+    params = [sp(temperature=0.0, stop_token_ids=[stop]), sp(6, temperature=0.0),
+              sp(temperature=0.0, stop_token_ids=[999])]
+    r0, r1, r2 = loop.run_until_complete(engine.generate(PROMPTS, params))
+    cut = greedy[0].index(stop) + 1
+    assert r0.token_ids == greedy[0][:cut] and r0.finish_reason == "stop" and r0.matched_stop == stop
+    assert len(r0.logprobs) == cut and r0.routed_experts.shape[0] == len(PROMPTS[0]) + cut - 1
+    assert r1.token_ids == greedy[1][:6] and r1.finish_reason == "length" and r1.matched_stop is None
+    assert r2.token_ids == greedy[2] and r2.finish_reason == "length"
+
+
+class LetterTokenizer:
+    """decode(ids) = one letter per id: enough for stop strings."""
+
+    def decode(self, ids, **kw):
+        return "".join(chr(97 + t % 26) for t in ids)
+
+
+def test_stop_strings(model, reference, loop):
+    greedy = reference.greedy(PROMPTS, 20)
+    text = LetterTokenizer().decode(greedy[1])
+    stop = text[7:9]
+    eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,),
+                         tokenizer=LetterTokenizer())
+    try:
+        params = [sp(temperature=0.0), sp(temperature=0.0, stop=[stop]), sp(temperature=0.0)]
+        _, r, _ = loop.run_until_complete(eng.generate(PROMPTS, params))
+    finally:
+        loop.run_until_complete(eng.close())
+    cut = text.index(stop) + len(stop)
+    assert r.finish_reason == "stop" and r.matched_stop == stop
+    assert r.token_ids == greedy[1][:cut]
+
+
+def test_weight_update_from_disk_and_from_learner(engine, model, ckpts, reference, loop):
+    base = reference.greedy(PROMPTS, 20)
+    loop.run_until_complete(engine.update_weights(ckpts[1], 1))
+    try:
+        new = loop.run_until_complete(engine.generate(PROMPTS, sp(temperature=0.0)))
+        assert engine.weight_version == 1 and all(r.weight_version == 1 for r in new)
+        other = from_pretrained(ckpts[1])
+        assert [r.token_ids for r in new] == reference.greedy(PROMPTS, 20, p=nnx.state(other))
+        assert [r.token_ids for r in new] != base
+    finally:
+        learner = from_pretrained(ckpts[0])
+        engine.set_params_from_model(learner, 2)
+        for leaf in jax.tree.leaves(nnx.state(learner)):
+            leaf.delete()  # as a train step that donates its state would: the engine holds its own copy
+    back = loop.run_until_complete(engine.generate(PROMPTS, sp(temperature=0.0)))
+    assert [r.token_ids for r in back] == base and back[0].weight_version == 2
+    dense = init_model(tiny_qwen3_config(moe=False))
+    with pytest.raises(ValueError, match="parameter tree"):
+        engine.set_params_from_model(dense, 3)
+    assert engine.weight_version == 2
+
+
+def test_pause_holds_and_abort_returns_partial(engine, reference, loop):
+    greedy = reference.greedy(PROMPTS, 20)
+
+    async def go():
+        await engine.pause()
+        task = asyncio.ensure_future(engine.generate(PROMPTS, sp(temperature=0.0), request_ids=["a-0", "a-1", "b-2"]))
+        await asyncio.sleep(0.3)
+        assert not task.done() and not engine._running  # paused: the batch does not start
+        await engine.resume()
+        while not engine._running:
+            await asyncio.sleep(0.001)
+        await engine.pause()  # held in place at a chunk boundary
+        await engine.abort(["a-"])
+        await asyncio.sleep(0.2)
+        assert not task.done()  # b-2 is still held
+        await engine.resume()
+        return await task
+
+    r0, r1, r2 = loop.run_until_complete(go())
+    for r, g in ((r0, greedy[0]), (r1, greedy[1])):
+        assert r.finish_reason == "abort" and 1 <= len(r.token_ids) < 20 and r.token_ids == g[: len(r.token_ids)]
+    assert r2.finish_reason == "length" and r2.token_ids == greedy[2]
+
+
+class GateTokenizer(LetterTokenizer):
+    """Blocks the engine's first stop-string check (host side, right after the batch's prefill) until released."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def decode(self, ids, **kw):
+        self.entered.set()
+        self.release.wait(30)
+        return super().decode(ids)
+
+
+def test_finished_rows_take_queued_requests(model, reference, loop):
+    """Continuous batching: a request queued while a batch runs is admitted into a free row at a chunk boundary
+    and returns before the long requests do, with the same tokens as alone."""
+    greedy = reference.greedy(PROMPTS, 20)
+    gate = GateTokenizer()
+    eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,), tokenizer=gate)
+
+    async def go():
+        order = []
+        params = [sp(temperature=0.0), sp(temperature=0.0), sp(temperature=0.0, stop=["never matched"])]
+        long = asyncio.ensure_future(eng.generate(PROMPTS, params))
+        long.add_done_callback(lambda _: order.append("long"))
+        await asyncio.to_thread(gate.entered.wait, 30)  # the batch is prefilled, no decode step yet
+        short = asyncio.ensure_future(eng.generate([[3, 4]], sp(2, temperature=0.0)))
+        short.add_done_callback(lambda _: order.append("short"))
+        await asyncio.sleep(0.01)  # queued
+        gate.release.set()
+        (s,), longs = await short, await long
+        return order, s, longs
+
+    try:
+        order, s, longs = loop.run_until_complete(go())
+    finally:
+        loop.run_until_complete(eng.close())
+    assert order == ["short", "long"] and eng.num_batches == 2  # one batch prefill + one admission
+    assert s.token_ids == greedy[2][:2] and s.finish_reason == "length"
+    assert [r.token_ids for r in longs] == greedy
+
+
+def test_request_validation(engine, loop):
+    with pytest.raises(ValueError, match="max_len"):
+        loop.run_until_complete(engine.generate([[1] * 60], SamplingParams(10)))
+    with pytest.raises(ValueError, match="vocab_size"):
+        loop.run_until_complete(engine.generate([[1, 500]], SamplingParams(2)))
+    with pytest.raises(ValueError, match="tokenizer"):
+        loop.run_until_complete(engine.generate([[1]], SamplingParams(2, stop=["x"])))
+    with pytest.raises(ValueError, match="prompts\\[0\\] is empty"):
+        loop.run_until_complete(engine.generate([[]], SamplingParams(2)))
+    (r,) = loop.run_until_complete(engine.generate([[1]], SamplingParams(0)))
+    assert r.token_ids == [] and r.finish_reason == "length"
+

@@ -1,0 +1,195 @@
+"""KV cache (batched right-padded prefill + per-row decode), blockwise log-probs/entropy, remat policies."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_qwen3_config
+
+from ipa_jax.models import init_kv_cache, init_model, token_logprobs
+from ipa_jax.models.layers import attend
+
+B, T = 3, 11
+_token_logprobs = nnx.jit(token_logprobs, static_argnames=("return_entropy", "block_size"))
+
+
+@pytest.fixture(scope="module")
+def model_and_fwd():
+    # Layer 0 dense, layer 1 MoE: both layer kinds go through the cache; attention in query blocks of 4.
+    cfg = tiny_qwen3_config(moe=True, num_hidden_layers=2, mlp_only_layers=(0,), attention_query_block=4)
+    model = init_model(cfg, seed=7)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def fwd(params, ids, positions, mask, cache):
+        return nnx.merge(graphdef, params)(ids, positions, mask, cache=cache)
+
+    return model, params, fwd
+
+
+def test_prefill_then_per_row_decode_equals_full_forward(model_and_fwd):
+    model, params, fwd = model_and_fwd
+    rng = np.random.RandomState(0)
+    ids = rng.randint(1, 128, (B, T)).astype(np.int32)
+    full = np.asarray(fwd(params, jnp.asarray(ids), None, None, None).logits)
+    lengths = np.array([3, 6, 5])
+    prompt_len = lengths.max()
+    prompt_mask = np.arange(prompt_len)[None] < lengths[:, None]
+    prompts = np.where(prompt_mask, ids[:, :prompt_len], 0)  # right-padded with a pad id unrelated to the sequence
+
+    cache = init_kv_cache(model.config, B, 16, jnp.float32)
+    out = fwd(params, jnp.asarray(prompts), None, jnp.asarray(prompt_mask), cache)
+    np.testing.assert_array_equal(np.asarray(out.cache.valid), np.pad(prompt_mask, ((0, 0), (0, 16 - prompt_len))))
+    for b in range(B):
+        np.testing.assert_allclose(np.asarray(out.logits)[b, :lengths[b]], full[b, :lengths[b]], atol=1e-5)
+
+    cache, pos = out.cache, lengths.copy()
+    for _ in range(4):
+        step = fwd(params, jnp.asarray(ids[np.arange(B), pos][:, None]), jnp.asarray(pos[:, None]),
+                   jnp.ones((B, 1), bool), cache)
+        np.testing.assert_allclose(np.asarray(step.logits)[:, 0], full[np.arange(B), pos], atol=1e-5)
+        cache, pos = step.cache, pos + 1
+
+    # A row whose step is masked (finished) writes nothing; the other rows are unaffected by it.
+    before = cache
+    step = fwd(params, jnp.asarray(ids[np.arange(B), pos][:, None]), jnp.asarray(pos[:, None]),
+               jnp.asarray([[True], [False], [True]]), cache)
+    np.testing.assert_array_equal(np.asarray(step.cache.keys[1][1]), np.asarray(before.keys[1][1]))
+    np.testing.assert_array_equal(np.asarray(step.cache.valid[1]), np.asarray(before.valid[1]))
+    np.testing.assert_allclose(np.asarray(step.logits)[[0, 2], 0], full[[0, 2], pos[[0, 2]]], atol=1e-5)
+
+
+def _np_attention(q, k, v, q_pos, k_pos, k_valid, scale):
+    """float64 loop reference of GQA attention with the visibility rule k_valid & (k_pos <= q_pos)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, t, hq, d = q.shape
+    group = hq // k.shape[2]
+    out = np.zeros((b, t, hq, d))
+    for i in range(b):
+        for j in range(t):
+            vis = np.asarray(k_valid[i]) & (np.asarray(k_pos[i]) <= int(q_pos[i, j]))
+            for h in range(hq):
+                s = np.where(vis, k[i, :, h // group] @ q[i, j, h] * scale, -np.inf)
+                p = np.exp(s - s.max()) if vis.any() else np.ones_like(s)
+                out[i, j, h] = (p / p.sum()) @ v[i, :, h // group]
+    return out.reshape(b, t, hq * d)
+
+
+def test_attention_query_blocks_equal_reference():
+    rng = np.random.RandomState(5)
+    q, k, v = (jnp.asarray(rng.randn(2, 7, n, 8), jnp.float32) for n in (4, 2, 2))
+    pos = jnp.asarray([[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 0, 0, 0]], jnp.int32)
+    valid = jnp.asarray([[1] * 7, [1, 1, 1, 1, 0, 0, 0]], bool)
+    want = _np_attention(q, k, v, pos, pos, valid, 8**-0.5)
+
+    def value_and_grads(q, k, v, block):
+        f = lambda q, k, v: attend(q, k, v, pos, pos, valid, 8**-0.5, block)  # noqa: E731
+        return f(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), (0, 1, 2))(q, k, v)
+
+    value_and_grads = jax.jit(value_and_grads, static_argnums=3)
+    whole, g_whole = value_and_grads(q, k, v, 0)
+    blocked, g_blocked = value_and_grads(q, k, v, 3)
+    np.testing.assert_allclose(np.asarray(whole), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(blocked), want, atol=1e-5)
+    for a, b in zip(g_blocked, g_whole):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def _naive(logits, ids, mask):
+    """float64 NumPy: lp[t] = log softmax(logits[t-1])[ids[t]], H[t] = entropy of that softmax; 0 where not scored."""
+    x = np.asarray(logits, np.float64)
+    logp = x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)) - x.max(-1, keepdims=True)
+    lp = np.zeros(ids.shape)
+    ent = np.zeros(ids.shape)
+    lp[:, 1:] = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    ent[:, 1:] = -(np.exp(logp) * logp).sum(-1)[:, :-1]
+    scored = mask & np.pad(mask[:, :-1], ((0, 0), (1, 0)))
+    return np.where(scored, lp, 0), np.where(scored, ent, 0)
+
+
+def test_token_logprobs_equal_naive(model_and_fwd, block_size=4):  # 4 does not divide T - 1 = 10
+    model, params, fwd = model_and_fwd
+    rng = np.random.RandomState(1)
+    ids = rng.randint(0, 128, (B, T)).astype(np.int32)
+    mask = np.arange(T)[None] < np.array([[11], [8], [5]])
+    logits = fwd(params, jnp.asarray(ids), None, jnp.asarray(mask), None).logits
+    lp, ent, aux = _token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), return_entropy=True,
+                                   block_size=block_size)
+    want_lp, want_ent = _naive(logits, ids, mask)
+    np.testing.assert_allclose(np.asarray(lp), want_lp, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(ent), want_ent, atol=2e-6)
+    assert "load_balancing_loss" in aux
+    lp_only, none, _ = _token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), block_size=block_size)
+    assert none is None
+    np.testing.assert_array_equal(np.asarray(lp_only), np.asarray(lp))
+
+
+def test_token_logprobs_gradients_equal_naive(model_and_fwd):
+    model, _, _ = model_and_fwd
+    graphdef, params = nnx.split(model, nnx.Param)
+    ids = jnp.asarray(np.random.RandomState(2).randint(0, 128, (B, T)), jnp.int32)
+    mask = jnp.arange(T)[None] < jnp.asarray([[11], [9], [4]])
+    w = jnp.asarray(np.random.RandomState(3).randn(B, T), jnp.float32)
+
+    def blockwise(p):
+        lp, ent, _ = token_logprobs(nnx.merge(graphdef, p), ids, mask, return_entropy=True, block_size=4)
+        return jnp.sum(w * lp) + 0.1 * jnp.sum(w * ent)
+
+    def naive(p):
+        logp = jax.nn.log_softmax(nnx.merge(graphdef, p)(ids, attention_mask=mask).logits)
+        lp = jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp) * logp, -1)[:, :-1]
+        scored = (mask[:, 1:] & mask[:, :-1])
+        return jnp.sum(jnp.where(scored, w[:, 1:] * lp + 0.1 * w[:, 1:] * ent, 0.0))
+
+    g_block, g_naive = jax.jit(jax.grad(blockwise))(params), jax.jit(jax.grad(naive))(params)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(g_block), nnx.to_flat_state(g_naive)):
+        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-4, atol=1e-6, err_msg=str(path))
+
+
+def test_token_logprobs_never_builds_full_float32_logits(model_and_fwd):
+    model, _, _ = model_and_fwd
+    graphdef, params = nnx.split(model, nnx.Param)
+    ids = jnp.zeros((2, 64), jnp.int32)
+    vocab = model.config.vocab_size
+
+    def loss(p):
+        lp, ent, _ = token_logprobs(nnx.merge(graphdef, p), ids, return_entropy=True, block_size=16)
+        return jnp.sum(lp) + jnp.sum(ent)
+
+    def shapes(jaxpr):
+        for eqn in jaxpr.eqns:
+            for v in eqn.outvars:
+                yield getattr(v.aval, "shape", ()), getattr(v.aval, "dtype", None)
+            for sub in jax.core.jaxprs_in_params(eqn.params):
+                yield from shapes(sub)
+
+    all_shapes = list(shapes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr))
+    assert ((2, 16, vocab), jnp.float32) in all_shapes  # the per-block logits exist ...
+    big = [s for s, d in all_shapes if d == jnp.float32 and s[-1:] == (vocab,) and np.prod(s) >= 2 * 63 * vocab]
+    assert not big, big  # ... but nothing as large as [B, T-1, V]
+
+
+@pytest.fixture(scope="module")
+def plain_grads(model_and_fwd):
+    model, _, _ = model_and_fwd
+    ids = jnp.asarray(np.random.RandomState(4).randint(0, 128, (2, 8)), jnp.int32)
+
+    def grad_fn(m):
+        graphdef, params = nnx.split(m, nnx.Param)
+        return jax.grad(lambda p: jnp.sum(jnp.tanh(nnx.merge(graphdef, p)(ids).logits))), params
+
+    fn, params = grad_fn(model)
+    return grad_fn, jax.jit(fn)(params)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_policy_same_gradients(model_and_fwd, plain_grads, policy):
+    model, _, _ = model_and_fwd
+    grad_fn, plain = plain_grads
+    fn, params = grad_fn(init_model(model.config.replace(remat_policy=policy), seed=7))
+    assert "remat" in str(jax.make_jaxpr(fn)(params))  # the layers really are rematerialised
+    for (path, a), (_, b) in zip(nnx.to_flat_state(jax.jit(fn)(params)), nnx.to_flat_state(plain)):
+        b = np.asarray(b[...])
+        np.testing.assert_allclose(np.asarray(a[...]), b, atol=1e-5 * np.abs(b).max(), err_msg=str(path))

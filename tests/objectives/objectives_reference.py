@@ -1,0 +1,165 @@
+"""Independent float64 NumPy reference of the composed objective, written row by row from DESIGN.md's formulas
+(no code shared with ipa_jax.objectives)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+EPS = 1e-6
+
+
+@dataclass
+class Reference:
+    loss: float
+    num_rl: float
+    den_rl: float
+    num_il: float
+    den_il: float
+    grad: np.ndarray  # d loss / d l, [B, T]
+    weights: np.ndarray  # w = keep * rho * G, [B, T]
+    returns: np.ndarray  # G, [B, T]
+    chunk_ratios: np.ndarray  # exp(mean over chunk of l - b), [B, T]
+    sequence_kl: np.ndarray  # [B]
+    admitted: np.ndarray  # [B] bool
+    retained: np.ndarray  # [B] int
+    keep: np.ndarray  # [B, T] bool, tokens with a nonzero mask
+    kl: np.ndarray  # [B, T] Bernoulli KL proxy on action tokens
+    acceptance_rate: float  # admitted rows (chunks at chunk level) / rows (chunks)
+    scale_magnitude: float  # sum of |loss contributions| (the size float32 round-off is relative to)
+
+
+def advantages(rewards, baseline, group_ids=None):
+    r = np.asarray(rewards, np.float64)
+    if baseline == "none":
+        return r.copy()
+    if baseline == "batch_mean":
+        return r - r.mean()
+    g = np.asarray(group_ids)
+    return np.array([r[i] - r[g == g[i]].mean() for i in range(len(r))])
+
+
+def bernoulli_kl(b, l):
+    p = np.clip(np.exp(b), EPS, 1 - EPS)
+    q = np.clip(np.exp(l), EPS, 1 - EPS)
+    return p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
+
+
+def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, entropies=None, failures=None):
+    l = np.asarray(l, np.float64)
+    b = np.asarray(b, np.float64)
+    B, T = l.shape
+    adv = advantages(rewards, cfg.baseline, group_ids)
+    out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale")}
+    seq_kl, admitted, retained = np.zeros(B), np.ones(B, bool), np.zeros(B, int)
+    keep_all, kl_all = np.zeros((B, T), bool), np.zeros((B, T))
+    rows_with_actions, chunks, chunks_admitted = 0, 0, 0
+    for i in range(B):
+        acts = np.flatnonzero(action[i])
+        n = len(acts)
+        if n == 0:
+            continue
+        rows_with_actions += 1
+        ck = chunk_ids[i, acts] if chunk_ids is not None else np.zeros(n, int)
+        K = ck.max() + 1
+        x = l[i, acts] - b[i, acts]
+        if cfg.credit == "chunk":
+            G = cfg.gamma ** (K - 1 - ck) * adv[i]
+        elif cfg.credit == "token":
+            G = cfg.gamma ** (n - 1 - np.arange(n)) * adv[i]
+        else:
+            G = np.full(n, adv[i])
+        chunk_mean_x = np.array([x[ck == k].mean() for k in ck])
+        d = bernoulli_kl(b[i, acts], l[i, acts])
+        seq_kl[i] = max(d.mean(), 0.0)
+        keep = np.ones(n, bool)
+        if cfg.trust_region_level == "sequence":
+            admitted[i] = seq_kl[i] <= cfg.trust_region_delta
+            keep &= admitted[i]
+        elif cfg.trust_region_level == "chunk":
+            chunk_d = np.array([max(d[ck == k].mean(), 0.0) for k in ck])
+            keep &= chunk_d <= cfg.trust_region_delta
+            admitted[i] = keep.all()
+            chunks_admitted += sum(bool(keep[ck == k][0]) for k in range(K))
+        chunks += K
+        level_x = {"none": np.zeros(n), "token": x, "chunk": chunk_mean_x, "sequence": np.full(n, x.mean())}
+        if cfg.mismatch_level != "none":
+            ratio = np.exp(level_x[cfg.mismatch_level])
+            keep &= (ratio >= cfg.mismatch_range[0]) & (ratio <= cfg.mismatch_range[1])
+        is_failure = adv[i] < 0 if failures is None else failures[i]
+        if cfg.negative_token_fraction < 1 and is_failure:
+            k_keep = math.ceil(Fraction(str(cfg.negative_token_fraction)) * n)
+            order = np.argsort(-np.asarray(entropies[i, acts], np.float64), kind="stable")
+            top = np.zeros(n, bool)
+            top[order[:k_keep]] = True
+            keep &= top
+        rho = np.exp(level_x[cfg.is_level])
+        if cfg.is_apply_to == "negatives" and adv[i] >= 0:
+            rho = np.ones(n)
+        if cfg.is_clip_max is not None:
+            rho = np.minimum(rho, cfg.is_clip_max)
+        w = np.where(keep, rho * G, 0.0)
+        if cfg.aggregation == "sample_mean":
+            scale = np.full(n, 1.0 / n)
+        elif cfg.aggregation == "chunk_mean":
+            scale = np.array([1.0 / (K * (ck == k).sum()) for k in ck])
+        else:
+            scale = np.ones(n)
+        out["weights"][i, acts] = w
+        out["returns"][i, acts] = G
+        out["chunk_ratios"][i, acts] = np.exp(chunk_mean_x)
+        out["scale"][i, acts] = scale
+        retained[i] = keep.sum()
+        keep_all[i, acts], kl_all[i, acts] = keep, d
+    den_rl = float(action.sum()) if cfg.aggregation == "token_mean" else float(rows_with_actions)
+    num_rl = -np.sum(out["weights"] * out["scale"] * np.where(action, l, 0))
+    ex = np.zeros((B, T), bool) if expert is None else np.asarray(expert, bool)
+    num_il, den_il = -np.sum(np.where(ex, l, 0)), float(ex.sum())
+    loss = cfg.rl_weight * num_rl / max(den_rl, 1)
+    grad = -cfg.rl_weight * out["weights"] * out["scale"] / max(den_rl, 1)
+    magnitude = cfg.rl_weight * np.sum(np.abs(out["weights"] * out["scale"] * l)) / max(den_rl, 1)
+    if cfg.il_weight != 0:
+        loss += cfg.il_weight * num_il / max(den_il, 1)
+        grad = grad - cfg.il_weight * ex / max(den_il, 1)
+        magnitude += abs(cfg.il_weight) * np.sum(np.abs(np.where(ex, l, 0))) / max(den_il, 1)
+    acceptance = {"none": 1.0, "sequence": admitted[action.any(1)].mean(),
+                  "chunk": chunks_admitted / max(chunks, 1)}[cfg.trust_region_level]
+    return Reference(keep=keep_all, kl=kl_all, acceptance_rate=acceptance, loss=loss, num_rl=num_rl, den_rl=den_rl, num_il=num_il, den_il=den_il, grad=grad,
+                     weights=out["weights"], returns=out["returns"], chunk_ratios=out["chunk_ratios"],
+                     sequence_kl=seq_kl, admitted=admitted, retained=retained, scale_magnitude=magnitude)
+
+
+def random_batch(rng: np.random.Generator, B: int = 4, T: int = 32, drift: float | None = None,
+                 expert_fraction: float = 0.3) -> dict[str, np.ndarray]:
+    """Ragged rows: prompt, then alternating action turns (one chunk each) and observations, then padding.
+    Some prompt tokens are expert targets. drift = scale of b - l (random per row when None)."""
+    action = np.zeros((B, T), bool)
+    chunk_ids = np.full((B, T), -1, np.int32)
+    expert = np.zeros((B, T), bool)
+    for i in range(B):
+        length = int(rng.integers(4, T + 1))
+        prompt = int(rng.integers(1, max(2, length // 3)))
+        expert[i, 1:prompt] = rng.random(prompt - 1) < expert_fraction
+        t, k = prompt, 0
+        while t < length:
+            turn = int(rng.integers(1, 6))
+            action[i, t:min(t + turn, length)] = True
+            chunk_ids[i, t:min(t + turn, length)] = k
+            k += 1
+            t += turn + int(rng.integers(0, 4))  # observation tokens between turns
+    l = np.where(action, -rng.exponential(1.5, (B, T)), 0.0)
+    scale = rng.choice([0.005, 0.05, 0.5, 2.0], size=(B, 1)) if drift is None else drift
+    b = np.where(action, -np.abs(l + scale * rng.standard_normal((B, T))), 0.0)
+    return {
+        "log_probs": l.astype(np.float32),
+        "behavior_log_probs": b.astype(np.float32),
+        "rewards": rng.choice([0.0, 1.0, -0.5, 2.0], size=B).astype(np.float32),
+        "action_mask": action,
+        "chunk_ids": chunk_ids,
+        "expert_mask": expert,
+        "group_ids": rng.integers(0, 2, size=B).astype(np.int32),
+        "entropies": rng.uniform(0, 5, (B, T)).astype(np.float32),
+    }

@@ -1,0 +1,226 @@
+"""experiments/ablate.py and the table / curve numbers of experiments/analysis.py.
+
+The end-to-end test trains two tiny configs (chunk vs token credit, built on configs/ablations/common.py) for a few
+steps each with the real online pipeline and checks the folder: ablation.json, table.md / table.csv / runs.csv whose
+numbers are recomputed here from the run folders, and the PNG plots. Every config file in configs/ablations/ must
+load and validate, and change what its name says relative to the common base.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import ablate, analysis
+from ipa_jax.config import load_config, resolved_dict, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny version of the ablation base: 1 layer, hidden 32, no IL warm start (one train-step compile per run, the
+# slow part on CPU), 4-episode evaluations every 2 steps.
+TINY_CONFIG = '''
+from configs.ablations.common import get_config as common_config
+
+
+def get_config():
+    c = common_config()
+    c.model.arch.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, head_dim=8,
+                             moe_intermediate_size=32))
+    c.rollout.max_new_tokens = 24
+    c.rollout.concurrency = 8
+    c.train.batch_size = 4
+    c.train.steps = 6
+    c.train.il_warmup_steps = 0
+    c.train.eval_every = 2
+    c.train.eval_episodes = 4
+    c.queue.max_size = 8
+    c.train.name = "{name}"
+    c.objective.credit = "{credit}"
+    return c
+'''
+
+
+# ------------------------------------------------------------------------------------ analysis numbers
+def test_curve_auc_and_threshold_match_formulas():
+    steps = np.array([0, 10, 30, 40])
+    values = np.array([0.0, 0.5, 0.25, 1.0])
+    # Trapezoids by hand: (0+0.5)/2*10 + (0.5+0.25)/2*20 + (0.25+1)/2*10 = 2.5 + 7.5 + 6.25, over 40 steps.
+    assert analysis.curve_auc(steps, values) == pytest.approx(16.25 / 40)
+    assert analysis.curve_auc(steps[:1], values[:1]) == 0.0
+    assert math.isnan(analysis.curve_auc(steps[:0], values[:0]))
+    assert analysis.steps_to_threshold(steps, values, 0.5) == 10
+    assert analysis.steps_to_threshold(steps, values, 0.9) == 40
+    assert math.isnan(analysis.steps_to_threshold(steps, values, 1.1))
+
+
+def test_smooth_and_seed_band_match_loops():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=17)
+    naive = [x[max(0, i - 4):i + 1].mean() for i in range(len(x))]
+    np.testing.assert_allclose(analysis.smooth(x, 5), naive, rtol=1e-12)
+    a = (np.array([0, 2, 4, 6]), np.array([0.0, 1.0, 2.0, 3.0]))
+    b = (np.array([0, 2, 4]), np.array([1.0, 1.0, 4.0]))  # a shorter seed: the band covers common steps
+    steps, mean, std = analysis.seed_band([a, b])
+    np.testing.assert_array_equal(steps, [0, 2, 4])
+    np.testing.assert_allclose(mean, [0.5, 1.0, 3.0])
+    np.testing.assert_allclose(std, [math.sqrt(0.5), 0.0, math.sqrt(2.0)])  # sample std of two values
+
+
+# Every ablation file: (the config it starts from, the resolved keys it changes there, besides train.name).
+# An empty set = the base's own value restated, the reference arm of its comparison.
+_OBJ = "objective."
+ABLATIONS = {
+    "credit_chunk": ("common", set()), "credit_token": ("common", {_OBJ + "credit"}),
+    "credit_trajectory": ("common", {_OBJ + "credit"}),
+    "gamma_0_8": ("common", {_OBJ + "gamma"}), "gamma_1_0": ("common", {_OBJ + "gamma"}),
+    "is_none": ("common", {_OBJ + "is_level"}), "is_token": ("common", {_OBJ + "is_level"}),
+    "is_chunk": ("common", set()), "is_sequence": ("common", {_OBJ + "is_level"}),
+    "trunc_neg_on": ("common", set()), "trunc_neg_off": ("common", {_OBJ + "is_clip_max"}),
+    "tr_none": ("common", set()), "tr_seq": ("common", {_OBJ + "trust_region_level"}),
+    "tr_seq_delta1e3": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
+    "tr_seq_delta1e2": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
+    "agg_sample_mean": ("common", set()), "agg_token_mean": ("common", {_OBJ + "aggregation"}),
+    "agg_chunk_mean": ("common", {_OBJ + "aggregation"}),
+    "baseline_batch_mean": ("common", set()), "baseline_none": ("common", {_OBJ + "baseline"}),
+    "il_warmup_off": ("common", {"train.il_warmup_steps"}),
+    "il_term_off": ("common", {"rollout.source"}),
+    "il_term_on": ("il_term_off", {"resample.il_fallback", _OBJ + "il_weight"}),
+    "flash_reinforce": ("common", {_OBJ + k for k in ("credit", "gamma", "is_apply_to", "is_clip_max", "is_level",
+                                                      "mismatch_level", "trust_region_level")}),
+    "grpo": ("common", {"rollout.group_size", _OBJ + "baseline"}),
+    "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}), "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
+}
+
+
+def _flat_resolved(name: str) -> dict:
+    """The resolved config (objective preset expanded) of configs/ablations/<name>.py as {dotted key: value}."""
+    config = load_config(os.path.join(ROOT, "configs", "ablations", f"{name}.py"))
+    validate(config)
+    out = {}
+
+    def walk(tree, prefix):
+        for key, value in tree.items():
+            if isinstance(value, dict) and key not in ("arch", "kwargs"):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[prefix + key] = value
+
+    walk(resolved_dict(config), "")
+    return out
+
+
+def test_every_ablation_config_changes_one_thing():
+    files = {os.path.splitext(os.path.basename(p))[0]
+             for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))} - {"__init__", "common"}
+    assert files == set(ABLATIONS)
+    for name, (parent, changed) in ABLATIONS.items():
+        config, base = _flat_resolved(name), _flat_resolved(parent)
+        assert config["train.name"] == name
+        assert {k for k in config if config[k] != base[k]} - {"train.name"} == changed, name
+    for preset in ablate.PRESETS.values():
+        assert set(preset.configs) <= files
+    # The values the names promise (a few; the rest follow the same pattern).
+    assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
+    assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf
+    assert _flat_resolved("lag8_tr")["queue.forced_lag"] == 8
+    assert _flat_resolved("grpo")[_OBJ + "baseline"] == "group_mean"
+    flash = _flat_resolved("flash_reinforce")
+    assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == \
+        ("trajectory", "token", "sequence")
+    assert _flat_resolved("common")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    """Two tiny configs x one seed, trained by `python experiments/ablate.py --isolation=inprocess`."""
+    tmp = tmp_path_factory.mktemp("ablate")
+    paths = []
+    for credit in ("chunk", "token"):
+        path = tmp / f"tiny_{credit}.py"
+        path.write_text(TINY_CONFIG.format(name=f"tiny_{credit}", credit=credit))
+        paths.append(str(path))
+    out = tmp / "out"
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), f"--configs={','.join(paths)}",
+           "--seeds=0", "--steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess"]
+    # One CPU device (not conftest's 8): a batch of 4 needs no data-parallel split, and 2 cores run it faster.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return str(out), proc.stdout
+
+
+@pytest.mark.slow
+def test_ablate_writes_table_and_plots(tiny_sweep):
+    out, stdout = tiny_sweep
+    manifest = analysis.load_ablation(out)
+    assert manifest["failed"] == [] and list(manifest["runs"]) == ["tiny_chunk", "tiny_token"]
+    for name, (run_dir,) in manifest["runs"].items():
+        summary = analysis.load_summary(run_dir)
+        assert summary["steps"] == 4  # --steps overrides the config's 6
+        assert summary["seed"] == 0
+        assert analysis.load_run_config(run_dir)["objective"]["credit"] == name.split("_")[1]
+    with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:
+        table = {row["config"]: row for row in csv.DictReader(f)}
+    assert set(table) == {"tiny_chunk", "tiny_token"}
+    for name, (run_dir,) in manifest["runs"].items():
+        # Recompute from the files: final success from summary.json, AUC and admitted fraction from metrics.jsonl.
+        summary = analysis.load_summary(run_dir)
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        evals = sorted((r["step"], r["eval/success"]) for r in rows if "eval/success" in r)
+        s, v = np.array(evals, dtype=np.float64).T
+        auc = np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0])
+        admitted = np.mean([r["admitted_fraction"] for r in rows if "admitted_fraction" in r])
+        row = table[name]
+        assert row["n_seeds"] == "1" and row["success_after_std"] == ""  # one seed: no std
+        assert float(row["success_after_mean"]) == pytest.approx(summary["success_after"])
+        assert float(row["auc_mean"]) == pytest.approx(auc)
+        assert float(row["admitted_fraction_mean"]) == pytest.approx(admitted)
+        assert float(row["wall_time_s_mean"]) == pytest.approx(summary["wall_time_s"])
+        assert float(row["steps_to_threshold_mean"]) == 0.0  # threshold 0: reached at the first evaluation
+    md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
+    assert md in stdout and md.count("\n| tiny_") == 2
+    for filename, *_ in analysis.ABLATION_PLOTS:
+        with open(os.path.join(out, filename), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path):
+    """Rerunning into the same folder trains nothing new; a config that fails (subprocess isolation) is
+    recorded and the finished runs still make the table."""
+    out, _ = tiny_sweep
+    bad = tmp_path / "bad.py"
+    bad.write_text(TINY_CONFIG.format(name="bad", credit="no_such_credit"))
+    before = {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in glob.glob(os.path.join(out, "runs", "*", "*"))}
+    configs = [ablate.resolve_config(os.path.join(os.path.dirname(p), os.path.basename(p)))
+               for p in json.load(open(os.path.join(out, "ablation.json")))["configs"].values()]
+    manifest = ablate.sweep(configs + [ablate.resolve_config(str(bad))], seeds=[0], out=out, steps=4,
+                            threshold=0.0, isolation="subprocess")
+    assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
+    (failure,) = manifest["failed"]
+    assert failure["config"] == "bad" and "exit status" in failure["error"]
+    log = open(os.path.join(out, failure["run_dir"], "ablate.log"), encoding="utf-8").read()
+    assert "no_such_credit" in log  # the run's own error message, not a generic one
+    with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:
+        assert [r["config"] for r in csv.DictReader(f)] == ["tiny_chunk", "tiny_token"]
+
+
+def test_resolve_config_names_and_errors(tmp_path):
+    name, path = ablate.resolve_config("credit_token")
+    assert name == "credit_token" and path == os.path.join(ROOT, "configs", "ablations", "credit_token.py")
+    with pytest.raises(ValueError, match="no config file"):
+        ablate.resolve_config("credit_tokne")
+    with pytest.raises(ValueError, match="share a name"):
+        ablate.sweep([("a", path), ("a", path)], [0], str(tmp_path))

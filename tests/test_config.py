@@ -1,0 +1,138 @@
+"""Config system: locked base config, dotted overrides, validation messages that name the key, presets,
+typed dataclasses, and the launcher rejecting a misspelled flag."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from ml_collections import ConfigDict
+
+from ipa_jax.config import (OBJECTIVE_FIELDS, OBJECTIVE_PRESETS, apply_overrides, base_config, config_from_dict,
+                            load_config, resolved_dict, to_typed, validate)
+from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "configs", "offline_tiny.py")
+
+
+def test_base_and_tiny_configs_validate():
+    validate(base_config())
+    validate(load_config(os.path.join(REPO, "configs", "base.py")))
+    exp = to_typed(load_config(TINY))
+    assert exp.model.arch["vocab_size"] == 128 and exp.train.steps == 6
+    assert exp.objective == OBJECTIVE_PRESETS["ipa"]
+
+
+def test_objective_fields_cover_objective_config():
+    assert set(OBJECTIVE_FIELDS) == {f.name for f in dataclasses.fields(ObjectiveConfig)}
+
+
+def test_base_config_is_locked():
+    c = base_config()
+    with pytest.raises(AttributeError, match="gamma"):
+        c.objective.gamam = 0.9
+
+
+def test_misspelled_override_names_key_with_suggestion():
+    with pytest.raises(ValueError, match=r"objective\.gamam.*did you mean 'objective\.gamma'"):
+        load_config(TINY, ["objective.gamam=0.9"])
+    with pytest.raises(ValueError, match=r"'trian'.*did you mean 'train'"):
+        load_config(TINY, ["trian.steps=3"])
+
+
+def test_unknown_key_added_by_a_config_file_is_rejected():
+    c = base_config()
+    with c.unlocked():
+        c.optimizer.weight_decy = 0.1
+    with pytest.raises(ValueError, match=r"optimizer\.weight_decy.*did you mean 'optimizer\.weight_decay'"):
+        validate(c)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("objective.gamma=1.5", "gamma"),
+    ("objective.aggregation='sample_men'", "aggregation"),
+    ("objective.trust_region_delta=-1.0", "trust_region_delta"),
+    ("optimizer.lr=0.0", "optimizer.lr"),
+    ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio"),
+    ("train.microbatches=3", "train.microbatches"),
+    ("train.il_warmup_steps=100", "train.il_warmup_steps"),
+    ("queue.forced_lag=9", "queue.forced_lag"),
+    ("rollout.engine='sglang'", "rollout.sglang_urls"),
+    ("rollout.top_p=0.0", "rollout.top_p"),
+    ("rollout.max_context=100", "rollout.max_context"),
+    ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
+    ("model.moe_impl='fast'", "model.moe_impl"),
+    ("model.routing_replay=True", "model.routing_replay"),  # dense model
+    ("model.arch.num_key_value_heads=3", "model.arch.num_key_value_heads"),
+    ("mesh.data=0", "mesh.data"),
+    ("checkpoint.keep=0", "checkpoint.keep"),
+    ("logging.every=0", "logging.every"),
+])
+def test_bad_values_raise_naming_the_key(override, key):
+    config = load_config(TINY, [override])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate(config)
+
+
+def test_two_free_mesh_axes_rejected():
+    with pytest.raises(ValueError, match="mesh"):
+        validate(load_config(TINY, ["mesh.data=-1", "mesh.fsdp=-1"]))
+
+
+def test_type_mismatch_in_override_names_key():
+    with pytest.raises(ValueError, match=r"train\.steps"):
+        load_config(TINY, ["train.steps=abc"])
+
+
+def test_preset_then_explicit_fields():
+    c = load_config(TINY, ["objective.preset=flash_reinforce", "objective.trust_region_delta=1e-3"])
+    assert to_typed(c).objective == dataclasses.replace(flash_reinforce_config(), trust_region_delta=1e-3)
+    c = load_config(TINY, ["objective.preset=custom"])
+    assert to_typed(c).objective == ObjectiveConfig()
+
+
+def test_override_parsing_and_env_kwargs():
+    c = load_config(TINY, ["objective.mismatch_range=(0.5, 2.0)", "objective.is_clip_max=inf",
+                           "train.data=('a.jsonl', 'b.jsonl')", "checkpoint.async_save=false",
+                           "env.kwargs.num_hops=3", "env.kwargs.mode=hard", "objective.trust_region_delta=inf"])
+    exp = to_typed(c)
+    assert exp.objective.mismatch_range == (0.5, 2.0) and exp.objective.is_clip_max is None
+    assert exp.objective.trust_region_delta == float("inf")
+    assert exp.train.data == ("a.jsonl", "b.jsonl") and exp.checkpoint.async_save is False
+    assert dict(exp.env.kwargs) == {"num_hops": 3, "mode": "hard"}
+
+
+def test_resolved_config_round_trips(tmp_path):
+    c = load_config(TINY, ["objective.preset=flash_reinforce", "objective.gamma=0.9", "env.kwargs.num_hops=2"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(resolved_dict(c)))
+    again = load_config(str(path))
+    assert to_typed(again) == to_typed(c)
+    assert isinstance(again, ConfigDict)
+
+
+def test_partial_dict_with_unknown_key_fails():
+    with pytest.raises(ValueError, match=r"train\.stpes"):
+        config_from_dict({"train": {"stpes": 3}})
+
+
+def test_apply_overrides_mapping():
+    c = base_config()
+    apply_overrides(c, {"train.steps": 7, "objective.gamma": 0.5})
+    assert c.train.steps == 7 and to_typed(c).objective.gamma == 0.5
+
+
+def test_launcher_rejects_misspelled_flag(tmp_path):
+    # The real command line: absl + ml_collections config_flags in experiments/train.py.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}",
+         "--config.objective.gamam=0.9", f"--config.train.run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode != 0
+    assert "gamam" in proc.stderr and "gamma" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,189 @@
+"""Online training end to end: expert IL episodes, one learner step fed through the trajectory queue by the
+embedded engine and by the SGLang client over real HTTP (dev server), Ctrl-C, and a shortened quickstart.
+
+Every run shares one tiny MoE shape (vocab 640 for the built tokenizer, hidden 32, 2 layers), batch 8 over the
+8 fake CPU devices, so compiled steps and engine functions are reused within the module."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments.online import expert_trajectory, make_online_source_and_hooks
+from experiments.train import run
+from ipa_jax.config import load_config, to_typed
+from ipa_jax.envs import make_env
+from ipa_jax.models import save_pretrained
+from ipa_jax.rollout import ChatFormat
+from ipa_jax.tokenizer import build_tokenizer, render_chat
+from ipa_jax.train.build import build_learner, build_mesh, build_state
+from ipa_jax.train.metrics import read_metrics
+from ipa_jax.trajectory import read_jsonl
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
+TINY = {
+    "model.arch": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32),
+    "rollout.max_new_tokens": 16,
+    "rollout.concurrency": 8,
+    "train.batch_size": 8,
+    "train.eval_episodes": 4,
+    "queue.max_size": 8,
+    "logging.tensorboard": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tok"))
+    build_tokenizer(vocab_size=640).save_pretrained(path)
+    return path
+
+
+def tiny_config(run_dir, **overrides):
+    return load_config(QUICKSTART, {**TINY, "train.run_dir": str(run_dir), **overrides})
+
+
+def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    chat = ChatFormat(tok)
+    env = make_env("lookup", hops=3)
+    for task in env.tasks("train", 3, 0):
+        traj = expert_trajectory(task, make_env("lookup", hops=3), chat, uid="e")
+        traj.validate(vocab_size=len(tok))
+        messages = env.expert(task)
+        assert traj.tokens.tolist() == tok.encode(render_chat(messages, tools=task.tools).rstrip("\n"))
+        # Imitation targets: exactly the assistant turns (text through <|im_end|>); the one action is the last token.
+        assert traj.action_mask.sum() == 1 and traj.action_mask[-1] and not traj.expert_mask[-1]
+        targets = tok.decode(traj.tokens[traj.expert_mask | traj.action_mask].tolist())
+        assert targets.count("<tool_call>") == 3 and targets.count("<|im_end|>") == 4
+        assert targets.endswith(task.answer + "<|im_end|>") and "<tool_response>" not in targets
+        assert traj.reward == 1.0 and traj.behavior_logprobs[-1] == 0.0 and traj.chunk_ids[-1] == 0
+
+
+def _check_one_step_run(run_dir, steps=1):
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    train = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))
+    assert all(np.isfinite(r["loss"]) and r["source/learner_idle_fraction"] >= 0 for r in train)
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    assert len(consumed) == 8 * steps and len({t.uid for t in consumed}) == len(consumed)
+    for t in consumed:  # sampled by the policy (not experts), through the agent loop
+        t.validate()
+        assert t.action_mask.sum() == t.info["generated_tokens"] > 0 and not t.expert_mask.any()
+        assert t.policy_version == 0
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["steps"] == steps and summary["success_after"] is not None
+    return summary
+
+
+def test_one_learner_step_through_the_queue_with_the_embedded_engine(tmp_path, tokenizer_dir):
+    run_dir = tmp_path / "run"
+    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 1, "train.il_warmup_steps": 0}))
+    summary = _check_one_step_run(run_dir)
+    assert summary["episodes_per_s"] > 0 and summary["generated_tokens_per_s"] > 0
+    assert os.path.isdir(run_dir / "checkpoints" / "1")
+
+
+def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, tokenizer_dir):
+    from ipa_jax.engines.devserver import DevServer
+    from ipa_jax.engines.embedded import EmbeddedEngine
+    from ipa_jax.models import from_pretrained
+
+    # The policy's initial weights as an HF folder, served by the dev server and loaded by the learner.
+    cfg = tiny_config(tmp_path / "init", **{"model.tokenizer": tokenizer_dir})
+    exp = to_typed(cfg)
+    state = build_state(exp, build_mesh(exp.mesh))
+    init = str(tmp_path / "init_hf")
+    save_pretrained(state.model(), init)
+    server = DevServer(EmbeddedEngine(from_pretrained(init), max_len=448, max_batch=8), model_path=init)
+    server.serve_in_thread()
+    try:
+        run_dir = tmp_path / "run"
+        run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "model.path": init, "rollout.engine": "sglang",
+                                    "rollout.sglang_urls": (server.url,), "train.steps": 1,
+                                    "train.il_warmup_steps": 0}))
+    finally:
+        server.shutdown()
+    _check_one_step_run(run_dir)
+    # Weight sync wrote HF safetensors per version and the server loaded them (the version it reports).
+    assert sorted(os.listdir(run_dir / "weights")) == ["v00000000", "v00000001"]
+    assert os.path.exists(run_dir / "weights" / "v00000001" / "config.json")
+
+
+def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_dir):
+    run_dir = str(tmp_path / "run")
+    exp = to_typed(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5,
+                                           "train.il_warmup_steps": 1}))
+    mesh = build_mesh(exp.mesh)
+    state = build_state(exp, mesh)
+    source, after_update, eval_fn = make_online_source_and_hooks(exp, state, run_dir)
+
+    def interrupt_after_step_2(st):
+        after_update(st)
+        if int(st.step) == 2:
+            raise KeyboardInterrupt
+
+    learner = build_learner(exp, source, run_dir=run_dir, mesh=mesh, state=state, after_update=interrupt_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            learner.run()
+        finally:
+            source.close()
+    assert learner.checkpointer.latest_step() == 2
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    assert len(consumed) == 16 and sum(t.info.get("expert", False) for t in consumed) == 8
+    # Every finished rollout is either consumed (8), dropped as stale, or written out at exit.
+    unconsumed = os.path.join(run_dir, "trajectories", "unconsumed.jsonl")
+    left = read_jsonl(unconsumed) if os.path.exists(unconsumed) else []
+    assert source.final_rollout_stats["rollout_episodes"] >= 8 + len(left)
+    assert not source.worker.running and source.queue.closed
+
+
+@pytest.mark.slow
+def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(tmp_path):
+    run_dir = tmp_path / "quickstart"
+    run(tiny_config(run_dir, **{"train.steps": 4, "train.il_warmup_steps": 2}))
+    summary = json.load(open(run_dir / "summary.json"))
+    for key in ("success_before", "success_after", "tool_calls_before", "tool_calls_after", "steps", "wall_time_s",
+                "run_dir", "name", "config", "seed", "admitted_fraction_mean"):
+        assert key in summary, key
+    assert summary["steps"] == 4 and summary["run_dir"] == str(run_dir)
+    assert [e["step"] for e in summary["eval_history"]] == [0, 2, 4]
+    rows = read_metrics(str(run_dir / "metrics.jsonl"))
+    evals = [r for r in rows if "eval/success" in r]
+    assert {"eval/success", "eval/reward", "eval/tool_calls", "eval/turns"} <= set(evals[-1])
+    assert [r for r in rows if "loss" in r][0]["il_loss"] > 0 and os.path.isdir(run_dir / "checkpoints" / "4")
+    assert os.path.exists(run_dir / "tokenizer" / "tokenizer_config.json")
+    samples = read_jsonl(str(run_dir / "samples" / "step_00000004.jsonl"))
+    assert {t.info["split"] for t in samples} == {"train", "eval"}
+    assert all("messages" in t.info for t in samples if t.info["split"] == "eval")
+
+
+def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
+    run_dir = tmp_path / "run"
+    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 1, "train.il_warmup_steps": 0,
+                                "resample.mode": "rollback", "resample.tasks_per_round": 2,
+                                "resample.samples_per_anchor": 4}))
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    # Rollback starts every task at its last chunk: the expert's tool-call turns are the (unmasked) prefix.
+    assert len(consumed) == 8 and all(t.info["resample"]["anchor"] == t.info["resample"]["num_expert_chunks"] > 0
+                                      for t in consumed)
+    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    assert any(k.startswith("source/resample_") for k in rows[0])
+
+
+def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):
+    run_dir = tmp_path / "run"
+    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 2, "train.il_warmup_steps": 0,
+                                "queue.forced_lag": 1, "queue.max_policy_lag": 1}))
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    # After update 1 the engines still serve version 0 (the weights of step 1 - forced_lag).
+    assert len(consumed) == 16 and {t.policy_version for t in consumed} == {0}
+    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    assert rows[1]["policy_lag_mean"] == 1.0

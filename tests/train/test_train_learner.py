@@ -1,0 +1,180 @@
+"""The learner loop end to end on a synthetic trajectory file: learning, dropped trajectories, metrics,
+TensorBoard, hooks, checkpoints (atomic, restorable), epochs/minibatches, sources, FLOP count, HF export."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from train_helpers import MOE_ARCH, make_exp, synthetic_trajectories, tree_copy
+
+from ipa_jax.models import MeshConfig, Qwen3ForCausalLM, from_pretrained, make_mesh
+from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, read_metrics
+from ipa_jax.train.build import build_learner, model_config
+from ipa_jax.train.metrics import MetricsWriter, active_params_per_token, train_flops_per_token
+from ipa_jax.trajectory import write_jsonl
+
+REQUIRED_METRICS = {
+    "step", "loss", "grad_norm", "lr", "reward_mean", "advantage_mean", "advantage_std", "admitted_fraction",
+    "is_ratio_mean", "is_ratio_max", "clip_fraction", "mismatch_abs", "mismatch_kl", "chunks_mean", "entropy",
+    "tokens_per_s", "step_time_s", "mfu", "skipped", "skipped_total", "dropped_trajectories", "dropped_total",
+    "policy_lag_mean", "policy_lag_max",
+}
+
+
+def _mesh2():
+    return make_mesh(MeshConfig(data=2, fsdp=1, expert=1, tensor=1), devices=jax.devices()[:2])
+
+
+def _write_data(path, n=8, seed=0):
+    """n valid trajectories preceded by one unparsable line and one invalid trajectory (token id >= vocab)."""
+    bad = synthetic_trajectories(1, vocab_size=1000, seed=99, min_len=30)[0]
+    bad.uid = "bad-vocab"
+    write_jsonl(path, [bad] + synthetic_trajectories(n, seed=seed))
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"uid": "truncated", "tokens": [1, 2\n')
+        f.writelines(lines)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory):
+    """Six updates on the same 8 valid trajectories (the file loops): two IL-only warm-start steps, then four
+    IPA steps; eval and after-update hooks."""
+    tmp = tmp_path_factory.mktemp("offline")
+    data = _write_data(tmp / "data.jsonl")
+    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "logging.peak_tflops=1.0",
+                   "train.il_warmup_steps=2")
+    calls = {"after_update": 0, "eval": 0}
+
+    def after_update(state):
+        calls["after_update"] += 1
+
+    def eval_fn(state):
+        calls["eval"] += 1
+        return {"success": 0.25 * calls["eval"]}
+
+    run_dir = str(tmp / "run")
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(),
+                            after_update=after_update, eval_fn=eval_fn, extra={"anchors": [1, 2]})
+    state = learner.run()
+    return dict(exp=exp, run_dir=run_dir, state=state, calls=calls, learner=learner)
+
+
+def test_loss_decreases_and_metrics_are_written(offline_run):
+    rows = read_metrics(os.path.join(offline_run["run_dir"], "metrics.jsonl"))
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert REQUIRED_METRICS <= set(train_rows[0])
+    losses = [r["loss"] for r in train_rows]
+    # Warm start: the IL term alone; then the IPA objective (il_weight 0) alone.
+    assert [r["loss"] for r in train_rows[:2]] == pytest.approx([r["il_loss"] for r in train_rows[:2]], rel=1e-6)
+    assert losses[2:] == pytest.approx([r["rl_loss"] for r in train_rows[2:]], rel=1e-6)
+    assert losses[1] < losses[0]
+    assert losses[-1] < losses[2] - 0.05 * abs(losses[2]), losses
+    assert all(np.isfinite(losses)) and all(r["skipped"] == 0 for r in train_rows)
+    # one invalid trajectory dropped per pass over the file, plus the unparsable line counted by the source
+    assert train_rows[0]["dropped_trajectories"] == 1 and train_rows[0]["dropped_total"] == 2
+    assert train_rows[-1]["dropped_total"] > train_rows[0]["dropped_total"]
+    assert 0 < train_rows[0]["mfu"] < 1 and train_rows[0]["tokens_per_s"] > 0
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(offline_run["run_dir"],
+                                                                                          "tb")))
+
+
+def test_hooks_and_eval_history(offline_run):
+    assert offline_run["calls"]["after_update"] == 7  # once before the first step, then after each update
+    history = offline_run["learner"].eval_history
+    assert [e["step"] for e in history] == [0, 2, 6]  # before, after the warm start, at the end
+    rows = read_metrics(os.path.join(offline_run["run_dir"], "metrics.jsonl"))
+    assert [r["eval/success"] for r in rows if "eval/success" in r] == [0.25, 0.5, 0.75]
+
+
+def test_checkpoints_are_atomic_and_restorable(offline_run):
+    ckpt_dir = os.path.join(offline_run["run_dir"], "checkpoints")
+    # A save cut short by a kill leaves a temporary folder: it must never be listed or loaded.
+    partial = os.path.join(ckpt_dir, "8.orbax-checkpoint-tmp-1234567")
+    os.makedirs(os.path.join(partial, "state"))
+    with open(os.path.join(partial, "state", "garbage"), "w") as f:
+        f.write("partial")
+    exp = offline_run["exp"]
+    checkpointer = Checkpointer(ckpt_dir, exp.checkpoint)
+    assert checkpointer.latest_step() == 6 and checkpointer.all_steps() == [2, 4, 6]
+    restored, host = checkpointer.restore(offline_run["state"])  # the template gives shapes and shardings
+    assert int(restored.step) == 6
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(restored.params), tree_copy(offline_run["state"].params))
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(restored.opt_state),
+                 tree_copy(offline_run["state"].opt_state))
+    assert host["extra"] == {"anchors": [1, 2]} and host["source"]["epoch"] >= 1
+    checkpointer.close()
+    # Starting over in a folder that holds checkpoints, with resume off, is refused (never mixes two runs).
+    learner = offline_run["learner"]
+    fresh = dataclasses.replace(learner, checkpointer=Checkpointer(ckpt_dir, CheckpointConfig(resume=False)))
+    with pytest.raises(ValueError, match="checkpoint.resume"):
+        fresh.run()
+
+
+def test_epochs_and_minibatches(tmp_path):
+    data = _write_data(tmp_path / "data.jsonl")
+    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "train.epochs_per_batch=2",
+                   "train.minibatches=2", "train.steps=4", "checkpoint.every=0", "logging.tensorboard=False")
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"), mesh=_mesh2())
+    state = learner.run()
+    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    assert int(state.step) == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert learner.source.state_dict()["offset"] > 0  # one batch of the file consumed for four updates
+    assert len({round(r["loss"], 6) for r in rows}) == 4
+    assert Checkpointer(str(tmp_path / "run" / "checkpoints"), exp.checkpoint).all_steps() == [4]  # at exit
+
+
+def test_jsonl_source_resumes_at_its_position(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", synthetic_trajectories(3, seed=1))
+    write_jsonl(tmp_path / "b.jsonl", synthetic_trajectories(2, seed=2))
+    source = JsonlSource([str(tmp_path / "*.jsonl")])
+    assert [t.uid for t in source.next_trajectories(4)] == ["traj-1-0", "traj-1-1", "traj-1-2", "traj-2-0"]
+    position = json.loads(json.dumps(source.state_dict()))
+    expected = [t.uid for t in source.next_trajectories(3)]
+    assert expected == ["traj-2-1", "traj-1-0", "traj-1-1"] and source.epoch == 1
+    again = JsonlSource([str(tmp_path / "*.jsonl")])
+    again.load_state_dict(position)
+    assert [t.uid for t in again.next_trajectories(3)] == expected
+    with pytest.raises(ValueError, match="train.data"):
+        JsonlSource([str(tmp_path / "missing*.jsonl")])
+
+
+def test_metrics_truncated_to_resume_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
+    writer = MetricsWriter(str(tmp_path), tensorboard=False, resume_step=3)
+    writer.write(4, {"loss": np.float32(4.5)})
+    writer.close()
+    assert [(r["step"], r["loss"]) for r in read_metrics(str(path))] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5)]
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_flop_count_matches_the_model_parameters(moe):
+    exp = make_exp(*(MOE_ARCH if moe else ()))
+    config = model_config(exp.model)
+    params = nnx.state(nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))), nnx.Param)
+    active = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        name = jax.tree_util.keystr(path)
+        if leaf.ndim < 2 or "embed_tokens" in name:
+            continue  # norms do no matmul; the embedding is a lookup
+        share = config.num_experts_per_tok / config.num_experts if "experts" in name else 1.0
+        active += leaf.size * share
+    assert active_params_per_token(config) == active
+    seq = 64
+    attention = 6 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq
+    assert train_flops_per_token(config, seq) == 6 * active + attention
+
+
+def test_export_hf_round_trip(offline_run, tmp_path):
+    state = offline_run["state"]
+    export_hf(state, str(tmp_path / "hf"))
+    loaded = nnx.state(from_pretrained(str(tmp_path / "hf")), nnx.Param)
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(loaded), tree_copy(state.params))

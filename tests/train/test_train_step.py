@@ -1,0 +1,139 @@
+"""The jitted train step: microbatching == full batch, non-finite updates skipped, sharded == one device,
+and the optimizer schedule against its formula."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from train_helpers import MOE_ARCH, make_batch, make_exp, max_rel_diff, tree_copy
+
+from ipa_jax.models import MeshConfig, make_mesh
+from ipa_jax.train.build import build_state, build_steps
+from ipa_jax.train.optimizer import OptimizerConfig, make_schedule
+
+
+def _copy_state(state):
+    return jax.tree.map(lambda x: x.copy(), state)
+
+
+# One objective touching every microbatch-sensitive part: batch baseline (full-batch advantages), chunk credit,
+# token IS, sequence trust region, entropy filter of failures (needs entropies), token_mean aggregation
+# (full-batch token count), and the IL term (full-batch expert-token count).
+OBJECTIVE = ("objective.preset=custom", "objective.baseline=batch_mean", "objective.credit=chunk",
+             "objective.is_level=token", "objective.trust_region_level=sequence", "objective.trust_region_delta=0.05",
+             "objective.negative_token_fraction=0.5", "objective.aggregation=token_mean", "objective.il_weight=0.5")
+# Adam divides by |g| + eps: a gradient element of size ~eps would carry its float32 summation-order noise into
+# the update at full relative size, so eps is raised to 1e-4 to compare the gradients' accumulation itself.
+EPS = "optimizer.eps=1e-4"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """(initial state, full-batch step, 4-microbatch step) on a 2-device data-parallel mesh; compiled once."""
+    mesh = make_mesh(MeshConfig(data=2, fsdp=1, expert=1, tensor=1), devices=jax.devices()[:2])
+    full = make_exp("train.batch_size=8", EPS, *OBJECTIVE)
+    micro = make_exp("train.batch_size=8", "train.microbatches=4", EPS, *OBJECTIVE)
+    state = build_state(full, mesh)
+    step_full, _ = build_steps(full, state, mesh)
+    step_micro, _ = build_steps(micro, state, mesh)
+    return state, step_full, step_micro, micro
+
+
+def test_microbatched_update_equals_full_batch(setup):
+    state, step_full, step_micro, _ = setup
+    params0 = tree_copy(state.params)
+    batch = make_batch(8, seed=1)
+
+    s_full, m_full = step_full(_copy_state(state), step_full.put_batch(batch))
+    s_micro, m_micro = step_micro(_copy_state(state), step_micro.put_batch(batch))
+
+    assert max_rel_diff(tree_copy(s_full.params), params0) > 1e-4  # the update is not a no-op
+    assert max_rel_diff(tree_copy(s_micro.params), tree_copy(s_full.params)) < 1e-6
+    assert 0 < float(m_full["admitted_fraction"]) <= 1 and float(m_full["il_loss"]) > 0
+    for key in ("loss", "grad_norm", "rl_loss", "il_loss", "is_ratio_mean", "admitted_fraction", "mismatch_abs",
+                "mismatch_kl", "kept_token_fraction", "entropy", "advantage_std"):
+        assert math.isclose(float(m_micro[key]), float(m_full[key]), rel_tol=1e-5, abs_tol=1e-7), key
+    assert int(m_micro["skipped"]) == 0
+
+
+def test_nonfinite_batch_is_skipped_and_counted(setup):
+    state, _, step, exp = setup
+    state = _copy_state(state)
+    params0, opt0 = tree_copy(state.params), tree_copy(state.opt_state)
+    good = make_batch(8, seed=2)
+    bad = good._replace(rewards=np.full(8, np.nan, np.float32))  # NaN advantages -> NaN loss and gradient
+
+    state, metrics = step(state, step.put_batch(bad))
+    assert int(metrics["skipped"]) == 1 and int(metrics["skipped_total"]) == 1
+    assert not np.isfinite(float(metrics["loss"]))
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.opt_state), opt0)
+    assert int(state.step) == 1 and int(state.skipped) == 1
+
+    state, metrics = step(state, step.put_batch(good))  # training goes on
+    assert int(metrics["skipped"]) == 0 and int(metrics["skipped_total"]) == 1
+    assert max_rel_diff(tree_copy(state.params), params0) > 1e-4
+    assert math.isclose(float(metrics["lr"]), exp.optimizer.lr, rel_tol=1e-6)
+
+
+def test_sharded_mesh_update_equals_one_device():
+    assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+    # MoE with expert parallelism, routing replay (4-D routed_experts batch array) and the load-balancing loss.
+    exp = make_exp("train.batch_size=8", EPS, *MOE_ARCH, "model.arch.num_hidden_layers=1",
+                   "objective.il_weight=0.3", "model.load_balancing_coef=0.01", "model.routing_replay=True")
+    batch = make_batch(8, seed=3, num_layers_k=(1, 2))
+    results = []
+    for sizes, devices in (((2, 2, 2, 1), jax.devices()), ((1, 1, 1, 1), jax.devices()[:1])):
+        mesh = make_mesh(MeshConfig(*sizes), devices=devices)
+        state = build_state(exp, mesh)
+        params0 = tree_copy(state.params)
+        step, _ = build_steps(exp, state, mesh)
+        state, metrics = step(state, step.put_batch(batch))
+        if len(devices) == 8:  # parameters and Adam moments stay sharded (fsdp x expert), not replicated
+            for tree in (state.params, state.opt_state):
+                per_device = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+                assert per_device < 0.5 * sum(x.nbytes for x in jax.tree.leaves(tree))
+        results.append((params0, tree_copy(state.params), jax.device_get(metrics)))
+    (init8, after8, m8), (init1, after1, m1) = results
+    assert max_rel_diff(init8, init1) == 0.0
+    assert max_rel_diff(after8, init8) > 1e-4
+    assert max_rel_diff(after8, after1) < 1e-5
+    for key in ("loss", "grad_norm", "load_balancing_loss"):
+        assert math.isclose(float(m8[key]), float(m1[key]), rel_tol=1e-5, abs_tol=1e-7), key
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_schedule_matches_formula(schedule):
+    cfg = OptimizerConfig(lr=1e-3, schedule=schedule, warmup_ratio=0.1, min_lr_ratio=0.2)
+    total, warmup = 100, 10
+    fn = make_schedule(cfg, total)
+    for step in (0, 5, 10, 40, 99, 100):
+        if step < warmup:
+            expected = 1e-3 * step / warmup
+        elif schedule == "constant":
+            expected = 1e-3
+        else:
+            progress = (step - warmup) / (total - warmup)
+            expected = 1e-3 * (0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * progress)))
+        assert math.isclose(float(fn(step)), expected, rel_tol=1e-5, abs_tol=1e-12), step
+
+
+def test_optimizer_config_names_bad_field():
+    with pytest.raises(ValueError, match="optimizer.min_lr_ratio"):
+        OptimizerConfig(min_lr_ratio=1.5)
+
+
+def test_bf16_compute_keeps_float32_master_weights(setup):
+    state, step_full, _, _ = setup
+    exp = make_exp("train.batch_size=8", EPS, *OBJECTIVE, "model.dtype=bfloat16", "model.param_dtype=float32")
+    step_bf16, _ = build_steps(exp, state, step_full.mesh)
+    batch = make_batch(8, seed=4)
+    s16, m16 = step_bf16(_copy_state(state), step_bf16.put_batch(batch))
+    _, m32 = step_full(_copy_state(state), step_full.put_batch(batch))
+    assert all(x.dtype == np.float32 for x in jax.tree.leaves(s16.params))
+    assert all(x.dtype == np.float32 for x in jax.tree.leaves(s16.opt_state) if x.ndim)
+    assert int(m16["skipped"]) == 0
+    assert float(m16["loss"]) != float(m32["loss"])  # the forward really ran in bfloat16
+    assert math.isclose(float(m16["loss"]), float(m32["loss"]), rel_tol=3e-2)
+    assert math.isclose(float(m16["grad_norm"]), float(m32["grad_norm"]), rel_tol=5e-2)
