@@ -9,10 +9,8 @@ sync, held-out evaluation, samples and the run summary (issue 6 item 5, issue 7 
     eval_fn:                                held-out tasks, success / reward / tool calls / turns
 
 Expert episodes are token rows built from the expert's chat messages through the chat template (the same
-bookkeeping as the agent loop): the expert's assistant turns are imitation targets (expert_mask). The
-Trajectory contract needs at least one action token, so the expert's very last token (the final answer's
-`<|im_end|>`) is the single action, with behaviour log-prob 0 (the scripted expert emits it with
-probability 1) and chunk id 0; the IL-only warm-up step gives it no weight.
+bookkeeping as the agent loop): every assistant turn, the final answer and its `<|im_end|>` included, is an
+imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).
 
 Run folder (CONTRACTS.md "Run folder layout"): tokenizer/ (when built), samples/step_<8 digits>.jsonl,
 trajectories/train.jsonl (every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished
@@ -40,7 +38,7 @@ from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.envs import Env, Task, make_env
 from ipa_jax.models import save_pretrained
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
-from ipa_jax.rollout.agent import IM_END, _replay_prefill, _Row
+from ipa_jax.rollout.agent import IM_END, replay_prefill, TokenRow
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.train.metrics import read_metrics
@@ -78,7 +76,7 @@ def load_or_build_tokenizer(exp, run_dir: str):
 # ---------------------------------------------------------------------------------------------- experts
 def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Trajectory:
     """The scripted expert's episode of `task` as a Trajectory: its assistant turns expert-masked (the IL
-    targets), observations as template differences; the last token is the one action (see module doc)."""
+    targets, the final answer's `<|im_end|>` included), observations as template differences; no action token."""
     messages = env.expert(task)
     initial = task.initial_messages()
     turns, answer = messages[len(initial):-1], messages[-1]
@@ -86,22 +84,21 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Traje
         raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
     env.reset(task)
     history = list(initial)
-    row = _Row([], [], [], [], [])
+    row = TokenRow([], [], [], [], [])
     row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
-    _replay_prefill(env, task, chat, turns, row, history)
+    replay_prefill(env, task, chat, turns, row, history)
     # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).
     prefix = chat.render(history, task.tools, add_generation_prompt=True)
     full = chat.render(history + [answer], task.tools)
     body = chat.encode(full[len(prefix): full.rindex(IM_END) + len(IM_END)])
-    row.extend(body[:-1], expert=True)
-    row.extend(body[-1:], action=True, logprobs=[0.0], chunk=0)
+    row.extend(body, expert=True)
     reward = env.final_answer(answer["content"])
     n = len(row.tokens)
     return Trajectory(
         uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
         behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
         expert_mask=np.asarray(row.expert, bool), reward=float(reward), policy_version=0,
-        chunk_versions=np.zeros(1, np.int32), routed_experts=None,
+        chunk_versions=np.zeros(0, np.int32), routed_experts=None,
         info={"task_id": task.task_id, "env": task.env, "finish_reason": "answer", "expert": True,
               "num_turns": len(turns) // 2 + 1, "num_tool_calls": env.num_tool_calls,
               "num_tool_errors": env.num_tool_errors, "generated_tokens": 0, "split": "train", "length": n})

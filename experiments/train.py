@@ -5,12 +5,13 @@
 
 Writes the resolved config (config.json), metrics.jsonl, TensorBoard events and Orbax checkpoints into the run
 folder (runs/<train.name>/ unless train.run_dir is set); rerunning the same command resumes from the latest
-complete checkpoint. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_*
+complete checkpoint. Ctrl-C or SIGTERM (a scheduler's preemption) stops with a checkpoint. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_*
 environment variables, or nothing on TPU pods / SLURM) and run the same command on every host.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -71,9 +72,11 @@ def run(config) -> TrainState:
         source, after_update, eval_fn = make_online_source_and_hooks(exp, state, run_dir)
         hooks = dict(after_update=after_update, eval_fn=eval_fn)
     learner = build_learner(exp, source, run_dir=run_dir, mesh=mesh, state=state, **hooks)
+    _RUNNING["learner"] = learner
     try:
         state = learner.run()
     finally:
+        _RUNNING.pop("learner", None)
         if hasattr(source, "close"):  # online: stop rollouts, keep the finished trajectories
             source.close()
     summary = write_summary(exp, learner, run_dir, time.perf_counter() - t_start,
@@ -85,8 +88,25 @@ def run(config) -> TrainState:
     return state
 
 
+_RUNNING: dict = {}  # the learner being trained, for the signal handler
+
+
+def _stop_on_signal(signum, frame) -> None:
+    """SIGINT / SIGTERM: the learner stops at its next batch boundary with a checkpoint; a second signal (or
+    one before training starts) interrupts at once."""
+    name = signal.Signals(signum).name
+    learner = _RUNNING.get("learner")
+    if learner is None or learner.stop_requested:
+        raise KeyboardInterrupt(name)
+    learner.request_stop(f"received {name}")
+
+
 def main(argv):
     del argv
+    # Installed explicitly: a shell starts background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; SIGTERM would kill the process without the checkpoint the learner saves on interrupt.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_on_signal)
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     run(_CONFIG.value)
 

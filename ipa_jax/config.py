@@ -101,13 +101,15 @@ def base_config() -> ConfigDict:
     for name, typ in OBJECTIVE_FIELDS.items():
         c.objective[name] = _placeholder(typ)
 
-    # ---- optimizer: AdamW, warmup + cosine (to min_lr_ratio * lr) or constant, clip by global norm.
+    # ---- optimizer: AdamW, warmup + cosine (to min_lr_ratio * lr) or constant, clip by global norm. With an IL
+    # warm start the schedule has two phases (warm start at il_lr, then RL at lr), each with its own warmup.
     c.optimizer = ConfigDict(
         dict(
             lr=1e-6,
+            il_lr=0.0,  # learning rate of the IL warm start (train.il_warmup_steps); 0 = lr
             schedule="cosine",  # cosine | constant
-            warmup_steps=0,
-            warmup_ratio=0.03,  # fraction of train.steps; used when warmup_steps == 0
+            warmup_steps=0,  # per phase
+            warmup_ratio=0.03,  # fraction of the phase's steps; used when warmup_steps == 0
             min_lr_ratio=0.1,
             b1=0.9,
             b2=0.999,

@@ -5,7 +5,8 @@ predicted from tokens[:t]. Position 0 has no predictor, so it is never an action
 
 A trajectory is one complete episode (prompt, every generated turn, every tool observation) in one token row.
 ``chunk_ids`` numbers the interaction chunks: k for the action tokens of chunk k (0..K-1, non-decreasing,
-every chunk non-empty), -1 everywhere else.
+every chunk non-empty), -1 everywhere else. A row needs at least one action or expert token: a row with
+expert tokens only (a scripted expert's episode) is a pure imitation row and takes no part in the RL term.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ class Trajectory:
         action, expert = self.action_mask, self.expert_mask
         if action[0]:
             raise self._error("action_mask", "position 0 has no predictor and cannot be an action")
-        if not action.any():
-            raise self._error("action_mask", "no action token")
+        if not (action.any() or expert.any()):
+            raise self._error("action_mask", "no action token (and no expert token)")
         if expert[0]:
             raise self._error("expert_mask", "position 0 has no predictor and cannot be an imitation target")
         if (expert & action).any():
@@ -157,7 +158,7 @@ class Trajectory:
             t = int(np.argmax((cid != -1) & ~action))
             raise self._error("chunk_ids", f"must be -1 outside action tokens (position {t} holds {cid[t]})")
         inside = cid[action]
-        if inside[0] != 0:
+        if inside.size and inside[0] != 0:
             raise self._error("chunk_ids", f"the first action token must be in chunk 0, got {inside[0]}")
         steps = np.diff(inside)
         if ((steps != 0) & (steps != 1)).any():

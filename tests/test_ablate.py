@@ -81,20 +81,20 @@ ABLATIONS = {
     "credit_chunk": ("common", set()), "credit_token": ("common", {_OBJ + "credit"}),
     "credit_trajectory": ("common", {_OBJ + "credit"}),
     "gamma_0_8": ("common", {_OBJ + "gamma"}), "gamma_1_0": ("common", {_OBJ + "gamma"}),
-    "is_none": ("common", {_OBJ + "is_level"}), "is_token": ("common", {_OBJ + "is_level"}),
-    "is_chunk": ("common", set()), "is_sequence": ("common", {_OBJ + "is_level"}),
-    "trunc_neg_on": ("common", set()), "trunc_neg_off": ("common", {_OBJ + "is_clip_max"}),
+    "is_none": ("common_negatives", {_OBJ + "is_level"}), "is_token": ("common_negatives", {_OBJ + "is_level"}),
+    "is_chunk": ("common_negatives", set()), "is_sequence": ("common_negatives", {_OBJ + "is_level"}),
+    "trunc_neg_on": ("common_negatives", set()), "trunc_neg_off": ("common_negatives", {_OBJ + "is_clip_max"}),
     "tr_none": ("common", set()), "tr_seq": ("common", {_OBJ + "trust_region_level"}),
     "tr_seq_delta1e3": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
     "tr_seq_delta1e2": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
     "agg_sample_mean": ("common", set()), "agg_token_mean": ("common", {_OBJ + "aggregation"}),
     "agg_chunk_mean": ("common", {_OBJ + "aggregation"}),
-    "baseline_batch_mean": ("common", set()), "baseline_none": ("common", {_OBJ + "baseline"}),
+    "baseline_batch_mean": ("common", {_OBJ + "baseline"}), "baseline_none": ("common", set()),
     "il_warmup_off": ("common", {"train.il_warmup_steps"}),
     "il_term_off": ("common", {"rollout.source"}),
     "il_term_on": ("il_term_off", {"resample.il_fallback", _OBJ + "il_weight"}),
-    "flash_reinforce": ("common", {_OBJ + k for k in ("credit", "gamma", "is_apply_to", "is_clip_max", "is_level",
-                                                      "mismatch_level", "trust_region_level")}),
+    "flash_reinforce": ("common", {_OBJ + k for k in ("baseline", "credit", "gamma", "is_apply_to", "is_clip_max",
+                                                      "is_level", "mismatch_level", "trust_region_level")}),
     "grpo": ("common", {"rollout.group_size", _OBJ + "baseline"}),
     "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
@@ -121,8 +121,12 @@ def _flat_resolved(name: str) -> dict:
 
 def test_every_ablation_config_changes_one_thing():
     files = {os.path.splitext(os.path.basename(p))[0]
-             for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))} - {"__init__", "common"}
-    assert files == set(ABLATIONS)
+             for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))}
+    assert files - {"__init__", "common", "common_negatives"} == set(ABLATIONS)
+    # The negative branch's base: the common base with negative advantages, at the lr stable with them.
+    negatives, common = _flat_resolved("common_negatives"), _flat_resolved("common")
+    assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline",
+                                                                                     "optimizer.lr"}
     for name, (parent, changed) in ABLATIONS.items():
         config, base = _flat_resolved(name), _flat_resolved(parent)
         assert config["train.name"] == name
@@ -137,7 +141,8 @@ def test_every_ablation_config_changes_one_thing():
     flash = _flat_resolved("flash_reinforce")
     assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == \
         ("trajectory", "token", "sequence")
-    assert _flat_resolved("common")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
+    assert _flat_resolved("common")[_OBJ + "baseline"] == "none"  # IPA as published
+    assert _flat_resolved("is_none")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
 
 
 # ------------------------------------------------------------------------------------ end to end

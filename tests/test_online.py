@@ -58,12 +58,13 @@ def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(token
         traj.validate(vocab_size=len(tok))
         messages = env.expert(task)
         assert traj.tokens.tolist() == tok.encode(render_chat(messages, tools=task.tools).rstrip("\n"))
-        # Imitation targets: exactly the assistant turns (text through <|im_end|>); the one action is the last token.
-        assert traj.action_mask.sum() == 1 and traj.action_mask[-1] and not traj.expert_mask[-1]
-        targets = tok.decode(traj.tokens[traj.expert_mask | traj.action_mask].tolist())
+        # Imitation targets: exactly the assistant turns (text through <|im_end|>), the final answer's
+        # <|im_end|> included (without it the policy never learns to stop after answering); no action token.
+        assert not traj.action_mask.any() and traj.expert_mask[-1] and (traj.chunk_ids == -1).all()
+        targets = tok.decode(traj.tokens[traj.expert_mask].tolist())
         assert targets.count("<tool_call>") == 3 and targets.count("<|im_end|>") == 4
         assert targets.endswith(task.answer + "<|im_end|>") and "<tool_response>" not in targets
-        assert traj.reward == 1.0 and traj.behavior_logprobs[-1] == 0.0 and traj.chunk_ids[-1] == 0
+        assert traj.reward == 1.0 and traj.num_chunks == 0
 
 
 def _check_one_step_run(run_dir, steps=1):

@@ -45,7 +45,7 @@ def test_constructor_canonicalises_dtypes_and_valid_record_passes():
     ("tokens", np.arange(1), "field 'tokens': must be 1-D with at least 2 tokens"),
     ("action_mask", np.zeros(11, bool), "field 'action_mask': shape"),
     ("action_mask", np.array([1.5] * 12), "field 'action_mask': dtype float64"),
-    ("action_mask", np.zeros(12, bool), "field 'action_mask': no action token"),
+    ("action_mask", np.zeros(12, bool), "field 'action_mask': no action token \\(and no expert token\\)"),
     ("expert_mask", np.eye(12, dtype=bool)[0], "field 'expert_mask': position 0"),
     ("expert_mask", np.eye(12, dtype=bool)[4], "field 'expert_mask': overlaps action_mask at position 4"),
     ("chunk_ids", np.where(np.arange(12) >= 3, 0, -1), "field 'chunk_ids': must be -1 outside action tokens"),
@@ -154,6 +154,23 @@ def test_build_chunk_ids():
         build_chunk_ids(a, [7, 2])
     with pytest.raises(ValueError, match="outside"):
         build_chunk_ids(a, [10])
+
+
+def test_pure_imitation_row_validates_round_trips_and_pads(tmp_path):
+    """A scripted expert's episode: expert tokens only, no action, no chunk."""
+    n = 12
+    expert = np.isin(np.arange(n), [3, 4, 5, 8, 9, 10, 11])
+    t = make(uid="expert", action_mask=np.zeros(n, bool), behavior_logprobs=np.zeros(n, np.float32),
+             chunk_ids=np.full(n, -1), expert_mask=expert, chunk_versions=np.zeros(0, np.int32))
+    t.validate()
+    assert t.num_chunks == 0
+    write_jsonl(tmp_path / "e.jsonl", [t])
+    (back,) = read_jsonl(tmp_path / "e.jsonl")
+    np.testing.assert_array_equal(back.expert_mask, expert)
+    batch = pad_batch([t, make(uid="rl")])
+    assert not batch.action_mask[0].any() and batch.expert_mask[0, :n].tolist() == expert.tolist()
+    with pytest.raises(ValueError, match="chunk_ids': must be -1 outside action tokens"):
+        make(action_mask=np.zeros(n, bool), behavior_logprobs=np.zeros(n, np.float32), expert_mask=expert).validate()
 
 
 def test_pad_batch_layout():

@@ -1,4 +1,5 @@
-"""Ablation: batch-mean baseline A_i = R_i - mean_B(R) (the base's setting, explicit)."""
+"""Ablation: batch-mean baseline A_i = R_i - mean_B(R) (at the base's RL lr;
+see common_negatives.py)."""
 
 from configs.ablations.common import get_config as common_config
 

@@ -1,4 +1,5 @@
-"""Ablation: no baseline, A_i = R_i (IPA as published; with 0/1 rewards no advantage is negative)."""
+"""Ablation: no baseline, A_i = R_i (IPA as published and the base's setting, explicit;
+with 0/1 rewards no advantage is negative)."""
 
 from configs.ablations.common import get_config as common_config
 

@@ -4,10 +4,10 @@ during training, so every run has a success curve. Each ablation file changes ON
     python experiments/train.py --config=configs/ablations/credit_token.py
     python experiments/ablate.py --preset=credit --seeds=0,1,2 --out=ablations/credit
 
-What the quickstart fixes and the ablations inherit: tiny Qwen3-MoE (random init), 2-hop lookup task, embedded
-engine, IL warm start (train.il_warmup_steps) then IPA with a batch-mean baseline (rewards are 0/1: with IPA's
-published "no baseline" every advantage is >= 0 and the negative branch -- chunk IS ratio on negatives, its
-truncation -- never fires; `baseline_none.py` restores the published setting).
+What the quickstart fixes and the ablations inherit: tiny Qwen3-MoE (random init), the two-call calculator
+task, embedded engine, IL warm start (train.il_warmup_steps) then IPA as published, with no baseline: rewards
+are 0/1, so every advantage is >= 0 and the negative branch (the chunk IS ratio on negatives, its truncation)
+never fires. The ablations of that branch (is_*.py, trunc_neg_*.py) start from `common_negatives.py` instead.
 """
 
 from configs.quickstart import get_config as quickstart_config
@@ -16,5 +16,6 @@ from configs.quickstart import get_config as quickstart_config
 def get_config():
     c = quickstart_config()
     c.train.name = "ablation_base"
-    c.train.eval_every = 30  # held-out success every 30 steps and at the end of the warm start
+    c.train.eval_every = 40  # held-out success every 40 steps, at the end of the warm start and at the end
     return c
+

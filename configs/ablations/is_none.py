@@ -1,10 +1,11 @@
-"""Ablation: importance-ratio level 'none' (rho applied as in the base: negatives only, truncated at 1)."""
+"""Ablation: importance-ratio level 'none' (rho on negatives only, truncated at 1, as in IPA;
+on common_negatives.py: batch-mean baseline, so negatives exist)."""
 
-from configs.ablations.common import get_config as common_config
+from configs.ablations.common_negatives import get_config as negatives_config
 
 
 def get_config():
-    c = common_config()
+    c = negatives_config()
     c.train.name = "is_none"
     c.objective.is_level = "none"
     return c

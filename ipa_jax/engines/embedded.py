@@ -3,13 +3,16 @@
 Requests queue up; a worker takes up to `max_batch` at a time and decodes them as one batch in a worker thread
 (the event loop stays free for HTTP and control calls):
 
-* prefill (`_admit`): right-padded prompts [B, P] (per-row lengths) written into the rows they are admitted to
-  of a position-addressed cache; the last real position of each row gives the first sampled token.
+* prefill (`_admit`): the newly admitted requests only, right-padded prompts [n, P] (per-row lengths), written
+  into the rows they are admitted to of a position-addressed cache; the last real position of each prompt gives
+  its first sampled token. A multi-turn agent sends one request per turn, so admissions are frequent and small:
+  prefilling the whole batch each time would cost B / n times more.
 * decode: a jitted `lax.while_loop` of up to `decode_chunk` [B, 1] steps at per-row positions; finished rows
   stop writing. Between chunks the host applies aborts, stop strings and pauses, returns finished rows to their
   callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
   picks up new weights.
-* Shapes are bucketed (batch and lengths to powers of two) so compiles are bounded; compiled functions are
+* Shapes are bucketed (batch and prompt lengths to powers of two, admissions to powers of four; the cache
+  spans max_len) so compiles are bounded; compiled functions are
   module-level and shared by every engine with the same model structure.
 
 Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
@@ -51,6 +54,14 @@ def bucket(n: int, minimum: int = 1) -> int:
     """Smallest power of two >= max(n, minimum)."""
     n = max(n, minimum)
     return 1 << (n - 1).bit_length()
+
+
+def bucket4(n: int) -> int:
+    """Smallest power of four >= n (>= 1)."""
+    k = 1
+    while k < n:
+        k *= 4
+    return k
 
 
 class RowParams(NamedTuple):
@@ -121,31 +132,41 @@ def empty_state(config, batch: int, cache_len: int, with_routed: bool, key: jax.
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _admit(graphdef, params, st: DecodeState, prompts, lengths, admit, rp: RowParams):
-    """Prefill new requests into the rows where `admit` is True and sample their first token; the other rows
-    (running or free) are untouched.
+def _admit(graphdef, params, st: DecodeState, prompts, lengths, rows, rp: RowParams):
+    """Prefill new requests into the rows `rows` and sample their first token; only those rows are computed,
+    the others (running or free) are untouched.
 
-    prompts int32[B, P] right-padded, lengths int32[B], admit bool[B] -> (DecodeState, prompt routed experts
-    int32[B, P, L, k] or None).
+    prompts int32[n, P] right-padded, lengths int32[n], rows int32[n] (the batch row of each prompt; entries
+    >= B are padding and dropped) -> (DecodeState, prompt routed experts int32[n, P, L, k] or None).
     """
     model = nnx.merge(graphdef, params)
-    b, p = prompts.shape
-    cache = st.cache._replace(valid=st.cache.valid & ~admit[:, None])  # forget the rows' previous requests
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    mask = (positions < lengths[:, None]) & admit[:, None]
-    hidden, aux = model.hidden_states(prompts, positions, mask, cache=cache)
-    logits = hidden[jnp.arange(b), lengths - 1] @ model.lm_head_weight()
+    b = st.tokens.shape[0]
+    n, p = prompts.shape
+    real = rows < b
+    # The admitted rows' cache, emptied (their previous requests are forgotten), prefilled, scattered back.
+    sub_cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), st.cache)
+    sub_cache = sub_cache._replace(valid=jnp.zeros_like(sub_cache.valid))
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+    mask = (positions < lengths[:, None]) & real[:, None]
+    hidden, aux = model.hidden_states(prompts, positions, mask, cache=sub_cache)
+    logits = hidden[jnp.arange(n), lengths - 1] @ model.lm_head_weight()
+    sub_rp = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), rp)
     key, sub = jax.random.split(st.key)
-    tok, lp = sample_tokens(sub, logits, rp.temperature, rp.top_p, rp.top_k)
+    tok, lp = sample_tokens(sub, logits, sub_rp.temperature, sub_rp.top_p, sub_rp.top_k)
+
+    def scatter(full, new):
+        return full.at[rows].set(new, mode="drop")
+
+    admit = scatter(jnp.zeros(b, bool), real)
     fresh = st._replace(
-        cache=aux["cache"],
+        cache=jax.tree.map(scatter, st.cache, aux["cache"]),
         key=key,
-        pos=jnp.where(admit, lengths - 1, st.pos),
+        pos=scatter(st.pos, lengths - 1),
         n_gen=jnp.where(admit, 0, st.n_gen),
         done=~admit,  # only admitted rows take the first token
         finish=jnp.where(admit, RUNNING, st.finish),
     )
-    rec = _record(fresh, tok, lp, rp)
+    rec = _record(fresh, scatter(st.last, tok), scatter(jnp.zeros(b, lp.dtype), lp), rp)
     rec = rec._replace(done=jnp.where(admit, rec.done, st.done), finish=jnp.where(admit, rec.finish, st.finish))
     return rec, (aux["routed_experts"] if st.routed is not None else None)
 
@@ -433,10 +454,11 @@ class EmbeddedEngine(Engine):
     def _run(self, first: list[_Request]) -> None:
         """Decode `first` as one batch; rows that finish return their result at once and take queued requests
         that fit the batch's shapes (continuous batching at decode-chunk boundaries). Runs in the worker thread."""
-        n = len(first)
+        n = max(len(first), self.max_batch)  # full size: requests arriving later join this batch
         b = bucket(n) if self.batch_buckets is None else next(x for x in self.batch_buckets if x >= n)
-        cache_len = min(bucket(max(len(r.prompt) + r.params.max_new_tokens for r in first), MIN_LEN_BUCKET),
-                        self.max_len)
+        # The cache spans the engine's whole context: a multi-turn agent's next, longer turn joins the running
+        # batch instead of waiting for every row to finish.
+        cache_len = self.max_len
         num_stop = bucket(max(len(r.params.stop_token_ids) for r in first))
         with_routed = any(r.params.return_routed_experts for r in first)
 
@@ -475,14 +497,16 @@ class EmbeddedEngine(Engine):
 
     def _admit(self, st: DecodeState, slots: list[_Slot | None], reqs: list[_Request],
                host_rp: RowParams) -> tuple[DecodeState, RowParams]:
-        """Prefill reqs into free rows (host_rp updated in place) -> (state, device row params)."""
+        """Prefill reqs into free rows (host_rp updated in place) -> (state, device row params). The prefill
+        batch is the admitted requests only, padded to a power of four (few compiles, little padding)."""
         b = len(slots)
         rows = [i for i, slot in enumerate(slots) if slot is None][: len(reqs)]
-        prompts = np.zeros((b, bucket(max(len(r.prompt) for r in reqs), MIN_LEN_BUCKET)), np.int32)
-        lengths, admit = np.ones(b, np.int32), np.zeros(b, bool)
-        for i, r in zip(rows, reqs):
+        n = min(bucket4(len(reqs)), b)
+        prompts = np.zeros((n, bucket(max(len(r.prompt) for r in reqs), MIN_LEN_BUCKET)), np.int32)
+        lengths, row_ids = np.ones(n, np.int32), np.full(n, b, np.int32)  # row b = padding, dropped
+        for j, (i, r) in enumerate(zip(rows, reqs)):
             p = r.params
-            prompts[i, : len(r.prompt)], lengths[i], admit[i] = r.prompt, len(r.prompt), True
+            prompts[j, : len(r.prompt)], lengths[j], row_ids[j] = r.prompt, len(r.prompt), i
             host_rp.temperature[i], host_rp.top_p[i], host_rp.top_k[i] = p.temperature, p.top_p, p.top_k
             host_rp.stop_ids[i] = -1
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
@@ -492,12 +516,12 @@ class EmbeddedEngine(Engine):
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
         params, _ = self._current
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
-                                   jnp.asarray(admit), rp)
+                                   jnp.asarray(row_ids), rp)
         self.num_batches += 1
         if prompt_routed is not None:
             prompt_routed = np.asarray(prompt_routed)
-            for i, r in zip(rows, reqs):
-                slots[i].prompt_routed = prompt_routed[i, : len(r.prompt)]
+            for j, (i, r) in enumerate(zip(rows, reqs)):
+                slots[i].prompt_routed = prompt_routed[j, : len(r.prompt)]
         return st, rp
 
     def _deliver(self, st: DecodeState, slots: list[_Slot | None], rows: list[int], version: int) -> None:

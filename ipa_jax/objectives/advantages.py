@@ -9,21 +9,25 @@ from ipa_jax.objectives.chunks import compute_dtype
 from ipa_jax.objectives.config import BASELINES
 
 
-def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array | None = None) -> jax.Array:
+def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array | None = None,
+                       rl_rows: jax.Array | None = None) -> jax.Array:
     """rewards [B] -> advantages [B].
 
     none: A = R; batch_mean: A = R - mean_B(R); group_mean: A_i = R_i - mean{R_j : group_ids[j] == group_ids[i]}
-    (group_ids int[B], any values). No std whitening.
+    (group_ids int[B], any values). No std whitening. rl_rows bool[B] (default: all) marks the rows with action
+    tokens; the means run over them only and the other rows (pure imitation rows, padding) get A = 0.
     """
     if baseline not in BASELINES:
         raise ValueError(f"baseline: {baseline!r} is not one of {BASELINES}")
     r = rewards.astype(compute_dtype(rewards))
+    w = jnp.ones_like(r) if rl_rows is None else rl_rows.astype(r.dtype)
     if baseline == "none":
-        return r
+        return r * w
     if baseline == "batch_mean":
-        return r - jnp.mean(r)
+        # A_i = R_i - sum_j w_j R_j / sum_j w_j  (rows with w_i = 0: A_i = 0)
+        return (r - jnp.sum(w * r) / jnp.maximum(jnp.sum(w), 1)) * w
     if group_ids is None:
         raise ValueError("group_ids: required for baseline='group_mean'")
     # [B, B] same-group indicator: B is a batch of trajectories, so this is small and needs no id range.
-    same = (group_ids[:, None] == group_ids[None, :]).astype(r.dtype)
-    return r - (same @ r) / same.sum(axis=1)
+    same = (group_ids[:, None] == group_ids[None, :]).astype(r.dtype) * w[None, :]
+    return (r - (same @ r) / jnp.maximum(same.sum(axis=1), 1)) * w

@@ -182,7 +182,7 @@ def policy_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: ja
 @functools.partial(jax.jit, static_argnames="config")
 def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
                  config, failures):
-    adv = compute_advantages(rewards, config.baseline, group_ids)
+    adv = compute_advantages(rewards, config.baseline, group_ids, action_mask.any(axis=1))
     terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
                                          config, entropies, failures=failures)
     loss = combine_terms(terms, config)

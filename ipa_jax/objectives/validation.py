@@ -27,7 +27,7 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
                               entropies: Any = None, config: ObjectiveConfig | None = None, *,
                               failures: Any = None, tokens: Any = None, vocab_size: int | None = None) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
-    no action token; action log-probs (current or behaviour) NaN, inf or > 0; non-finite rewards; chunk ids
+    no action and no expert token; action log-probs (current or behaviour) NaN, inf or > 0; non-finite rewards; chunk ids
     not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty) inside; expert tokens
     overlapping actions; token ids outside [0, vocab_size); inputs the config needs but lacks (chunk_ids,
     group_ids, entropies). Config values (delta < 0 or NaN, fractions outside [0, 1]) are checked by
@@ -56,8 +56,10 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
         raise ValueError(f"action_mask: row {int(np.argmax(action[:, 0]))} has an action at position 0, which "
                          "has no predictor")
     empty = ~action.any(axis=1)
+    if "expert_mask" in arrays:  # a row of expert tokens only is a pure imitation row
+        empty &= ~arrays["expert_mask"].any(axis=1)
     if empty.any():
-        raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token")
+        raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token (and no expert token)")
     for name, arr in (("log_probs", lp), ("behavior_log_probs", arrays["behavior_log_probs"])):
         a = arr.astype(np.float64)
         bad = action & ~(np.isfinite(a) & (a <= 0))
@@ -102,6 +104,8 @@ def _check_chunk_ids(cid: np.ndarray, action: np.ndarray) -> None:
         raise ValueError(f"chunk_ids: must be -1 outside action tokens (row {_first_bad_row(outside)})")
     for i in range(cid.shape[0]):
         inside = cid[i][action[i]]
+        if inside.size == 0:  # a pure imitation row
+            continue
         steps = np.diff(inside)
         if inside[0] != 0 or ((steps != 0) & (steps != 1)).any():
             raise ValueError(f"chunk_ids: row {i} is not 0..K-1 non-decreasing over its action tokens with every "

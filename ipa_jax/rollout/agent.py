@@ -102,8 +102,8 @@ class ChatFormat:
 
 
 @dataclass
-class _Row:
-    """The growing token row of an episode."""
+class TokenRow:
+    """The growing token row of an episode: TokenRow([], [], [], [], []) then extend(...)."""
 
     tokens: list[int]
     action: list[bool]
@@ -124,8 +124,8 @@ def _tool_message(call: Any, observation: str) -> dict[str, Any]:
     return {"role": "tool", "name": call.name if isinstance(call, ToolCall) else "error", "content": observation}
 
 
-def _replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[str, Any]], row: _Row,
-                    messages: list[dict[str, Any]]) -> int:
+def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[str, Any]], row: TokenRow,
+                   messages: list[dict[str, Any]]) -> int:
     """Append the expert's turns (expert-masked) and tool responses; replay the calls in `env`.
     Returns the number of assistant turns consumed. Raises ValueError when the environment's
     observations differ from the prefilled tool messages."""
@@ -188,9 +188,9 @@ async def run_episode(
     uid = uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}"
     env.reset(task)
     messages = task.initial_messages()
-    row = _Row([], [], [], [], [])
+    row = TokenRow([], [], [], [], [])
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
-    turns_used = _replay_prefill(env, task, chat, prefill, row, messages) if prefill else 0
+    turns_used = replay_prefill(env, task, chat, prefill, row, messages) if prefill else 0
     prefill_calls, prefill_errors = env.num_tool_calls, env.num_tool_errors
     if len(row.tokens) >= config.max_context:
         raise ValueError(f"max_context={config.max_context} leaves no room: the prompt has {len(row.tokens)} tokens "

@@ -18,8 +18,7 @@ expert_mask is cleared) unless it carries the imitation fallback. When every sam
 fails, its fork f is the first later anchor whose success rate exceeds a's by `fork_jump` (else K); the
 rollouts at f (those of this round, or `il_samples` new ones) keep expert_mask on their prefix, so the
 expert's chunks up to and including the fork chunk f-1 become NLL targets (ObjectiveConfig.il_weight
-against rl_weight). A carrier has sampled actions of its own, so it is a valid Trajectory (the contract
-requires an action in every trajectory, which rules out an expert-only one).
+against rl_weight). A carrier also has sampled actions of its own (its tail), so one row trains both terms.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import numpy as np
 
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
-from ipa_jax.rollout.agent import IM_END, AgentConfig, ChatFormat, _replay_prefill, _Row, run_episode
+from ipa_jax.rollout.agent import IM_END, AgentConfig, ChatFormat, replay_prefill, TokenRow, run_episode
 from ipa_jax.trajectory import Trajectory
 
 MODES = ("none", "rollback", "parallel")
@@ -215,18 +214,18 @@ class ExpertReplay:
 
 
 def replay_expert(expert: ExpertTrajectory, chat: ChatFormat, env: Env | None = None) -> ExpertReplay:
-    """Replays the expert chunk by chunk through the agent's own prefill (`_replay_prefill`) in a fresh
+    """Replays the expert chunk by chunk through the agent's own prefill (`replay_prefill`) in a fresh
     environment, then scores its final answer. Raises ValueError if a replayed observation differs."""
     env = env if env is not None else make_env(expert.task.env)
     task = expert.task
     env.reset(task)
     messages = task.initial_messages()
-    row = _Row([], [], [], [], [])
+    row = TokenRow([], [], [], [], [])
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
     lengths, spans = [len(row.tokens)], []
     start = 0
     for end in expert.chunk_ends:
-        _replay_prefill(env, task, chat, list(expert.messages[start:end]), row, messages)
+        replay_prefill(env, task, chat, list(expert.messages[start:end]), row, messages)
         begin = lengths[-1]
         spans.append((begin, begin + int(np.sum(row.expert[begin:]))))
         lengths.append(len(row.tokens))

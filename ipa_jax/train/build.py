@@ -88,14 +88,14 @@ def check_batch_divisibility(train_cfg, mesh: Mesh) -> None:
 
 def build_state(exp, mesh: Mesh) -> TrainState:
     model = build_model(exp.model, mesh, exp.train.seed)
-    tx = make_optimizer(exp.optimizer, exp.train.steps)
+    tx = make_optimizer(exp.optimizer, exp.train.steps, exp.train.il_warmup_steps)
     return place_state(TrainState.create(model, tx, exp.train.seed, mesh), mesh)
 
 
 def build_steps(exp, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:
     """(the main step, the IL-only warm-start step or None)."""
     check_batch_divisibility(exp.train, mesh)
-    schedule = make_schedule(exp.optimizer, exp.train.steps)
+    schedule = make_schedule(exp.optimizer, exp.train.steps, exp.train.il_warmup_steps)
     step = TrainStep(state, mesh, step_options(exp), schedule, DEFAULT_RULES)
     warmup = None
     if exp.train.il_warmup_steps > 0:

@@ -102,7 +102,13 @@ class Learner:
         self.dropped_total = 0
         self.eval_history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
+        self.stop_requested: str | None = None
         self._metrics: MetricsWriter | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
+        signal handler."""
+        self.stop_requested = reason
 
     # ---------------------------------------------------------------------------------------------- resume
     def restore_latest(self) -> int | None:
@@ -179,7 +185,7 @@ class Learner:
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches (seeded: resumable).
         adv = np.asarray(compute_advantages(jnp.asarray(batch.rewards), self.step_fn.options.objective.baseline,
-                                            jnp.asarray(batch.group_ids)))
+                                            jnp.asarray(batch.group_ids), jnp.asarray(batch.action_mask.any(axis=1))))
         rng = np.random.default_rng([cfg.seed, step])
         size = cfg.batch_size // cfg.minibatches
         for _ in range(cfg.epochs_per_batch):
@@ -229,6 +235,8 @@ class Learner:
                         self._evaluate(step)
                     if step >= cfg.steps:
                         break
+                if self.stop_requested:
+                    raise KeyboardInterrupt(self.stop_requested)
                 # Checkpoints only between batches (the source position is exact there).
                 if every and step // every > last_saved // every:
                     self.save_checkpoint()

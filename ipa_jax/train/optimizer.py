@@ -1,4 +1,10 @@
-"""AdamW with warmup + cosine (or constant) learning rate and global-norm clipping."""
+"""AdamW with warmup + cosine (or constant) learning rate and global-norm clipping.
+
+With an IL warm start (train.il_warmup_steps = W > 0) the schedule has two phases, each with its own warmup and
+decay: the warm start (il_lr, steps [0, W)) and RL (lr, steps [W, train.steps)). RL's own warmup restarts
+from lr 0, so the Adam momentum left by imitation fades at a small step size instead of moving the policy
+while the first RL gradients are still tiny.
+"""
 
 from dataclasses import dataclass
 
@@ -9,6 +15,7 @@ import optax
 @dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = 1e-6
+    il_lr: float = 0.0  # learning rate of the IL warm start; 0 = lr
     schedule: str = "cosine"  # cosine | constant
     warmup_steps: int = 0
     warmup_ratio: float = 0.03  # used when warmup_steps == 0
@@ -24,6 +31,8 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.schedule: must be 'cosine' or 'constant', got {self.schedule!r}")
         if not self.lr > 0:
             raise ValueError(f"optimizer.lr: must be > 0, got {self.lr}")
+        if not self.il_lr >= 0:
+            raise ValueError(f"optimizer.il_lr: must be >= 0 (0 = optimizer.lr), got {self.il_lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"optimizer.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -44,16 +53,28 @@ class OptimizerConfig:
         return self.warmup_steps if self.warmup_steps > 0 else int(self.warmup_ratio * total_steps)
 
 
-def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup 0 -> lr, then cosine lr -> min_lr_ratio * lr at `total_steps` (or constant lr)."""
-    warmup = min(config.num_warmup_steps(total_steps), total_steps)
+def _phase_schedule(config: OptimizerConfig, lr: float, steps: int) -> optax.Schedule:
+    """Linear warmup 0 -> lr, then cosine lr -> min_lr_ratio * lr at `steps` (or constant lr)."""
+    warmup = min(config.num_warmup_steps(steps), steps)
     if config.schedule == "constant":
-        after = optax.constant_schedule(config.lr)
+        after = optax.constant_schedule(lr)
     else:
-        after = optax.cosine_decay_schedule(config.lr, max(total_steps - warmup, 1), alpha=config.min_lr_ratio)
+        after = optax.cosine_decay_schedule(lr, max(steps - warmup, 1), alpha=config.min_lr_ratio)
     if warmup == 0:
         return after
-    return optax.join_schedules([optax.linear_schedule(0.0, config.lr, warmup), after], [warmup])
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def make_schedule(config: OptimizerConfig, total_steps: int, il_warmup_steps: int = 0) -> optax.Schedule:
+    """One phase over `total_steps`; with an IL warm start, the warm start's phase (il_lr) over the first
+    `il_warmup_steps`, then RL's (lr) over the rest (module doc)."""
+    if not 0 <= il_warmup_steps <= total_steps:
+        raise ValueError(f"il_warmup_steps: must be in [0, {total_steps}], got {il_warmup_steps}")
+    rl = _phase_schedule(config, config.lr, total_steps - il_warmup_steps)
+    if il_warmup_steps == 0:
+        return rl
+    il = _phase_schedule(config, config.il_lr or config.lr, il_warmup_steps)
+    return optax.join_schedules([il, rl], [il_warmup_steps])
 
 
 def _decay_mask(params):
@@ -61,10 +82,11 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(config: OptimizerConfig, total_steps: int,
+                   il_warmup_steps: int = 0) -> optax.GradientTransformation:
     """clip_by_global_norm (when clip_norm > 0) then AdamW on the schedule."""
     adamw = optax.adamw(
-        make_schedule(config, total_steps),
+        make_schedule(config, total_steps, il_warmup_steps),
         b1=config.b1,
         b2=config.b2,
         eps=config.eps,

@@ -124,7 +124,8 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
     if b % m:
         raise ValueError(f"batch size {b} is not divisible by microbatches={m}")
     if advantages is None:
-        advantages = compute_advantages(batch.rewards, objective.baseline, batch.group_ids)
+        advantages = compute_advantages(batch.rewards, objective.baseline, batch.group_ids,
+                                        batch.action_mask.any(axis=1))
     advantages = advantages.astype(jnp.float32)
     dens = _full_batch_denominators(batch, advantages, options)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)

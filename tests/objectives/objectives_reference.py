@@ -32,14 +32,18 @@ class Reference:
     scale_magnitude: float  # sum of |loss contributions| (the size float32 round-off is relative to)
 
 
-def advantages(rewards, baseline, group_ids=None):
+def advantages(rewards, baseline, group_ids=None, rl_rows=None):
+    """Baselines over the rows with actions (rl_rows, default all); other rows get 0."""
     r = np.asarray(rewards, np.float64)
+    rl = np.ones(len(r), bool) if rl_rows is None else np.asarray(rl_rows, bool)
     if baseline == "none":
-        return r.copy()
-    if baseline == "batch_mean":
-        return r - r.mean()
-    g = np.asarray(group_ids)
-    return np.array([r[i] - r[g == g[i]].mean() for i in range(len(r))])
+        out = r.copy()
+    elif baseline == "batch_mean":
+        out = r - r[rl].mean() if rl.any() else r.copy()
+    else:
+        g = np.asarray(group_ids)
+        out = np.array([r[i] - r[(g == g[i]) & rl].mean() if rl[i] else 0.0 for i in range(len(r))])
+    return np.where(rl, out, 0.0)
 
 
 def bernoulli_kl(b, l):
@@ -52,7 +56,7 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
     l = np.asarray(l, np.float64)
     b = np.asarray(b, np.float64)
     B, T = l.shape
-    adv = advantages(rewards, cfg.baseline, group_ids)
+    adv = advantages(rewards, cfg.baseline, group_ids, np.asarray(action).any(axis=1))
     out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale")}
     seq_kl, admitted, retained = np.zeros(B), np.ones(B, bool), np.zeros(B, int)
     keep_all, kl_all = np.zeros((B, T), bool), np.zeros((B, T))

@@ -68,6 +68,13 @@ def test_blocks_match_numpy(batch, credit, level, aggregation, baseline):
     ref_adv = {"none": r64, "batch_mean": r64 - r64.mean(),
                "group_mean": np.array([r64[i] - r64[groups == groups[i]].mean() for i in range(B)])}[baseline]
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-6, atol=1e-6)
+    # Restricted to the rows with actions (here: all but row 1): means over those rows only, 0 elsewhere.
+    rl = np.arange(B) != 1
+    adv_rl = compute_advantages(jnp.asarray(rewards), baseline, jnp.asarray(groups), jnp.asarray(rl))
+    ref_rl = {"none": r64, "batch_mean": r64 - (r64[rl].mean() if rl.any() else 0.0),
+              "group_mean": np.array([r64[i] - r64[(groups == groups[i]) & rl].mean() if rl[i] else 0.0
+                                      for i in range(B)])}[baseline]
+    np.testing.assert_allclose(adv_rl, np.where(rl, ref_rl, 0.0), rtol=1e-6, atol=1e-6)
     out = jax.device_get(blocks(l, b, action, chunk_ids, adv, credit, 0.9, level, aggregation))
     ref_g, ref_rho, ref_scale = np.zeros((B, T)), np.zeros((B, T)), np.zeros((B, T))
     rows = 0

@@ -137,6 +137,23 @@ def test_padding_rows_contribute_nothing():
     np.testing.assert_array_equal(grad[5], 0)
 
 
+def test_pure_imitation_row_adds_only_its_nll():
+    """A row of expert tokens only (a scripted expert's episode) joins the IL term and nothing else: the RL
+    weights of the other rows, their baseline included, equal the float64 reference without that row."""
+    config = ObjectiveConfig(baseline="batch_mean", credit="chunk", is_level="chunk", il_weight=0.5)
+    batch = random_batch(np.random.default_rng(7), B=6, T=32)
+    l, b, r, a, c, e, g = _fields(batch)
+    a[5], c[5], b[5], r[5] = False, -1, 0.0, 1.0
+    e[5] = np.arange(32) % 3 == 1
+    loss, diag = policy_loss(l, b, r, a, c, e, g, config=config)
+    ref = reference(config, l, b, r, a, c, e, g)
+    np.testing.assert_allclose(loss, ref.loss, rtol=1e-6, atol=1e-6 * ref.scale_magnitude)
+    without = reference(config, l[:5], b[:5], r[:5], a[:5], c[:5], e[:5], g[:5])
+    np.testing.assert_allclose(diag["weights"][:5], without.weights, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(diag["advantages"][5], 0)
+    assert ref.den_rl == without.den_rl == 5 and ref.den_il == without.den_il + e[5].sum()
+
+
 def test_bf16_inputs_give_the_float32_result_within_bf16_rounding():
     batch = random_batch(np.random.default_rng(6), B=4, T=32, drift=0.01)
     l, b, r, a, c, *_ = _fields(batch)

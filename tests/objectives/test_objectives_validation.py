@@ -45,7 +45,8 @@ BAD = {
     "empty": (with_("log_probs", lambda x: x[:0]), "log_probs: must be a non-empty [B, T]"),
     "mask_not_bool": (with_("action_mask", lambda x: x.astype(np.int32)), "action_mask: must be a boolean"),
     "row_without_actions": (
-        {**with_("action_mask", setitem(1, False)), "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32)},
+        {**with_("action_mask", setitem(1, False)), "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32),
+         "expert_mask": np.array([[0, 0, 0, 1, 0], [0] * 5], bool)},
         "action_mask: row 1 has no action token"),
     "action_at_position_0": (with_("action_mask", setitem((0, 0), True)), "action_mask: row 0 has an action at "
                                                                            "position 0"),
@@ -73,6 +74,9 @@ def test_bad_input_raises_naming_the_problem(case):
 
 def test_good_input_passes_and_tokens_are_checked_against_the_vocabulary():
     validate_objective_inputs(**good(), config=ObjectiveConfig())
+    # A row of expert tokens only is a pure imitation row, not an error.
+    validate_objective_inputs(**{**with_("action_mask", setitem(1, False)),
+                                 "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32)})
     tokens = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]])
     validate_objective_inputs(**good(), tokens=tokens, vocab_size=10)
     with pytest.raises(ValueError, match=r"tokens: id 9 in row 1 is outside the vocabulary \[0, 8\)"):

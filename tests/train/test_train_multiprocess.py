@@ -100,3 +100,26 @@ def test_kill9_then_restart_resumes_with_identical_losses(tmp_path):
             assert got[step][key] == pytest.approx(ref[step][key], rel=1e-6, abs=1e-9), (step, key)
     with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
         assert json.load(f)["train"]["steps"] == steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sigint_in_a_background_job_and_sigterm_stop_with_a_checkpoint(tmp_path, sig):
+    """A shell starts background jobs with SIGINT ignored; a scheduler preempts with SIGTERM. Both must stop
+    the run with a checkpoint at the step reached (periodic checkpoints are off here)."""
+    data = str(tmp_path / "data.jsonl")
+    write_jsonl(data, synthetic_trajectories(10, seed=7))
+    run_dir = str(tmp_path / "run")
+    cmd = _train_cmd(data, run_dir, 10_000)
+    cmd[cmd.index("--config.checkpoint.every=2")] = "--config.checkpoint.every=0"
+    victim = subprocess.Popen(cmd, env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.time() + 300
+    while _last_step(run_dir) < 3 and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    victim.send_signal(sig)
+    _, stderr = victim.communicate(timeout=120)
+    assert victim.returncode != 0, stderr[-3000:]
+    reached = _last_step(run_dir)
+    assert f"interrupted at step {reached}: saving a checkpoint" in stderr, stderr[-3000:]
+    assert 3 <= reached < 10_000 and os.listdir(os.path.join(run_dir, "checkpoints")) == [str(reached)]

@@ -119,6 +119,25 @@ def test_schedule_matches_formula(schedule):
         assert math.isclose(float(fn(step)), expected, rel_tol=1e-5, abs_tol=1e-12), step
 
 
+def test_schedule_with_il_warm_start_has_two_phases():
+    """Warm start: warmup to il_lr then cosine over W steps; RL: its own warmup from 0 to lr, cosine to the end."""
+    cfg = OptimizerConfig(lr=1e-4, il_lr=3e-3, schedule="cosine", warmup_steps=4, min_lr_ratio=0.1)
+    fn = make_schedule(cfg, 100, il_warmup_steps=40)
+
+    def phase(lr, start, steps, step):
+        k = step - start
+        if k < 4:
+            return lr * k / 4
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (k - 4) / (steps - 4))))
+
+    for step in (0, 2, 4, 20, 39, 40, 42, 44, 70, 99):
+        expected = phase(3e-3, 0, 40, step) if step < 40 else phase(1e-4, 40, 60, step)
+        assert math.isclose(float(fn(step)), expected, rel_tol=1e-5, abs_tol=1e-12), step
+    assert float(make_schedule(OptimizerConfig(lr=1e-4), 10, 10)(5)) > 0  # warm start only: il_lr 0 means lr
+    with pytest.raises(ValueError, match="il_warmup_steps"):
+        make_schedule(cfg, 10, 11)
+
+
 def test_optimizer_config_names_bad_field():
     with pytest.raises(ValueError, match="optimizer.min_lr_ratio"):
         OptimizerConfig(min_lr_ratio=1.5)
