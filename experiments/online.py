@@ -38,7 +38,7 @@ from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.envs import Env, Task, make_env
 from ipa_jax.models import save_pretrained
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
-from ipa_jax.rollout.agent import IM_END, replay_prefill, TokenRow
+from ipa_jax.rollout.agent import IM_END, TokenRow, replay_prefill
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.train.metrics import read_metrics
@@ -84,7 +84,7 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Traje
         raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
     env.reset(task)
     history = list(initial)
-    row = TokenRow([], [], [], [], [])
+    row = TokenRow()
     row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
     replay_prefill(env, task, chat, turns, row, history)
     # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).

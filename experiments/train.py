@@ -5,8 +5,9 @@
 
 Writes the resolved config (config.json), metrics.jsonl, TensorBoard events and Orbax checkpoints into the run
 folder (runs/<train.name>/ unless train.run_dir is set); rerunning the same command resumes from the latest
-complete checkpoint. Ctrl-C or SIGTERM (a scheduler's preemption) stops with a checkpoint. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_*
-environment variables, or nothing on TPU pods / SLURM) and run the same command on every host.
+complete checkpoint. Ctrl-C or SIGTERM (a scheduler's preemption) stops with a checkpoint. Multi-host: pass
+--coordinator_address/--num_processes/--process_id (or the JAX_* environment variables, or nothing on TPU pods /
+SLURM) and run the same command on every host.
 """
 
 import json

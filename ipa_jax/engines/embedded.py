@@ -12,8 +12,8 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
   picks up new weights.
 * Shapes are bucketed (batch and prompt lengths to powers of two, admissions to powers of four; the cache
-  spans max_len) so compiles are bounded; compiled functions are
-  module-level and shared by every engine with the same model structure.
+  spans max_len) so compiles are bounded; compiled functions are module-level and shared by every engine with
+  the same model structure.
 
 Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
 those of the distribution actually sampled from (see sampling.py).
@@ -454,8 +454,9 @@ class EmbeddedEngine(Engine):
     def _run(self, first: list[_Request]) -> None:
         """Decode `first` as one batch; rows that finish return their result at once and take queued requests
         that fit the batch's shapes (continuous batching at decode-chunk boundaries). Runs in the worker thread."""
-        n = max(len(first), self.max_batch)  # full size: requests arriving later join this batch
-        b = bucket(n) if self.batch_buckets is None else next(x for x in self.batch_buckets if x >= n)
+        # Full width whatever arrived first: requests arriving later join this batch.
+        b = (bucket(self.max_batch) if self.batch_buckets is None
+             else next(x for x in self.batch_buckets if x >= self.max_batch))
         # The cache spans the engine's whole context: a multi-turn agent's next, longer turn joins the running
         # batch instead of waiting for every row to finish.
         cache_len = self.max_len

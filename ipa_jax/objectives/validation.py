@@ -27,11 +27,11 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
                               entropies: Any = None, config: ObjectiveConfig | None = None, *,
                               failures: Any = None, tokens: Any = None, vocab_size: int | None = None) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
-    no action and no expert token; action log-probs (current or behaviour) NaN, inf or > 0; non-finite rewards; chunk ids
-    not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty) inside; expert tokens
-    overlapping actions; token ids outside [0, vocab_size); inputs the config needs but lacks (chunk_ids,
-    group_ids, entropies). Config values (delta < 0 or NaN, fractions outside [0, 1]) are checked by
-    ObjectiveConfig itself."""
+    no action and no expert token; action log-probs (current or behaviour) NaN, inf or > 0; non-finite
+    rewards; chunk ids not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty)
+    inside; expert tokens overlapping actions; token ids outside [0, vocab_size); inputs the config needs but
+    lacks (chunk_ids, group_ids, entropies). Config values (delta < 0 or NaN, fractions outside [0, 1]) are
+    checked by ObjectiveConfig itself."""
     lp = _host("log_probs", log_probs)
     if lp.ndim != 2 or lp.size == 0:
         raise ValueError(f"log_probs: must be a non-empty [B, T] array, got shape {lp.shape}")

@@ -24,7 +24,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -103,13 +103,13 @@ class ChatFormat:
 
 @dataclass
 class TokenRow:
-    """The growing token row of an episode: TokenRow([], [], [], [], []) then extend(...)."""
+    """The growing token row of an episode: TokenRow(), then extend(...)."""
 
-    tokens: list[int]
-    action: list[bool]
-    logprobs: list[float]
-    chunks: list[int]
-    expert: list[bool]
+    tokens: list[int] = field(default_factory=list)
+    action: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+    expert: list[bool] = field(default_factory=list)
 
     def extend(self, ids: list[int], *, action: bool = False, logprobs: list[float] | None = None,
                chunk: int = -1, expert: bool = False) -> None:
@@ -188,7 +188,7 @@ async def run_episode(
     uid = uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}"
     env.reset(task)
     messages = task.initial_messages()
-    row = TokenRow([], [], [], [], [])
+    row = TokenRow()
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
     turns_used = replay_prefill(env, task, chat, prefill, row, messages) if prefill else 0
     prefill_calls, prefill_errors = env.num_tool_calls, env.num_tool_errors

@@ -38,7 +38,7 @@ import numpy as np
 
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
-from ipa_jax.rollout.agent import IM_END, AgentConfig, ChatFormat, replay_prefill, TokenRow, run_episode
+from ipa_jax.rollout.agent import IM_END, AgentConfig, ChatFormat, TokenRow, replay_prefill, run_episode
 from ipa_jax.trajectory import Trajectory
 
 MODES = ("none", "rollback", "parallel")
@@ -220,7 +220,7 @@ def replay_expert(expert: ExpertTrajectory, chat: ChatFormat, env: Env | None = 
     task = expert.task
     env.reset(task)
     messages = task.initial_messages()
-    row = TokenRow([], [], [], [], [])
+    row = TokenRow()
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
     lengths, spans = [len(row.tokens)], []
     start = 0
