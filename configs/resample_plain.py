@@ -1,31 +1,36 @@
 """Chunk-level initialized resampling on the hard task: the common base (plain RL from the start state).
 
 The comparison (issue 8): plain RL, sequential rollback, parallel initialization, each with and without the
-IL fallback, the same number of updates, held-out success from the start state (no prefill):
+IL fallback, the same number of updates, held-out success from the start state (no prefill). Start from the
+quickstart's policy (its run exports it to runs/quickstart/hf):
 
-    for c in plain plain_il rollback rollback_il parallel parallel_il; do
-        python experiments/train.py --config=configs/resample_$c.py; done
+    python experiments/train.py --config=configs/quickstart.py
+    python experiments/ablate.py --seeds=0 --out=runs/ablations/resample --configs=configs/resample_plain.py,\
+configs/resample_plain_il.py,configs/resample_rollback.py,configs/resample_rollback_il.py,\
+configs/resample_parallel.py,configs/resample_parallel_il.py
 
-`lookup_hard`: five chained lookups, so a cold-start policy almost never gets every hop right while an
-expert prefix makes the tail reachable. Needs the `resample` section (ipa_jax.rollout.resample.ResampleConfig
-fields) in ipa_jax.config.base_config and online training in experiments/train.py.
+The hard task: the quickstart's calculator with four operations instead of two, so four chained calls, each
+copying the previous result. The quickstart's policy has only seen two calls then an answer, so from the start
+state it almost never succeeds (it answers after the second call); from an expert prefix with three or four
+calls made, the tail is one call and/or one answer away.
 """
 
-from configs.base import get_config as base_config
+from configs.quickstart import get_config as quickstart_config
+
+QUICKSTART_RUN = "runs/quickstart"
 
 
 def get_config():
-    c = base_config()
-    c.env.name = "lookup_hard"
-    c.rollout.max_new_tokens = 64
-    c.rollout.max_turns = 8
-    c.rollout.max_context = 1024
+    c = quickstart_config()
+    c.model.path = f"{QUICKSTART_RUN}/hf"
+    c.model.tokenizer = f"{QUICKSTART_RUN}/tokenizer"
+    c.env.kwargs.ops = 4
+    c.rollout.max_turns = 6  # four calls, the answer, one spare turn
     c.train.name = "resample_plain"
-    c.train.steps = 200
-    c.train.batch_size = 16
-    c.train.eval_every = 20
+    c.train.il_warmup_steps = 0  # the quickstart's policy is the start
+    c.train.steps = 40
+    c.train.eval_every = 10
     c.train.eval_episodes = 64
-    c.objective.preset = "ipa"
     c.resample.mode = "none"  # every episode from the start state
     c.resample.samples_per_anchor = 4
     c.resample.tasks_per_round = 4

@@ -13,6 +13,13 @@ starts the runs afresh). Then <out>/ holds ablation.json (what ran, where, what 
 fraction: mean ± std over seeds), runs.csv (per run) and eval_success.png, train_reward.png,
 admitted_fraction.png (mean ± std bands over seeds). notebooks/ablations.ipynb reads the same folder.
 
+Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
+the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
+<out>/warm_starts/<first such config>/seed_<seed> (train.steps = train.il_warmup_steps: it stops where RL would
+start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics). Their comparison is then
+paired: every arm starts RL from the same policy. A run's wall_time_s is its own process's, the RL phase;
+--noshare_warm_start trains every run from scratch.
+
 Isolation: by default every run is a fresh `python experiments/train.py` process (the same command a user types),
 so runs share no JAX/XLA state (compiled functions, device buffers, engine threads of the previous run), a run that
 crashes or runs out of memory fails alone and is recorded while the sweep goes on, and memory does not grow over a
@@ -45,6 +52,13 @@ ABLATION_CONFIG_DIR = os.path.join(ROOT, "configs", "ablations")
 log = logging.getLogger("ablate")
 
 
+# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
+RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
+                 "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "train.steps",
+                 "train.eval_every", "train.name", "train.run_dir")
+WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples")
+
+
 @dataclass(frozen=True)
 class Preset:
     configs: tuple[str, ...]
@@ -56,6 +70,9 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "small": Preset(("credit_chunk", "credit_token"), (0, 1),
                     description="chunk vs token credit, 2 seeds: a sweep that finishes on 2 CPU cores in < 1 h"),
+    "claims": Preset(("credit_chunk", "credit_token", "agg_token_mean", "lag4", "lag4_tr"), (0, 1),
+                     description="the README's table: chunk vs token credit, sample- vs token-mean, the trust "
+                                 "region at policy lag 4 (credit_chunk is the base), 2 seeds, shared warm starts"),
     "credit": Preset(("credit_chunk", "credit_token", "credit_trajectory"), (0, 1, 2),
                      description="IPA's claim: chunk-level credit beats token-level (and trajectory-level)"),
     "staleness": Preset(("lag4", "lag4_tr", "lag8", "lag8_tr"), (0, 1, 2),
@@ -85,6 +102,42 @@ def run_overrides(run_dir: str, seed: int, steps: int | None) -> dict[str, Any]:
     return overrides
 
 
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key not in ("arch", "kwargs"):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def warm_start_key(config_path: str) -> tuple[str, int] | None:
+    """(the config without its RL_PHASE_KEYS as JSON, train.il_warmup_steps), equal for configs whose warm
+    starts are the same; None without a warm start or when the config does not load (its run reports why)."""
+    from ipa_jax.config import load_config, resolved_dict
+
+    try:
+        flat = _flatten(resolved_dict(load_config(config_path)))
+    except Exception:  # noqa: BLE001 - the run itself fails with the config's own error message
+        return None
+    warm = int(flat["train.il_warmup_steps"])
+    if warm == 0:
+        return None
+    kept = {k: v for k, v in flat.items() if not k.startswith(RL_PHASE_KEYS)}
+    return json.dumps(kept, sort_keys=True, default=repr), warm
+
+
+def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
+    """Copies a finished warm start into a fresh run folder, which then resumes from its last checkpoint."""
+    for name in WARM_START_FILES:
+        src, dst = os.path.join(warm_dir, name), os.path.join(run_dir, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, dst)
+        elif os.path.exists(src):
+            shutil.copy2(src, dst)
+
+
 def _run_subprocess(config_path: str, overrides: dict[str, Any], log_path: str) -> None:
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config_path}"]
     cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
@@ -109,7 +162,8 @@ RUNNERS = {"subprocess": _run_subprocess, "inprocess": _run_inprocess}
 
 
 def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *, steps: int | None = None,
-          threshold: float = 0.5, isolation: str = "subprocess", rerun: bool = False) -> dict[str, Any]:
+          threshold: float = 0.5, isolation: str = "subprocess", rerun: bool = False,
+          share_warm_start: bool = True) -> dict[str, Any]:
     """Trains every (config, seed) in order, then writes the table and plots into `out`. Returns the manifest
     (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if isolation not in RUNNERS:
@@ -123,8 +177,18 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     os.makedirs(out, exist_ok=True)
     manifest: dict[str, Any] = {
         "configs": dict(configs), "seeds": list(seeds), "steps": steps, "threshold": threshold,
-        "isolation": isolation, "runs": {}, "failed": [], "wall_time_s": {},
+        "isolation": isolation, "runs": {}, "failed": [], "wall_time_s": {}, "warm_starts": {},
     }
+    # Configs with the same warm start (module doc): the first of each group trains it for all.
+    donors: dict[tuple[str, int], str] = {}
+    shared: dict[str, tuple[str, int]] = {}
+    if share_warm_start:
+        keys = {name: warm_start_key(path) for name, path in configs}
+        for name, _ in configs:
+            if keys[name] is not None and sum(k == keys[name] for k in keys.values()) > 1:
+                donors.setdefault(keys[name], name)
+                shared[name] = (donors[keys[name]], keys[name][1])
+    paths = dict(configs)
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
     for seed in seeds:
         for name, path in configs:
@@ -137,6 +201,18 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                 log.info("training %s seed %d -> %s", name, seed, run_dir)
                 t0 = time.perf_counter()
                 try:
+                    if name in shared and not os.path.exists(os.path.join(run_dir, "checkpoints")):
+                        donor, warm = shared[name]
+                        warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
+                        if rerun and os.path.isdir(warm_dir) and name == donor:
+                            shutil.rmtree(warm_dir)
+                        if not os.path.exists(os.path.join(warm_dir, "summary.json")):
+                            os.makedirs(warm_dir, exist_ok=True)
+                            log.info("IL warm start of %s seed %d -> %s", donor, seed, warm_dir)
+                            RUNNERS[isolation](paths[donor], run_overrides(warm_dir, seed, warm),
+                                               os.path.join(warm_dir, "ablate.log"))
+                        seed_from_warm_start(warm_dir, run_dir)
+                        manifest["warm_starts"][rel] = os.path.relpath(warm_dir, out)
                     RUNNERS[isolation](path, run_overrides(run_dir, seed, steps), os.path.join(run_dir, "ablate.log"))
                 except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
                     log.error("%s seed %d failed: %s (log: %s/ablate.log)", name, seed, e, run_dir)
@@ -171,6 +247,8 @@ flags.DEFINE_integer("steps", None, "Override train.steps of every config (defau
 flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to threshold' column.")
 flags.DEFINE_enum("isolation", "subprocess", list(RUNNERS), "One process per run, or all runs in this process.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
+flags.DEFINE_bool("share_warm_start", True, "Train the IL warm start once per seed for configs that differ only in "
+                  "the RL phase, and start each of them from it.")
 FLAGS = flags.FLAGS
 
 
@@ -192,7 +270,7 @@ def main(argv: Sequence[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t0 = time.perf_counter()
     manifest = sweep(configs, seeds, out, steps=steps, threshold=FLAGS.threshold, isolation=FLAGS.isolation,
-                     rerun=FLAGS.rerun)
+                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start)
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read())
     print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "

@@ -34,6 +34,7 @@ RUN_CURVES: tuple[tuple[str, str], ...] = (
     ("reward_mean", "training reward"),
     (EVAL_SUCCESS, "held-out success"),
     ("loss", "loss"),
+    ("il_greedy_match", "expert episodes greedy decoding reproduces (warm start)"),
     ("grad_norm", "grad norm"),
     ("mismatch_abs", "mismatch mean |log pi - log mu|"),
     ("mismatch_kl", "mismatch Bernoulli-KL"),
@@ -99,9 +100,12 @@ def load_run_config(run_dir: str) -> dict[str, Any]:
 
 
 def rl_start_step(run_dir: str) -> int:
-    """The step where RL updates start: train.il_warmup_steps of the run's config.json (steps 1..warmup are
-    IL-only updates on expert episodes, whose reward and admitted fraction say nothing about the policy)."""
-    return int(load_run_config(run_dir)["train"]["il_warmup_steps"])
+    """The step where RL updates start (steps 1..start are IL-only updates on expert episodes, whose reward and
+    admitted fraction say nothing about the policy): the last `rl_start` in metrics.jsonl (the warm start may
+    end early on train.il_warmup_target), else train.il_warmup_steps of the run's config.json."""
+    has_metrics = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+    logged = [r["rl_start"] for r in load_metrics(run_dir) if "rl_start" in r] if has_metrics else []
+    return int(logged[-1]) if logged else int(load_run_config(run_dir)["train"]["il_warmup_steps"])
 
 
 def load_samples(run_dir: str, split: str | None = None) -> list[tuple[int, Trajectory]]:
@@ -226,8 +230,8 @@ def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float) 
 def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
     """The per-run numbers of an ablation table (RL phase = after the IL warm start, see rl_start_step):
     success_before / success_after (summary.json: held-out success after the warm start / at the end); auc =
-    curve_auc of the held-out success curve over the RL phase; steps_to_threshold = first learner step (counted
-    from 0, warm start included) with held-out success >= threshold; wall_time_s (summary.json);
+    curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps (counted from the end
+    of the warm start, whose length depends on the seed) to held-out success >= threshold; wall_time_s (summary.json);
     admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged)."""
     summary, rows, start = load_summary(run_dir), load_metrics(run_dir), rl_start_step(run_dir)
     steps, success = series(rows, EVAL_SUCCESS)
@@ -241,7 +245,7 @@ def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
         "success_before": float(summary["success_before"]),
         "success_after": float(summary["success_after"]),
         "auc": curve_auc(steps[rl], success[rl]),
-        "steps_to_threshold": steps_to_threshold(steps, success, threshold),
+        "steps_to_threshold": steps_to_threshold(steps[rl] - start, success[rl], threshold),
         "wall_time_s": float(summary["wall_time_s"]),
         "admitted_fraction": float(np.mean(admitted)) if admitted.size else math.nan,
     }
@@ -301,7 +305,7 @@ def _fmt(mean: float, std: float, digits: int) -> str:
 def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     """The per-config rows as a Markdown table (mean ± sample std over seeds)."""
     header = ["config", "seeds", "success before", "success after", "AUC success",
-              f"steps to {threshold:g}", "wall time (s)", "admitted"]
+              f"RL steps to {threshold:g}", "wall time (s)", "admitted"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         reached = f"{_fmt(r['steps_to_threshold_mean'], r['steps_to_threshold_std'], 0)} " \
@@ -364,16 +368,18 @@ def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarr
 
 
 def plot_band(ax, runs: dict[str, list[str]], key: str, *, window: int = 1, ylabel: str | None = None,
-              rl_only: bool = False) -> None:
+              include_rl_start: bool = False) -> None:
     """One line per config (mean over its seeds of metrics[key], smoothed over `window` points) with a ±1 std
-    band; `rl_only` keeps the steps after the IL warm start. Configs that never logged `key` are left out."""
+    band, over RL steps: x = step - rl_start, so that seeds whose warm starts ended at different steps line up;
+    include_rl_start keeps x = 0 (an evaluation at the end of the warm start). Configs that never logged `key`
+    are left out."""
     for i, (name, run_dirs) in enumerate(runs.items()):
         curves = []
         for d in run_dirs:
             steps, vals = series(load_metrics(d), key)
-            if rl_only:
-                keep = steps > rl_start_step(d)
-                steps, vals = steps[keep], vals[keep]
+            start = rl_start_step(d)
+            keep = steps >= start if include_rl_start else steps > start
+            steps, vals = steps[keep] - start, vals[keep]
             curves.append((steps, smooth(vals, window) if len(vals) else vals))
         steps, mean, std = seed_band(curves)
         if not len(steps):
@@ -381,18 +387,18 @@ def plot_band(ax, runs: dict[str, list[str]], key: str, *, window: int = 1, ylab
         color = f"C{i % 10}"
         ax.plot(steps, mean, color=color, label=f"{name} (n={len(run_dirs)})", marker="o" if len(steps) < 30 else None)
         ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-    ax.set_xlabel("step")
+    ax.set_xlabel("RL step (0 = end of the IL warm start)")
     ax.set_ylabel(ylabel or key)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
 
 
-# (file name, metrics key, y label, smoothing window, RL steps only)
+# (file name, metrics key, y label, smoothing window, include the warm start's last step)
 ABLATION_PLOTS = (
-    ("eval_success.png", EVAL_SUCCESS, "held-out success", 1, False),
-    ("train_reward.png", "reward_mean", "training reward (moving average of 5)", 5, True),
-    ("admitted_fraction.png", "admitted_fraction", "admitted fraction (moving average of 5)", 5, True),
+    ("eval_success.png", EVAL_SUCCESS, "held-out success", 1, True),
+    ("train_reward.png", "reward_mean", "training reward (moving average of 5)", 5, False),
+    ("admitted_fraction.png", "admitted_fraction", "admitted fraction (moving average of 5)", 5, False),
 )
 
 
@@ -401,11 +407,11 @@ def write_plots(ablation_dir: str, runs: dict[str, list[str]]) -> list[str]:
     from matplotlib.figure import Figure
 
     paths = []
-    for filename, key, ylabel, window, rl_only in ABLATION_PLOTS:
+    for filename, key, ylabel, window, include_rl_start in ABLATION_PLOTS:
         fig = Figure(figsize=(7, 4.5), dpi=100)
         ax = fig.add_subplot()
-        plot_band(ax, runs, key, window=window, ylabel=ylabel, rl_only=rl_only)
-        ax.set_title(ylabel.split(" (")[0] + " vs step (mean ± std over seeds)")
+        plot_band(ax, runs, key, window=window, ylabel=ylabel, include_rl_start=include_rl_start)
+        ax.set_title(ylabel.split(" (")[0] + " vs RL step (mean ± std over seeds)")
         fig.tight_layout()
         path = os.path.join(ablation_dir, filename)
         fig.savefig(path)

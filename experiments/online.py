@@ -1,8 +1,9 @@
 """Online training wiring: engines, environment, IL warm start, rollout workers -> queue -> learner, weight
 sync, held-out evaluation, samples and the run summary (issue 6 item 5, issue 7 item 1).
 
-    learner step s < train.il_warmup_steps: batches of scripted-expert episodes (IL only)
-    learner step s >= il_warmup_steps:      batches from the TrajectoryQueue fed by a RolloutWorker
+    learner step s < rl_start:              batches of scripted-expert episodes (IL only); rl_start is
+                                            train.il_warmup_steps, or earlier once train.il_warmup_target is met
+    learner step s >= rl_start:             batches from the TrajectoryQueue fed by a RolloutWorker
                                             (or from a ResampleSource, see `rollout.source`)
     after every update:                     weights -> engines (every rollout.weight_sync_every steps;
                                             queue.forced_lag pushes the weights of step s - forced_lag)
@@ -221,6 +222,7 @@ class OnlineSource:
             self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
                                            self.engines.rollout, self.chat, self.agent, concurrency=r.concurrency)
         self.step = 0
+        self.rl_start = t.il_warmup_steps  # the learner's state.rl_start, read in after_update
         self.history: collections.deque = collections.deque(maxlen=exp.queue.forced_lag + 1)
         self.last_train: list[Trajectory] = []
         self.wait_s = 0.0
@@ -230,7 +232,7 @@ class OnlineSource:
 
     # ---- TrajectorySource ---------------------------------------------------------------------------
     def next_trajectories(self, n: int) -> list[Trajectory]:
-        if self.step < self.exp.train.il_warmup_steps:
+        if self.step < self.rl_start:
             out = self.experts.take(n)
         elif self.resample is not None:  # synchronous: the learner waits while a round is sampled
             t0 = time.perf_counter()
@@ -299,6 +301,7 @@ class OnlineSource:
     def after_update(self, state) -> None:
         """Weight sync. Runs before the first step (after any restore) and after every update."""
         self.step = int(jax.device_get(state.step))
+        self.rl_start = int(jax.device_get(state.rl_start))
         if self.queue is not None:
             self.queue.set_version(max(self.step, self.queue.version))
         sync_every = self.exp.rollout.weight_sync_every
@@ -402,7 +405,7 @@ def make_online_source_and_hooks(exp, state, run_dir: str) -> tuple[OnlineSource
 def write_summary(exp, learner, run_dir: str, wall_time_s: float, source: Any = None) -> dict[str, Any]:
     """summary.json (names in CONTRACTS.md) from the learner's eval history and metrics.jsonl; returns it."""
     evals = [e for e in learner.eval_history if "success" in e]
-    warm = exp.train.il_warmup_steps
+    warm = learner.rl_start
     before = next((e for e in evals if e["step"] == warm), None)
     after = evals[-1] if evals else None
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl")) if os.path.exists(
@@ -445,7 +448,8 @@ def format_summary(s: dict[str, Any]) -> str:
         return "n/a" if x is None else f"{x:.2f}"
 
     lines = [
-        f"held-out success: {pct(s['success_before'])} (after IL warm start) -> {pct(s['success_after'])} (end)",
+        f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
+        f" -> {pct(s['success_after'])} (end)",
         f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
         f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
     ]

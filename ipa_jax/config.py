@@ -152,9 +152,13 @@ def base_config() -> ConfigDict:
             seed=0,
             name="run",
             run_dir="",  # "" = runs/<name>
-            eval_every=0,  # learner steps between evaluations; 0 = only before and after
+            eval_every=0,  # RL steps between evaluations, from the warm start's end; 0 = only before and after
             eval_episodes=32,
-            il_warmup_steps=0,  # first steps train the imitation term only
+            il_warmup_steps=0,  # first steps (at most) train the imitation term only
+            # > 0: the warm start ends early once greedy decoding would reproduce this fraction of fresh expert
+            # episodes (il_greedy_match, mean over il_warmup_window batches); RL keeps steps - il_warmup_steps steps
+            il_warmup_target=0.0,
+            il_warmup_window=10,
             data=(),  # offline Trajectory JSONL files (globs allowed); empty = online rollouts
             buckets=(64, 128, 256, 512, 1024, 2048, 4096),  # padded lengths (bounded recompilation)
         )

@@ -24,8 +24,8 @@ from ipa_jax.config import load_config, resolved_dict, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A tiny version of the ablation base: 1 layer, hidden 32, no IL warm start (one train-step compile per run, the
-# slow part on CPU), 4-episode evaluations every 2 steps.
+# A tiny version of the ablation base: 1 layer, hidden 32, a 2-step IL warm start (shared by the two configs, which
+# differ only in the RL phase), 4-episode evaluations every 2 RL steps.
 TINY_CONFIG = '''
 from configs.ablations.common import get_config as common_config
 
@@ -38,7 +38,8 @@ def get_config():
     c.rollout.concurrency = 8
     c.train.batch_size = 4
     c.train.steps = 6
-    c.train.il_warmup_steps = 0
+    c.train.il_warmup_steps = 2
+    c.train.il_warmup_target = 0.0
     c.train.eval_every = 2
     c.train.eval_episodes = 4
     c.queue.max_size = 8
@@ -194,6 +195,13 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
         assert float(row["admitted_fraction_mean"]) == pytest.approx(admitted)
         assert float(row["wall_time_s_mean"]) == pytest.approx(summary["wall_time_s"])
         assert float(row["steps_to_threshold_mean"]) == 0.0  # threshold 0: reached at the first evaluation
+    # One warm start for both (they differ only in objective.credit): identical IL steps, then their own RL.
+    warm = {manifest["warm_starts"][os.path.relpath(run_dir, out)] for (run_dir,) in manifest["runs"].values()}
+    assert warm == {os.path.join("warm_starts", "tiny_chunk", "seed_0")}
+    chunk, token = ([json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"), encoding="utf-8")]
+                    for (d,) in manifest["runs"].values())
+    assert [r["step"] for r in chunk] == [r["step"] for r in token]
+    assert [r for r in chunk if r["step"] <= 2] == [r for r in token if r["step"] <= 2]
     md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
     assert md in stdout and md.count("\n| tiny_") == 2
     for filename, *_ in analysis.ABLATION_PLOTS:
@@ -220,6 +228,25 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path):
     assert "no_such_credit" in log  # the run's own error message, not a generic one
     with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:
         assert [r["config"] for r in csv.DictReader(f)] == ["tiny_chunk", "tiny_token"]
+
+
+def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):
+    def key(name):
+        return ablate.warm_start_key(ablate.resolve_config(name)[1])
+
+    assert key("credit_chunk") == key("credit_token") == key("agg_token_mean") == key("lag4_tr") is not None
+    assert key("credit_chunk") == key("baseline_batch_mean")  # objective and RL learning rate: RL phase only
+    assert key("il_warmup_off") is None  # no warm start to share
+    assert key("grpo") == key("credit_chunk")  # group_size: how RL samples
+    changed_il = tmp_path / "il_lr.py"
+    changed_il.write_text(TINY_CONFIG.format(name="il_lr", credit="chunk").replace(
+        "return c", "c.train.il_warmup_steps = 2\n    c.optimizer.il_lr = 1e-2\n    return c"))
+    same_il = tmp_path / "same.py"
+    same_il.write_text(TINY_CONFIG.format(name="same", credit="token"))
+    assert ablate.warm_start_key(str(changed_il)) != ablate.warm_start_key(str(same_il)) is not None
+    bad = tmp_path / "bad.py"
+    bad.write_text(TINY_CONFIG.format(name="bad", credit="no_such_credit"))
+    assert ablate.warm_start_key(str(bad)) is None  # its own run reports the error
 
 
 def test_resolve_config_names_and_errors(tmp_path):

@@ -2,6 +2,7 @@
 typed dataclasses, and the launcher rejecting a misspelled flag."""
 
 import dataclasses
+import glob
 import json
 import os
 import subprocess
@@ -24,6 +25,16 @@ def test_base_and_tiny_configs_validate():
     exp = to_typed(load_config(TINY))
     assert exp.model.arch["vocab_size"] == 128 and exp.train.steps == 6
     assert exp.objective == OBJECTIVE_PRESETS["ipa"]
+
+
+@pytest.mark.parametrize("name", sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
+                                  if not p.endswith("__init__.py")))
+def test_every_top_level_config_validates(name):
+    """configs/*.py (configs/ablations/ are checked in test_ablate.py) load, validate and convert to dataclasses."""
+    exp = to_typed(load_config(os.path.join(REPO, "configs", f"{name}.py")))
+    if name.startswith("resample_"):  # the hard task: the quickstart's policy on four-call calculator tasks
+        assert exp.model.path.endswith("quickstart/hf") and exp.env.kwargs["ops"] == 4
+        assert exp.train.il_warmup_steps == 0 and exp.rollout.max_turns >= 5
 
 
 def test_objective_fields_cover_objective_config():
@@ -59,6 +70,8 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio"),
     ("train.microbatches=3", "train.microbatches"),
     ("train.il_warmup_steps=100", "train.il_warmup_steps"),
+    ("train.il_warmup_target=1.5", "train.il_warmup_target"),
+    ("train.il_warmup_window=0", "train.il_warmup_window"),
     ("queue.forced_lag=9", "queue.forced_lag"),
     ("rollout.engine='sglang'", "rollout.sglang_urls"),
     ("rollout.top_p=0.0", "rollout.top_p"),

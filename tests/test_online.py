@@ -161,6 +161,7 @@ def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(tmp_
     assert {"eval/success", "eval/reward", "eval/tool_calls", "eval/turns"} <= set(evals[-1])
     assert [r for r in rows if "loss" in r][0]["il_loss"] > 0 and os.path.isdir(run_dir / "checkpoints" / "4")
     assert os.path.exists(run_dir / "tokenizer" / "tokenizer_config.json")
+    assert os.path.exists(run_dir / "hf" / "model.safetensors")  # where configs/resample_*.py start from
     samples = read_jsonl(str(run_dir / "samples" / "step_00000004.jsonl"))
     assert {t.info["split"] for t in samples} == {"train", "eval"}
     assert all("messages" in t.info for t in samples if t.info["split"] == "eval")

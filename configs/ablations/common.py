@@ -16,6 +16,6 @@ from configs.quickstart import get_config as quickstart_config
 def get_config():
     c = quickstart_config()
     c.train.name = "ablation_base"
-    c.train.eval_every = 40  # held-out success every 40 steps, at the end of the warm start and at the end
+    c.train.eval_every = 40  # held-out success at the end of the warm start, then every 40 RL steps
     return c
 

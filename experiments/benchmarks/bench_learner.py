@@ -110,14 +110,15 @@ def main(_):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     import torch
     import transformers
     from flax import nnx
 
     from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
-    from ipa_jax.train import OptimizerConfig, StepOptions, TrainState, TrainStep, make_optimizer, place_state
+    from ipa_jax.train import (OptimizerConfig, StepOptions, TrainState, TrainStep, make_optimizer, make_schedule,
+                               place_state)
+    from ipa_jax.train.optimizer import apply_direction
     from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -137,11 +138,11 @@ def main(_):
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
-    tx = make_optimizer(optimizer, total_steps=1000)
+    tx = make_optimizer(optimizer)
     objective = flash_reinforce_config(DELTA)
     options = StepOptions(objective=objective, logprob_block_size=128, entropy=False)
     state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
-    step = TrainStep(state, mesh, options, optax.constant_schedule(optimizer.lr))
+    step = TrainStep(state, mesh, options, make_schedule(optimizer, total_steps=1000))
     device_batch = step.put_batch(batch)
     holder = {"state": state}
 
@@ -157,8 +158,8 @@ def main(_):
             return -jnp.sum(jnp.where(batch.action_mask, logp, 0)) / jnp.sum(batch.action_mask)
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-        return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), loss
+        direction, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        return state.replace(params=apply_direction(state.params, direction, optimizer.lr), opt_state=opt_state), loss
 
     nll_jit = jax.jit(nll_update, donate_argnums=0)
     # Its own copy of the weights: the objective step donates (and so frees) the buffers of its state.

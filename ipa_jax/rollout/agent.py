@@ -120,6 +120,17 @@ class TokenRow:
         self.expert += [expert] * len(ids)
 
 
+def close_event_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Like asyncio.run's exit: cancel what is left on the loop (e.g. an engine's background task), then close."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:  # (an empty gather would belong to the thread's current loop, not to `loop`)
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
 def _tool_message(call: Any, observation: str) -> dict[str, Any]:
     return {"role": "tool", "name": call.name if isinstance(call, ToolCall) else "error", "content": observation}
 

@@ -38,7 +38,8 @@ import numpy as np
 
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
-from ipa_jax.rollout.agent import IM_END, AgentConfig, ChatFormat, TokenRow, replay_prefill, run_episode
+from ipa_jax.rollout.agent import (IM_END, AgentConfig, ChatFormat, TokenRow, close_event_loop, replay_prefill,
+                                   run_episode)
 from ipa_jax.trajectory import Trajectory
 
 MODES = ("none", "rollback", "parallel")
@@ -731,4 +732,4 @@ class ResampleSource:
         self.resampler.load_state_dict(state["resampler"])
 
     def close(self) -> None:
-        self._loop.close()
+        close_event_loop(self._loop)  # cancels the engine's worker task, which lives on this loop

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episode
+from ipa_jax.rollout.agent import AgentConfig, ChatFormat, close_event_loop, run_episode
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 
@@ -97,13 +97,7 @@ class RolloutWorker:
             self._loop.run_until_complete(self._main())
         finally:
             self._finished_at = time.perf_counter()
-            # Like asyncio.run: cancel what is left on the loop (e.g. an engine's background task).
-            pending = asyncio.all_tasks(self._loop)
-            for task in pending:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            close_event_loop(self._loop)
 
     async def _main(self) -> None:
         await asyncio.gather(*(self._slot() for _ in range(self.concurrency)))

@@ -88,8 +88,9 @@ def check_batch_divisibility(train_cfg, mesh: Mesh) -> None:
 
 def build_state(exp, mesh: Mesh) -> TrainState:
     model = build_model(exp.model, mesh, exp.train.seed)
-    tx = make_optimizer(exp.optimizer, exp.train.steps, exp.train.il_warmup_steps)
-    return place_state(TrainState.create(model, tx, exp.train.seed, mesh), mesh)
+    state = TrainState.create(model, make_optimizer(exp.optimizer), exp.train.seed, mesh,
+                              rl_start=exp.train.il_warmup_steps)
+    return place_state(state, mesh)
 
 
 def build_steps(exp, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:

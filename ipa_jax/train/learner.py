@@ -6,6 +6,7 @@ comparison runs (advantages are then computed on the whole batch before it is sp
 engine: the experiment passes `after_update(state)` to sync weights and `eval_fn(state)` to evaluate.
 """
 
+import collections
 import logging
 import os
 import sys
@@ -39,9 +40,14 @@ class TrainConfig:
     seed: int = 0
     name: str = "run"
     run_dir: str = ""  # "" = runs/<name>
-    eval_every: int = 0  # 0 = only before, after the IL warm start, and at the end
+    eval_every: int = 0  # RL steps between evaluations (from the warm start's end); 0 = only before, after the
+    # IL warm start, and at the end
     eval_episodes: int = 32
-    il_warmup_steps: int = 0
+    il_warmup_steps: int = 0  # at most this many IL-only steps first (the warm start)
+    # > 0: the warm start (if any) ends early once the mean il_greedy_match of its last il_warmup_window batches
+    # (fresh expert episodes, measured before each update) reaches this; RL then runs steps - il_warmup_steps.
+    il_warmup_target: float = 0.0
+    il_warmup_window: int = 10
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
 
@@ -59,6 +65,10 @@ class TrainConfig:
         if not 0 <= self.il_warmup_steps <= self.steps:
             raise ValueError(f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], "
                              f"got {self.il_warmup_steps}")
+        if not 0.0 <= self.il_warmup_target <= 1.0:
+            raise ValueError(f"train.il_warmup_target: must be in [0, 1] (0 = off), got {self.il_warmup_target}")
+        if self.il_warmup_window < 1:
+            raise ValueError(f"train.il_warmup_window: must be >= 1, got {self.il_warmup_window}")
         if not self.buckets or any(b < 2 for b in self.buckets):
             raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
         if not self.name:
@@ -73,11 +83,12 @@ class TrainConfig:
 class Learner:
     """Owns the loop. `run()` returns the final state; metrics go to <run_dir>/metrics.jsonl (+ TensorBoard).
 
-    step_fn: the jitted TrainStep; warmup_step_fn: the IL-only step used for the first train.il_warmup_steps.
+    step_fn: the jitted TrainStep; warmup_step_fn: the IL-only step used before state.rl_start (the first
+    train.il_warmup_steps steps, fewer when the warm start reaches train.il_warmup_target; `rl_start`).
     after_update(state) (weight sync) runs once before the first step (after any restore) and after every update;
     the state's buffers are donated to the next step, so the hook must copy what it keeps.
     eval_fn(state) -> {name: value} runs before training, after the IL warm start, every train.eval_every steps
-    and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
+    after it and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
     flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
     `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
     """
@@ -104,6 +115,36 @@ class Learner:
         self.resumed_from: int | None = None
         self.stop_requested: str | None = None
         self._metrics: MetricsWriter | None = None
+        self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
+        self._rl_start = int(jax.device_get(self.state.rl_start))
+
+    @property
+    def rl_start(self) -> int:
+        """The step where the warm start ends and RL begins (train.il_warmup_steps until the target ends it)."""
+        return self._rl_start
+
+    @property
+    def total_steps(self) -> int:
+        """rl_start + the RL steps (train.steps - train.il_warmup_steps): train.steps unless the warm start
+        ended early."""
+        return self.rl_start + self.config.steps - self.config.il_warmup_steps
+
+    def _warm_start_done(self, step: int, metrics: dict[str, Any]) -> bool:
+        """After update `step` of the warm start: has the window's mean il_greedy_match reached the target?"""
+        cfg = self.config
+        if cfg.il_warmup_target <= 0 or step >= self.rl_start:
+            return False
+        self._greedy_match.append(float(metrics["il_greedy_match"]))
+        return (len(self._greedy_match) == cfg.il_warmup_window
+                and float(np.mean(self._greedy_match)) >= cfg.il_warmup_target)
+
+    def _end_warm_start(self, step: int) -> None:
+        rl_start = self.state.rl_start
+        self.state = self.state.replace(rl_start=jax.device_put(np.int32(step), rl_start.sharding))
+        self._rl_start = step
+        log.info("IL warm start ends at step %d: greedy match %.3f over the last %d batches >= %.3f; RL runs to "
+                 "step %d", step, float(np.mean(self._greedy_match)), len(self._greedy_match),
+                 self.config.il_warmup_target, self.total_steps)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -123,6 +164,7 @@ class Learner:
         self.extra.clear()  # in place: callers may hold a reference to it
         self.extra.update(host["extra"])
         self.resumed_from = int(jax.device_get(self.state.step))
+        self._rl_start = int(jax.device_get(self.state.rl_start))
         log.info("resumed from step %d (%s)", self.resumed_from, self.checkpointer.directory)
         return self.resumed_from
 
@@ -164,7 +206,7 @@ class Learner:
 
     # ---------------------------------------------------------------------------------------------- loop
     def _step_fn(self, step: int) -> TrainStep:
-        if step < self.config.il_warmup_steps and self.warmup_step_fn is not None:
+        if step < self.rl_start and self.warmup_step_fn is not None:
             return self.warmup_step_fn
         return self.step_fn
 
@@ -207,14 +249,14 @@ class Learner:
                                       resume_step=-1 if self.resumed_from is None else self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
-        bar = _progress(cfg.steps, step)
+        bar = _progress(self.total_steps, step)
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
                 self.after_update(self.state)
             if step == 0:
                 self._evaluate(step)
-            while step < cfg.steps:
+            while step < self.total_steps:
                 trajs, dropped = self.next_batch()
                 self.dropped_total += dropped
                 batch = pad_batch(trajs, cfg.buckets)
@@ -225,15 +267,23 @@ class Learner:
                     metrics = jax.device_get(metrics)
                     dt = time.perf_counter() - t0
                     step += 1
+                    if self._warm_start_done(step, metrics):
+                        self._end_warm_start(step)
+                        if bar is not None:
+                            bar.total = self.total_steps
+                    if metrics["il_rows"] == 0:  # no imitation rows: nothing to match (not a match rate of 0)
+                        del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
-                    if step % self.logging_config.every == 0 or step == cfg.steps:
+                    total = self.total_steps
+                    if step % self.logging_config.every == 0 or step == total:
                         self._metrics.write(step, metrics)
-                    _report(bar, step, cfg.steps, metrics, self.logging_config.every)
-                    if self.after_update is not None:
+                    _report(bar, step, total, metrics, self.logging_config.every, step <= self.rl_start)
+                    if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
                         self.after_update(self.state)
-                    if step == cfg.il_warmup_steps or (cfg.eval_every and step % cfg.eval_every == 0):
+                    since_rl = step - self.rl_start
+                    if since_rl == 0 or (cfg.eval_every and since_rl > 0 and since_rl % cfg.eval_every == 0):
                         self._evaluate(step)
-                    if step >= cfg.steps:
+                    if step >= total:
                         break
                 if self.stop_requested:
                     raise KeyboardInterrupt(self.stop_requested)
@@ -268,6 +318,7 @@ class Learner:
             "policy_lag_mean": float(np.mean(lag)),
             "policy_lag_max": float(np.max(lag)),
             "seq_len": float(t),
+            "rl_start": float(self.rl_start),
         }
         out["tokens_per_s"] = float(metrics["real_tokens"] / dt)
         if self.flops_per_token is not None and self.peak_flops > 0:
@@ -288,8 +339,10 @@ def _progress(total: int, initial: int):
     return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True)
 
 
-def _report(bar, step: int, total: int, metrics: dict[str, Any], every: int) -> None:
-    summary = {k: metrics[k] for k in ("loss", "reward_mean", "grad_norm", "tokens_per_s") if k in metrics}
+def _report(bar, step: int, total: int, metrics: dict[str, Any], every: int, warm_start: bool) -> None:
+    # During the warm start the batches are expert episodes: their reward says nothing, their greedy match does.
+    keys = ("loss", "il_greedy_match" if warm_start else "reward_mean", "grad_norm", "tokens_per_s")
+    summary = {k: metrics[k] for k in keys if k in metrics}
     if bar is not None:
         bar.update(1)
         bar.set_postfix({k: f"{float(v):.4g}" for k, v in summary.items()})

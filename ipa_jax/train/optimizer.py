@@ -1,15 +1,22 @@
 """AdamW with warmup + cosine (or constant) learning rate and global-norm clipping.
 
-With an IL warm start (train.il_warmup_steps = W > 0) the schedule has two phases, each with its own warmup and
-decay: the warm start (il_lr, steps [0, W)) and RL (lr, steps [W, train.steps)). RL's own warmup restarts
-from lr 0, so the Adam momentum left by imitation fades at a small step size instead of moving the policy
-while the first RL gradients are still tiny.
+With an IL warm start the schedule has two phases, each with its own warmup and decay: the warm start (il_lr,
+steps [0, rl_start)) and RL (lr, train.steps - train.il_warmup_steps steps from rl_start). rl_start is
+train.il_warmup_steps, or earlier when the warm start ends on its target (train.il_warmup_target), so it is
+known only at run time: it lives in the TrainState, and the optimizer here is AdamW without its last stage
+(the learning rate), which the train step applies as -schedule(step, rl_start). RL's own warmup restarts from
+lr 0, so the Adam momentum left by imitation fades at a small step size instead of moving the policy while
+the first RL gradients are still tiny.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import optax
+
+PhaseSchedule = Callable[..., jax.Array]  # (step, rl_start=il_warmup_steps) -> learning rate
 
 
 @dataclass(frozen=True)
@@ -65,16 +72,21 @@ def _phase_schedule(config: OptimizerConfig, lr: float, steps: int) -> optax.Sch
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
 
 
-def make_schedule(config: OptimizerConfig, total_steps: int, il_warmup_steps: int = 0) -> optax.Schedule:
-    """One phase over `total_steps`; with an IL warm start, the warm start's phase (il_lr) over the first
-    `il_warmup_steps`, then RL's (lr) over the rest (module doc)."""
+def make_schedule(config: OptimizerConfig, total_steps: int, il_warmup_steps: int = 0) -> PhaseSchedule:
+    """lr(step, rl_start): one phase over `total_steps`; with an IL warm start of at most `il_warmup_steps`, the
+    warm start's phase (il_lr) before rl_start, then RL's (lr) over total_steps - il_warmup_steps steps from
+    rl_start (module doc). rl_start defaults to il_warmup_steps."""
     if not 0 <= il_warmup_steps <= total_steps:
         raise ValueError(f"il_warmup_steps: must be in [0, {total_steps}], got {il_warmup_steps}")
     rl = _phase_schedule(config, config.lr, total_steps - il_warmup_steps)
     if il_warmup_steps == 0:
-        return rl
+        return lambda step, rl_start=0: rl(step)
     il = _phase_schedule(config, config.il_lr or config.lr, il_warmup_steps)
-    return optax.join_schedules([il, rl], [il_warmup_steps])
+
+    def schedule(step, rl_start=il_warmup_steps):
+        return jnp.where(step < rl_start, il(step), rl(step - rl_start))
+
+    return schedule
 
 
 def _decay_mask(params):
@@ -82,17 +94,15 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(config: OptimizerConfig, total_steps: int,
-                   il_warmup_steps: int = 0) -> optax.GradientTransformation:
-    """clip_by_global_norm (when clip_norm > 0) then AdamW on the schedule."""
-    adamw = optax.adamw(
-        make_schedule(config, total_steps, il_warmup_steps),
-        b1=config.b1,
-        b2=config.b2,
-        eps=config.eps,
-        weight_decay=config.weight_decay,
-        mask=_decay_mask,
-    )
-    if config.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.clip_norm), adamw)
-    return adamw
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """The update direction: clip_by_global_norm (when clip_norm > 0), Adam, decoupled weight decay, i.e.
+    optax.adamw without its learning-rate stage; apply it with `apply_direction` (module doc)."""
+    stages = [optax.clip_by_global_norm(config.clip_norm)] if config.clip_norm > 0 else []
+    stages += [optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
+               optax.add_decayed_weights(config.weight_decay, mask=_decay_mask)]
+    return optax.chain(*stages)
+
+
+def apply_direction(params, direction, lr: jax.Array):
+    """params - lr * direction (optax.adamw's scale_by_learning_rate, with the run-time learning rate)."""
+    return optax.apply_updates(params, jax.tree.map(lambda d: (-lr * d).astype(d.dtype), direction))

@@ -15,6 +15,8 @@ class TrainState:
 
     step counts learner steps (one per train_step call); skipped counts steps whose update was not
     applied because the loss or gradient was not finite. The number of applied updates is step - skipped.
+    rl_start is the step where the IL warm start ends and RL begins (train.il_warmup_steps, or earlier when
+    the warm start reaches train.il_warmup_target); the learning rate schedule's phase boundary.
     """
 
     graphdef: nnx.GraphDef = struct.field(pytree_node=False)
@@ -25,10 +27,11 @@ class TrainState:
     step: jax.Array  # int32 []
     skipped: jax.Array  # int32 []
     rng: jax.Array  # uint32 [2], a raw PRNG key (plain array: checkpoints as is)
+    rl_start: jax.Array  # int32 []
 
     @classmethod
     def create(cls, model: nnx.Module, tx: optax.GradientTransformation, seed: int,
-               mesh: Mesh | None = None) -> "TrainState":
+               mesh: Mesh | None = None, rl_start: int = 0) -> "TrainState":
         """Splits the model into (graphdef, params, rest). With a mesh, the optimizer's per-parameter state
         (Adam moments) is created in its parameter's sharding and everything else is replicated on the mesh."""
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -49,6 +52,7 @@ class TrainState:
             step=jnp.zeros((), jnp.int32),
             skipped=jnp.zeros((), jnp.int32),
             rng=jax.random.PRNGKey(seed),
+            rl_start=jnp.asarray(rl_start, jnp.int32),
         )
 
     def model(self) -> nnx.Module:
@@ -62,6 +66,7 @@ class TrainState:
             "step": self.step,
             "skipped": self.skipped,
             "rng": self.rng,
+            "rl_start": self.rl_start,
         }
 
     def replace_checkpoint_tree(self, tree: dict[str, Any]) -> "TrainState":

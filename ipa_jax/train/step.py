@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ipa_jax.models import token_logprobs
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
 from ipa_jax.objectives import ObjectiveConfig, combine_terms, compute_advantages, objective_terms
+from ipa_jax.train.optimizer import PhaseSchedule, apply_direction
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
 
@@ -67,6 +68,17 @@ def _full_batch_denominators(batch: TrajectoryBatch, advantages: jax.Array, opti
     return {name: den for name, (_, den) in terms.items()}
 
 
+def greedy_reproduced_rows(logp: jax.Array, expert_mask: jax.Array) -> jax.Array:
+    """bool[B]: rows with expert tokens, each of which has probability > 1/2, so that greedy decoding under
+    teacher forcing reproduces them (p > 1/2 implies the argmax). logp, expert_mask: [B, T].
+
+    On fresh expert episodes this is a lower bound of the greedy success rate on the expert's tasks (the
+    argmax may also be right with p <= 1/2), at the cost of no extra forward pass."""
+    # all_t (p_t > 1/2 or not expert_t) and any_t expert_t
+    confident = (logp > jnp.log(0.5)) | ~expert_mask
+    return jnp.all(confident, axis=1) & jnp.any(expert_mask, axis=1)
+
+
 def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, dens: dict,
                      options: StepOptions):
     """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics."""
@@ -105,6 +117,8 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
         "nonfinite_weights": diag["nonfinite_weights"].astype(jnp.float32),
         "admitted": jnp.sum(diag["admitted"]).astype(jnp.float32),
         "max_chunks": jnp.max(diag["num_chunks"]).astype(jnp.float32),
+        "n_il_rows": jnp.sum(jnp.any(mb.expert_mask, axis=1)).astype(jnp.float32),
+        "n_il_greedy_rows": jnp.sum(greedy_reproduced_rows(logp, mb.expert_mask)).astype(jnp.float32),
         "sum_entropy": (jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None
                         else jnp.zeros((), jnp.float32)),
         **aux_losses,
@@ -116,7 +130,7 @@ _MAX_STATS = ("max_is_ratio", "max_chunks")
 
 
 def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None, *,
-               options: StepOptions, schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+               options: StepOptions, schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] or None (computed
     here from batch.rewards with the objective's baseline). Returns the new state and scalar metrics."""
     objective, m = options.objective, options.microbatches
@@ -153,12 +167,14 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
-    def apply(_):
-        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state
+    lr = schedule(state.step, state.rl_start)
 
-    # A skipped update keeps params and optimizer state bit for bit (the schedule's count too); cond runs
-    # only the taken branch, so the usual path pays nothing for the check.
+    def apply(_):
+        direction, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        return apply_direction(state.params, direction, lr), opt_state
+
+    # A skipped update keeps params and optimizer state bit for bit (the learning rate schedule follows the
+    # step); cond runs only the taken branch, so the usual path pays nothing for the check.
     new_params, new_opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), None)
     new_state = state.replace(
         params=new_params,
@@ -176,7 +192,7 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "rl_loss": stats["rl_num"] / jnp.maximum(dens["rl"], 1),
         "il_loss": stats["il_num"] / jnp.maximum(dens["il"], 1),
         "grad_norm": grad_norm,
-        "lr": schedule(state.step - state.skipped),
+        "lr": lr,
         "skipped": (~finite).astype(jnp.int32),
         "skipped_total": new_state.skipped,
         "reward_mean": jnp.mean(rewards),
@@ -187,6 +203,9 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "advantage_max": jnp.max(advantages),
         "admitted_fraction": stats["admitted"] / b,
         "kept_token_fraction": stats["n_keep"] / n_action,
+        "il_rows": stats["n_il_rows"],
+        # Fraction of imitation rows greedy decoding would reproduce (greedy_reproduced_rows); 0 without any.
+        "il_greedy_match": stats["n_il_greedy_rows"] / jnp.maximum(stats["n_il_rows"], 1.0),
         "kept_chunk_fraction": stats["n_kept_chunks"] / jnp.maximum(stats["n_chunks"], 1.0),
         "is_ratio_mean": stats["sum_is_ratio"] / n_keep,
         "is_ratio_max": stats["max_is_ratio"],
@@ -226,7 +245,7 @@ class TrainStep:
     `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
     """
 
-    def __init__(self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: optax.Schedule,
+    def __init__(self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: PhaseSchedule,
                  rules: Rules = DEFAULT_RULES):
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)

@@ -12,7 +12,8 @@ from rollout_fakes import ScriptedEngine, check_token_invariants, expert_script,
 
 from ipa_jax.envs import StepResult, Task, ToolCall, format_tool_call, make_env
 from ipa_jax.envs.lookup import LookupEnv
-from ipa_jax.rollout.agent import FINISH_REASONS, AgentConfig, ChatFormat, run_episode, run_episodes
+from ipa_jax.rollout.agent import (FINISH_REASONS, AgentConfig, ChatFormat, close_event_loop, run_episode,
+                                   run_episodes)
 from ipa_jax.tokenizer import build_tokenizer
 
 
@@ -258,3 +259,22 @@ def test_environment_can_end_the_episode_from_a_tool_step(chat):
 def test_no_generated_token_returns_none(chat):
     task = make_env("lookup").tasks("train", 1, 0)[0]
     assert run(run_episode(ScriptedEngine(chat, lambda p, i: []), chat, task)) is None
+
+
+def test_close_event_loop_cancels_what_is_left_on_it():
+    """An engine's background task on a private loop is cancelled (not 'destroyed but pending'); a loop with no
+    tasks closes too, while another loop is the thread's current one."""
+    loop = asyncio.new_event_loop()
+    background = loop.create_task(asyncio.sleep(3600))
+    loop.run_until_complete(asyncio.sleep(0))  # the task starts
+    close_event_loop(loop)
+    assert background.cancelled() and loop.is_closed()
+    current = asyncio.new_event_loop()
+    asyncio.set_event_loop(current)
+    try:
+        empty = asyncio.new_event_loop()
+        close_event_loop(empty)
+        assert empty.is_closed()
+    finally:
+        asyncio.set_event_loop(None)
+        current.close()

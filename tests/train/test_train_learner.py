@@ -12,7 +12,7 @@ from flax import nnx
 from train_helpers import MOE_ARCH, make_exp, synthetic_trajectories, tree_copy
 
 from ipa_jax.models import MeshConfig, Qwen3ForCausalLM, from_pretrained, make_mesh
-from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, read_metrics
+from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, make_schedule, read_metrics
 from ipa_jax.train.build import build_learner, model_config
 from ipa_jax.train.metrics import MetricsWriter, active_params_per_token, train_flops_per_token
 from ipa_jax.trajectory import write_jsonl
@@ -178,3 +178,40 @@ def test_export_hf_round_trip(offline_run, tmp_path):
     export_hf(state, str(tmp_path / "hf"))
     loaded = nnx.state(from_pretrained(str(tmp_path / "hf")), nnx.Param)
     jax.tree.map(np.testing.assert_array_equal, tree_copy(loaded), tree_copy(state.params))
+
+
+def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path):
+    """train.il_warmup_target: the warm start ends at the first step where the last il_warmup_window batches'
+    mean il_greedy_match reaches the target; RL keeps its steps - il_warmup_steps updates, from there."""
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, synthetic_trajectories(8, seed=3, expert_every=1))  # every row has 2 imitation tokens
+    warm, rl_steps, window = 40, 2, 2
+    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", f"train.il_warmup_steps={warm}",
+                   f"train.steps={warm + rl_steps}", "train.il_warmup_target=1.0", f"train.il_warmup_window={window}",
+                   "optimizer.il_lr=1e-2", "optimizer.warmup_steps=2", "checkpoint.every=0",
+                   "logging.tensorboard=False")
+    run_dir = str(tmp_path / "run")
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(),
+                            eval_fn=lambda state: {"success": 0.0})
+    state = learner.run()
+    start = learner.rl_start
+    assert 0 < start < warm, start  # memorising 16 token pairs takes a few steps, not 40
+    assert int(state.step) == start + rl_steps == learner.total_steps and int(state.rl_start) == start
+    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, start + rl_steps + 1))
+    match = [r["il_greedy_match"] for r in rows[:start]]
+    assert np.mean(match[-window:]) >= 1.0
+    assert all(np.mean(match[i - window:i]) < 1.0 for i in range(window, start))  # not reached earlier
+    assert [r["rl_start"] for r in rows] == [warm] * (start - 1) + [start] * (rl_steps + 1)
+    assert [e["step"] for e in learner.eval_history] == [0, start, start + rl_steps]
+    # IL-only updates before rl_start, the RL objective after; the learning rate follows the moved boundary.
+    assert all(r["loss"] == pytest.approx(r["il_loss"], rel=1e-6) for r in rows[:start])
+    assert all(r["loss"] == pytest.approx(r["rl_loss"], rel=1e-6) for r in rows[start:])
+    schedule = make_schedule(exp.optimizer, exp.train.steps, warm)
+    lrs = [float(schedule(r["step"] - 1, start)) for r in rows]
+    assert [r["lr"] for r in rows] == pytest.approx(lrs, rel=1e-6)
+    assert lrs[start] == 0.0 and lrs[start - 1] == pytest.approx(1e-2)  # RL's own warmup restarts from 0
+    # The boundary is part of the checkpoint: a resumed learner knows where RL started and where it ends.
+    again = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2())
+    assert again.restore_latest() == start + rl_steps
+    assert again.rl_start == start and again.total_steps == start + rl_steps

@@ -4,13 +4,16 @@ and the optimizer schedule against its formula."""
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from train_helpers import MOE_ARCH, make_batch, make_exp, max_rel_diff, tree_copy
 
 from ipa_jax.models import MeshConfig, make_mesh
 from ipa_jax.train.build import build_state, build_steps
-from ipa_jax.train.optimizer import OptimizerConfig, make_schedule
+from ipa_jax.train.step import greedy_reproduced_rows
+from ipa_jax.train.optimizer import OptimizerConfig, apply_direction, make_optimizer, make_schedule
 
 
 def _copy_state(state):
@@ -133,9 +136,46 @@ def test_schedule_with_il_warm_start_has_two_phases():
     for step in (0, 2, 4, 20, 39, 40, 42, 44, 70, 99):
         expected = phase(3e-3, 0, 40, step) if step < 40 else phase(1e-4, 40, 60, step)
         assert math.isclose(float(fn(step)), expected, rel_tol=1e-5, abs_tol=1e-12), step
+    # The warm start ended early (train.il_warmup_target) at step 25: RL's phase starts there, 60 steps long.
+    for step in (0, 24, 25, 27, 29, 50, 84):
+        expected = phase(3e-3, 0, 40, step) if step < 25 else phase(1e-4, 25, 60, step)
+        assert math.isclose(float(fn(step, 25)), expected, rel_tol=1e-5, abs_tol=1e-12), step
     assert float(make_schedule(OptimizerConfig(lr=1e-4), 10, 10)(5)) > 0  # warm start only: il_lr 0 means lr
     with pytest.raises(ValueError, match="il_warmup_steps"):
         make_schedule(cfg, 10, 11)
+
+
+def test_optimizer_direction_times_lr_is_adamw():
+    """make_optimizer + apply_direction (the run-time learning rate) == optax.adamw with clipping and the mask."""
+    cfg = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_norm=0.5, b1=0.8, b2=0.95, eps=1e-6)
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32), "b": jnp.asarray(rng.normal(size=3), jnp.float32)}
+    reference = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(
+        1e-2, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
+    ours = make_optimizer(cfg)
+    p_ref, s_ref, p_ours, s_ours = params, reference.init(params), params, ours.init(params)
+    for _ in range(3):
+        grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+        updates, s_ref = reference.update(grads, s_ref, p_ref)
+        p_ref = optax.apply_updates(p_ref, updates)
+        direction, s_ours = ours.update(grads, s_ours, p_ours)
+        p_ours = apply_direction(p_ours, direction, jnp.float32(1e-2))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_ours, p_ref)
+    assert max_rel_diff(p_ours, params) > 1e-3
+
+
+def test_greedy_reproduced_rows_matches_reference():
+    """A row counts when it has expert tokens and each has probability > 1/2 (reference: plain float64 NumPy)."""
+    rng = np.random.default_rng(0)
+    b, t = 64, 12
+    probs = rng.choice([0.2, 0.49, 0.51, 0.9, 1.0], size=(b, t), p=[0.1, 0.05, 0.05, 0.3, 0.5])
+    expert = rng.random((b, t)) < 0.3
+    expert[:4] = False  # rows without imitation tokens never count
+    expected = np.array([row_e.any() and all(p > 0.5 for p, e in zip(row_p, row_e) if e)
+                         for row_p, row_e in zip(probs.astype(np.float64), expert)])
+    got = np.asarray(greedy_reproduced_rows(jnp.log(jnp.asarray(probs, jnp.float32)), jnp.asarray(expert)))
+    assert 0 < expected.sum() < b - 4
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_optimizer_config_names_bad_field():
