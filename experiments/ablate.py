@@ -103,6 +103,7 @@ def run_overrides(run_dir: str, seed: int, steps: int | None) -> dict[str, Any]:
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A resolved config as {dotted key: value} (model.arch and env.kwargs stay whole dicts)."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and key not in ("arch", "kwargs"):

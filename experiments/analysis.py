@@ -99,12 +99,14 @@ def load_run_config(run_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def rl_start_step(run_dir: str) -> int:
+def rl_start_step(run_dir: str, rows: Sequence[dict[str, Any]] | None = None) -> int:
     """The step where RL updates start (steps 1..start are IL-only updates on expert episodes, whose reward and
     admitted fraction say nothing about the policy): the last `rl_start` in metrics.jsonl (the warm start may
-    end early on train.il_warmup_target), else train.il_warmup_steps of the run's config.json."""
-    has_metrics = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
-    logged = [r["rl_start"] for r in load_metrics(run_dir) if "rl_start" in r] if has_metrics else []
+    end early on train.il_warmup_target), else train.il_warmup_steps of the run's config.json. `rows`: the
+    run's metrics if already loaded."""
+    if rows is None:
+        rows = load_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+    logged = [r["rl_start"] for r in rows if "rl_start" in r]
     return int(logged[-1]) if logged else int(load_run_config(run_dir)["train"]["il_warmup_steps"])
 
 
@@ -233,7 +235,8 @@ def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
     curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps (counted from the end
     of the warm start, whose length depends on the seed) to held-out success >= threshold; wall_time_s (summary.json);
     admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged)."""
-    summary, rows, start = load_summary(run_dir), load_metrics(run_dir), rl_start_step(run_dir)
+    summary, rows = load_summary(run_dir), load_metrics(run_dir)
+    start = rl_start_step(run_dir, rows)
     steps, success = series(rows, EVAL_SUCCESS)
     rl = steps >= start
     admitted_steps, admitted = series(rows, "admitted_fraction")
@@ -376,8 +379,9 @@ def plot_band(ax, runs: dict[str, list[str]], key: str, *, window: int = 1, ylab
     for i, (name, run_dirs) in enumerate(runs.items()):
         curves = []
         for d in run_dirs:
-            steps, vals = series(load_metrics(d), key)
-            start = rl_start_step(d)
+            rows = load_metrics(d)
+            steps, vals = series(rows, key)
+            start = rl_start_step(d, rows)
             keep = steps >= start if include_rl_start else steps > start
             steps, vals = steps[keep] - start, vals[keep]
             curves.append((steps, smooth(vals, window) if len(vals) else vals))

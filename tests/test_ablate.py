@@ -107,17 +107,7 @@ def _flat_resolved(name: str) -> dict:
     """The resolved config (objective preset expanded) of configs/ablations/<name>.py as {dotted key: value}."""
     config = load_config(os.path.join(ROOT, "configs", "ablations", f"{name}.py"))
     validate(config)
-    out = {}
-
-    def walk(tree, prefix):
-        for key, value in tree.items():
-            if isinstance(value, dict) and key not in ("arch", "kwargs"):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[prefix + key] = value
-
-    walk(resolved_dict(config), "")
-    return out
+    return ablate._flatten(resolved_dict(config))
 
 
 def test_every_ablation_config_changes_one_thing():
