@@ -15,7 +15,8 @@ imitation target (expert_mask). They have no action token (pure imitation rows: 
 
 Run folder (CONTRACTS.md "Run folder layout"): tokenizer/ (when built), samples/step_<8 digits>.jsonl,
 trajectories/train.jsonl (every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished
-ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight sync), summary.json.
+ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight sync), summary.json, and with
+resampling forks.json (success per expert anchor and crucial forks per task, `Resampler.fork_report`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.envs import Env, Task, make_env
 from ipa_jax.models import save_pretrained
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
-from ipa_jax.rollout.agent import IM_END, TokenRow, replay_prefill
+from ipa_jax.rollout.agent import expert_episode
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.train.metrics import read_metrics
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED = 0  # the held-out set is the same for every run (comparable across seeds and configs)
 SAMPLES_PER_SPLIT = 4  # episodes of each split written to samples/step_*.jsonl
-RESAMPLE_TASKS_PER_ROUND_MULTIPLE = 8  # resampling cycles over 8 * tasks_per_round training tasks
 WAIT_POLL_S = 1.0  # the learner re-checks the rollout worker's health this often while waiting
 
 
@@ -76,33 +76,8 @@ def load_or_build_tokenizer(exp, run_dir: str):
 
 # ---------------------------------------------------------------------------------------------- experts
 def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Trajectory:
-    """The scripted expert's episode of `task` as a Trajectory: its assistant turns expert-masked (the IL
-    targets, the final answer's `<|im_end|>` included), observations as template differences; no action token."""
-    messages = env.expert(task)
-    initial = task.initial_messages()
-    turns, answer = messages[len(initial):-1], messages[-1]
-    if answer.get("role") != "assistant" or answer.get("tool_calls"):
-        raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
-    env.reset(task)
-    history = list(initial)
-    row = TokenRow()
-    row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
-    replay_prefill(env, task, chat, turns, row, history)
-    # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).
-    prefix = chat.render(history, task.tools, add_generation_prompt=True)
-    full = chat.render(history + [answer], task.tools)
-    body = chat.encode(full[len(prefix): full.rindex(IM_END) + len(IM_END)])
-    row.extend(body, expert=True)
-    reward = env.final_answer(answer["content"])
-    n = len(row.tokens)
-    return Trajectory(
-        uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
-        behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
-        expert_mask=np.asarray(row.expert, bool), reward=float(reward), policy_version=0,
-        chunk_versions=np.zeros(0, np.int32), routed_experts=None,
-        info={"task_id": task.task_id, "env": task.env, "finish_reason": "answer", "expert": True,
-              "num_turns": len(turns) // 2 + 1, "num_tool_calls": env.num_tool_calls,
-              "num_tool_errors": env.num_tool_errors, "generated_tokens": 0, "split": "train", "length": n})
+    """The scripted expert's episode of `task` (`env.expert`) as a pure imitation row (`expert_episode`)."""
+    return expert_episode(task, env.expert(task), env, chat, uid, info={"split": "train"})
 
 
 class ExpertStream:
@@ -217,8 +192,7 @@ class OnlineSource:
                                          vocab_size=int(exp.model.arch["vocab_size"]) if not exp.model.path else None)
             self.train_tasks = env.task_stream("train", seed=t.seed)
         else:
-            n = RESAMPLE_TASKS_PER_ROUND_MULTIPLE * exp.resample.tasks_per_round
-            tasks = env.tasks("train", n, seed=t.seed)
+            tasks = env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=t.seed)
             self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
                                            self.engines.rollout, self.chat, self.agent, concurrency=r.concurrency)
         self.step = 0
@@ -359,7 +333,8 @@ class OnlineSource:
         return out
 
     def close(self) -> None:
-        """Stop the rollouts; finished trajectories not consumed go to trajectories/unconsumed.jsonl."""
+        """Stop the rollouts; finished trajectories not consumed go to trajectories/unconsumed.jsonl; the
+        resampler's fork report to forks.json."""
         if self.closed:
             return
         self.closed = True
@@ -374,6 +349,9 @@ class OnlineSource:
         if left:
             _append_jsonl(os.path.join(self.run_dir, "trajectories", "unconsumed.jsonl"), left)
         if self.resample is not None:
+            if jax.process_index() == 0:
+                with open(os.path.join(self.run_dir, "forks.json"), "w", encoding="utf-8") as f:
+                    json.dump(self.resample.resampler.fork_report(), f, indent=1)
             self.resample.close()
         self.engines.close()
 

@@ -4,6 +4,7 @@ embedded engine and by the SGLang client over real HTTP (dev server), Ctrl-C, an
 Every run shares one tiny MoE shape (vocab 640 for the built tokenizer, hidden 32, 2 layers), batch 8 over the
 8 fake CPU devices, so compiled steps and engine functions are reused within the module."""
 
+import collections
 import json
 import os
 
@@ -162,6 +163,14 @@ def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(tmp_
     assert [r for r in rows if "loss" in r][0]["il_loss"] > 0 and os.path.isdir(run_dir / "checkpoints" / "4")
     assert os.path.exists(run_dir / "tokenizer" / "tokenizer_config.json")
     assert os.path.exists(run_dir / "hf" / "model.safetensors")  # where configs/resample_*.py start from
+    # experiments/forks.py on the exported policy: every anchor 0..K of each task, `samples` episodes each.
+    from experiments.forks import probe_policy
+
+    exp = to_typed(tiny_config(run_dir))
+    estimates = probe_policy(exp, str(run_dir / "hf"), tokenizer=str(run_dir / "tokenizer"), num_tasks=2, samples=3)
+    assert [e.task_id for e in estimates] == [t.task_id for t in make_env("calculator", **dict(exp.env.kwargs))
+                                              .tasks("eval", 2, seed=0)]
+    assert all(e.anchors == (0, 1, 2) and e.samples == (3, 3, 3) for e in estimates)  # two calls, then the answer
     samples = read_jsonl(str(run_dir / "samples" / "step_00000004.jsonl"))
     assert {t.info["split"] for t in samples} == {"train", "eval"}
     assert all("messages" in t.info for t in samples if t.info["split"] == "eval")
@@ -171,13 +180,27 @@ def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
     run_dir = tmp_path / "run"
     run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 1, "train.il_warmup_steps": 0,
                                 "resample.mode": "rollback", "resample.tasks_per_round": 2,
-                                "resample.samples_per_anchor": 4}))
+                                "resample.samples_per_anchor": 4, "resample.num_tasks": 5}))
     consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
     # Rollback starts every task at its last chunk: the expert's tool-call turns are the (unmasked) prefix.
     assert len(consumed) == 8 and all(t.info["resample"]["anchor"] == t.info["resample"]["num_expert_chunks"] > 0
                                       for t in consumed)
     rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
     assert any(k.startswith("source/resample_") for k in rows[0])
+    # forks.json: per task, the outcomes seen at each anchor (here the consumed episodes at the last anchor).
+    with open(run_dir / "forks.json") as f:
+        report = json.load(f)
+    sampled = {e["task_id"]: e for e in report["tasks"] if e["anchors"]}
+    by_task = collections.defaultdict(list)
+    for t in consumed:
+        by_task[t.info["resample"]["task_id"]].append(t)
+    assert sampled.keys() == by_task.keys()
+    for task_id, trajs in by_task.items():
+        assert sampled[task_id]["anchors"] == [trajs[0].info["resample"]["anchor"]]
+        assert sampled[task_id]["samples"] == [len(trajs)]
+        assert sampled[task_id]["successes"] == [sum(t.reward >= 1.0 for t in trajs)]
+    assert [row["tasks"] for row in report["anchors"]] == [len(by_task)]
+    assert len(report["tasks"]) == 5  # resample.num_tasks: the pool of training tasks cycled over
 
 
 def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):

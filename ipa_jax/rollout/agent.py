@@ -177,6 +177,38 @@ def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[st
     return turns
 
 
+def expert_episode(task: Task, messages: list[dict[str, Any]], env: Env, chat: ChatFormat, uid: str,
+                   info: dict[str, Any] | None = None) -> Trajectory:
+    """An expert's whole conversation (`messages`: the task's initial messages, assistant tool-call turns each
+    with its tool responses, the final answer) as a Trajectory: every assistant turn expert-masked (the IL
+    targets, the final answer's `<|im_end|>` included), observations as template differences, no action token
+    (a pure imitation row). The calls are replayed in `env`; the reward is the answer's score. `info` entries
+    are added to the trajectory's info."""
+    initial = task.initial_messages()
+    turns, answer = messages[len(initial):-1], messages[-1]
+    if answer.get("role") != "assistant" or answer.get("tool_calls"):
+        raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
+    env.reset(task)
+    history = list(initial)
+    row = TokenRow()
+    row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
+    replay_prefill(env, task, chat, turns, row, history)
+    # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).
+    prefix = chat.render(history, task.tools, add_generation_prompt=True)
+    full = chat.render(history + [answer], task.tools)
+    row.extend(chat.encode(full[len(prefix): full.rindex(IM_END) + len(IM_END)]), expert=True)
+    reward = env.final_answer(answer["content"])
+    return Trajectory(
+        uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
+        behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
+        expert_mask=np.asarray(row.expert, bool), reward=float(reward), policy_version=0,
+        chunk_versions=np.zeros(0, np.int32), routed_experts=None,
+        info={"task_id": task.task_id, "env": task.env, "finish_reason": "answer", "expert": True,
+              "num_turns": len(turns) // 2 + 1, "num_tool_calls": env.num_tool_calls,
+              "num_tool_errors": env.num_tool_errors, "generated_tokens": 0, "length": len(row.tokens),
+              **(info or {})})
+
+
 async def run_episode(
     engine: Engine,
     chat: ChatFormat,

@@ -15,10 +15,14 @@ state) is pure Python; `resample_round` / `ResampleSource` do the asynchronous s
 
 Batch semantics (`Resampler.finalize`): the expert prefix of an anchored rollout is plain context (its
 expert_mask is cleared) unless it carries the imitation fallback. When every sample of a task at anchor a
-fails, its fork f is the first later anchor whose success rate exceeds a's by `fork_jump` (else K); the
-rollouts at f (those of this round, or `il_samples` new ones) keep expert_mask on their prefix, so the
-expert's chunks up to and including the fork chunk f-1 become NLL targets (ObjectiveConfig.il_weight
-against rl_weight). A carrier also has sampled actions of its own (its tail), so one row trains both terms.
+fails, its fork f is the first later anchor whose success rate exceeds a's by `fork_jump`; the rollouts at f
+(those of this round, or `il_samples` new ones) keep expert_mask on their prefix, so the expert's chunks up
+to and including the fork chunk f-1 become NLL targets (ObjectiveConfig.il_weight against rl_weight). A
+carrier also has sampled actions of its own (its tail), so one row trains both terms. When no later anchor
+does better, the failing decision may be any later one, the final answer included: f = K + 1, and the
+carrier is the expert's whole episode with its answer (an imitation row without sampled tail). (Imitating
+only the K calls there would never teach the answer: measured on the hard task, 200 updates learned the three
+calls but not to answer after them.)
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import numpy as np
 
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
-from ipa_jax.rollout.agent import (IM_END, AgentConfig, ChatFormat, TokenRow, close_event_loop, replay_prefill,
-                                   run_episode)
+from ipa_jax.rollout.agent import (IM_END, AgentConfig, ChatFormat, TokenRow, close_event_loop, expert_episode,
+                                   replay_prefill, run_episode)
 from ipa_jax.trajectory import Trajectory
 
 MODES = ("none", "rollback", "parallel")
@@ -70,6 +74,9 @@ class ResampleConfig:
     experts: "scripted" (each training task's scripted expert, `env.expert(task)`) or a JSONL path of expert
       trajectories (chat or Trajectory format, see `load_experts`).
     tasks_per_round: tasks sampled per round by `ResampleSource`.
+    num_tasks: the training tasks (each with its expert) the online source cycles over, tasks_per_round per
+      round; 0 = 8 * tasks_per_round. Fewer tasks: more visits per task (rollback moves need `window`
+      outcomes at a task's anchor); more tasks: more varied data.
     """
 
     mode: str = "none"
@@ -85,6 +92,7 @@ class ResampleConfig:
     success_reward: float = 1.0
     experts: str = "scripted"
     tasks_per_round: int = 4
+    num_tasks: int = 0
 
     def __post_init__(self) -> None:
         def bad(field: str, problem: str) -> ValueError:
@@ -109,6 +117,10 @@ class ResampleConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(field, f"must be an int >= 1, got {value!r}")
+        if isinstance(self.num_tasks, bool) or not isinstance(self.num_tasks, int) or \
+                not (self.num_tasks == 0 or self.num_tasks >= self.tasks_per_round):
+            raise bad("num_tasks", f"must be 0 (8 * tasks_per_round) or an int >= tasks_per_round="
+                                   f"{self.tasks_per_round}, got {self.num_tasks!r}")
         if isinstance(self.select_top, bool) or not isinstance(self.select_top, int) or self.select_top < 0:
             raise bad("select_top", f"must be an int >= 0 (0 = all anchors), got {self.select_top!r}")
         for field in ("threshold", "fork_jump"):
@@ -156,6 +168,11 @@ class ExpertTrajectory:
     @property
     def task_id(self) -> str:
         return self.task.task_id
+
+    @property
+    def has_answer(self) -> bool:
+        """Whether the conversation ends with a final answer (after the K chunks)."""
+        return len(self.messages) > (self.chunk_ends[-1] if self.chunk_ends else 0)
 
     def prefill(self, anchor: int) -> list[dict[str, Any]]:
         """The messages of the first `anchor` chunks (run_episode's prefill for anchor j)."""
@@ -367,6 +384,21 @@ async def run_anchored(engine: Engine, chat: ChatFormat, expert: ExpertTrajector
     return traj
 
 
+def whole_expert_episode(expert: ExpertTrajectory, chat: ChatFormat, env: Env | None = None) -> Trajectory:
+    """The expert's whole episode, final answer included, as an imitation row (`expert_episode`: every expert
+    turn expert-masked, no action token); info["resample"] as run_anchored's with anchor K + 1."""
+    if not expert.has_answer:
+        raise ValueError(f"expert {expert.uid!r} has no final answer: its whole episode is anchor K's prefix")
+    task = expert.task
+    K = expert.num_chunks
+    messages = task.initial_messages() + [dict(m) for m in expert.messages]
+    return expert_episode(task, messages, env if env is not None else make_env(task.env), chat,
+                          uid=f"{task.task_id}@{K + 1}#{uuid.uuid4().hex[:12]}",
+                          info={"task_id": f"{task.task_id}@{K + 1}",
+                                "resample": {"task_id": task.task_id, "anchor": K + 1, "num_expert_chunks": K,
+                                             "expert_uid": expert.uid, "il_target": True}})
+
+
 # ---- fork estimation ----------------------------------------------------------------------------------
 
 
@@ -405,6 +437,18 @@ def estimate_forks(task_id: str, counts: Mapping[int, tuple[int, int]], fork_jum
     forks = tuple(a for a, d in zip(anchors, jumps) if d >= fork_jump - eps)
     crucial = max(forks, key=lambda a: (jumps[anchors.index(a)], -a)) if forks else None
     return ForkEstimate(task_id, anchors, succ, n, rates, jumps, forks, crucial)
+
+
+def forks_by_anchor(estimates: Sequence[ForkEstimate]) -> list[dict[str, Any]]:
+    """Per anchor (ascending): the tasks estimated there, their mean success rate, and how many tasks have
+    their crucial fork there."""
+    anchors = sorted({a for e in estimates for a in e.anchors})
+    out = []
+    for a in anchors:
+        rates = [e.rates[e.anchors.index(a)] for e in estimates if a in e.anchors]
+        out.append({"anchor": a, "tasks": len(rates), "success": float(np.mean(rates)),
+                    "crucial_forks": sum(e.crucial_fork == a for e in estimates)})
+    return out
 
 
 async def probe_forks(engine: Engine, chat: ChatFormat, experts: Sequence[ExpertTrajectory], samples: int,
@@ -557,28 +601,32 @@ class Resampler:
         counts = {a: (sum(seen), len(seen)) for a, seen in self._outcomes[task_id].items()}
         return estimate_forks(task_id, counts, self.config.fork_jump)
 
-    def fork_report(self) -> list[dict[str, Any]]:
-        """ForkEstimate.to_dict() of every task (JSON), e.g. for the run folder."""
-        return [self.fork_estimate(t).to_dict() for t in self.experts]
+    def fork_report(self) -> dict[str, Any]:
+        """JSON for the run folder's forks.json: {"anchors": forks_by_anchor(...), "tasks": [ForkEstimate dicts]}
+        from the recent outcomes of every task."""
+        estimates = [self.fork_estimate(t) for t in self.experts]
+        return {"anchors": forks_by_anchor(estimates), "tasks": [e.to_dict() for e in estimates]}
 
     def il_anchor(self, task_id: str, anchor: int) -> int:
         """The fork after a failing anchor: the first later anchor whose recent success rate exceeds the
-        rate at `anchor` by >= fork_jump; K (the whole expert) if none does. Its prefix (the expert's chunks
-        up to and including the fork chunk) is the imitation target."""
-        K = self.expert(task_id).num_chunks
+        rate at `anchor` by >= fork_jump; its prefix (the expert's chunks up to and including the fork chunk)
+        is the imitation target. If none does, what fails may be any later decision, the final answer
+        included: K + 1, the whole expert episode (K when the expert has no final answer)."""
+        expert = self.expert(task_id)
+        K = expert.num_chunks
         base = self.success_rate(task_id, anchor) or 0.0
         for b in range(anchor + 1, K + 1):
             rate = self.success_rate(task_id, b)
             if rate is not None and rate - base >= self.config.fork_jump - 1e-9:
                 return b
-        return K
+        return K + 1 if expert.has_answer else K
 
     def il_targets(self, results: Sequence[tuple[Planned, float]]) -> tuple[set[tuple[str, int]], list[Planned]]:
         """The imitation fallback for one round's outcomes [(planned, reward)]. For each group (task, a) whose
-        samples all failed, its fork f = il_anchor(task, a) (f = a only when a = K). Returns the forks
-        (task, f) sampled this round, whose trajectories keep their expert prefix as IL targets, and
-        `il_samples` new carrier episodes for each fork not sampled this round. Nothing when the fallback
-        is off."""
+        samples all failed, its fork f = il_anchor(task, a). Returns the forks (task, f) sampled this round,
+        whose trajectories keep their expert prefix as IL targets, and carriers for the others: `il_samples`
+        new episodes at f, or for f = K + 1 the whole expert episode once (nothing left to sample). Nothing
+        when the fallback is off."""
         if not self.config.il_fallback:
             return set(), []
         solved: dict[tuple[str, int], bool] = {}
@@ -593,8 +641,12 @@ class Resampler:
         forks = {(t, f) for t, f in forks if f > 0}  # anchor 0 has no expert prefix to imitate
         sampled = forks & solved.keys()
         carriers = [Planned(t, f, il_target=True) for t, f in sorted(forks - sampled)
-                    for _ in range(self.config.il_samples)]
+                    for _ in range(1 if self.is_whole_expert(t, f) else self.config.il_samples)]
         return sampled, carriers
+
+    def is_whole_expert(self, task_id: str, anchor: int) -> bool:
+        """Anchor K + 1: the expert's whole episode, its final answer included (an IL row, nothing sampled)."""
+        return anchor == self.expert(task_id).num_chunks + 1
 
     def finalize(self, results: Sequence[tuple[Planned, Trajectory]],
                  il_groups: set[tuple[str, int]] = frozenset()) -> list[Trajectory]:
@@ -669,28 +721,37 @@ async def resample_round(resampler: Resampler, engine: Engine, chat: ChatFormat,
                          config: AgentConfig = AgentConfig(), *, concurrency: int = 8,
                          env_factory: Callable[[Task], Env] | None = None) -> list[Trajectory]:
     """One round: plan -> sample concurrently -> record outcomes (in plan order) -> IL targets where a
-    group failed (carriers sampled at forks this round did not visit) -> finalize masks. Aborted
-    episodes are dropped (and not recorded)."""
+    group failed (carriers sampled at forks this round did not visit) -> finalize masks. Returned task by
+    task (in `task_ids` order; within a task, planned episodes then carriers). Aborted episodes are dropped
+    (and not recorded)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     sem = asyncio.Semaphore(concurrency)
 
     async def one(p: Planned) -> Trajectory | None:
+        expert = resampler.expert(p.task_id)
+        env = env_factory(expert.task) if env_factory is not None else make_env(expert.task.env)
+        if resampler.is_whole_expert(p.task_id, p.anchor):
+            return whole_expert_episode(expert, chat, env)
         async with sem:
-            expert = resampler.expert(p.task_id)
-            env = env_factory(expert.task) if env_factory is not None else None
             return await run_anchored(engine, chat, expert, p.anchor, config, env=env)
 
     async def sample(plan: list[Planned]) -> list[tuple[Planned, Trajectory]]:
         trajs = await asyncio.gather(*(one(p) for p in plan))
         done = [(p, t) for p, t in zip(plan, trajs) if t is not None]
         for p, t in done:
-            resampler.record(p.task_id, p.anchor, t.reward)
+            if not resampler.is_whole_expert(p.task_id, p.anchor):  # the policy's own outcomes only
+                resampler.record(p.task_id, p.anchor, t.reward)
         return done
 
     results = await sample(resampler.plan(task_ids))
     il_groups, carriers = resampler.il_targets([(p, t.reward) for p, t in results])
     results += await sample(carriers)
+    # Task-major order (a task's carriers right after its own episodes): a round longer than a batch then
+    # splits into batches that each carry imitation rows, instead of a batch of failures (no gradient without
+    # a baseline) followed by one of carriers.
+    order = {t: i for i, t in enumerate(task_ids)}
+    results.sort(key=lambda pt: order[pt[0].task_id])
     return resampler.finalize(results, il_groups)
 
 

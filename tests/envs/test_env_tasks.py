@@ -117,6 +117,15 @@ def test_calculator_tool_errors():
     assert env.step(ToolCall("calc", {"a": 6, "op": "*", "b": 7})) == StepResult("42")
 
 
+@pytest.mark.parametrize("ops", [1, 2, 3, 4])
+def test_calculator_prompt_evaluates_to_the_answer(ops):
+    env = make_env("calculator", ops=ops)
+    for task in env.tasks("train", 20, 0):
+        expr = task.prompt.removeprefix("Compute ").removesuffix(".")
+        assert str(eval(expr)) == task.answer, task.prompt  # Python's arithmetic, independent of the env
+        assert expr.count("(") == ops - 1 and len(task.data["ops"]) == ops
+
+
 def test_reset_rejects_a_task_of_another_env():
     with pytest.raises(ValueError, match="task.env"):
         make_env("lookup").reset(make_env("calculator").tasks("train", 1, 0)[0])

@@ -129,7 +129,8 @@ def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_othe
     (dict(samples_per_anchor=0), "samples_per_anchor"), (dict(window=0), "window"), (dict(threshold=0.0), "threshold"),
     (dict(fork_jump=1.5), "fork_jump"), (dict(weighting="softmax"), "weighting"), (dict(select_top=-1), "select_top"),
     (dict(il_fallback=1), "il_fallback"), (dict(success_reward=float("nan")), "success_reward"),
-    (dict(experts=""), "experts"), (dict(tasks_per_round=0), "tasks_per_round"),
+    (dict(experts=""), "experts"), (dict(tasks_per_round=0), "tasks_per_round"), (dict(num_tasks=3), "num_tasks"),
+    (dict(num_tasks=-1), "num_tasks"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"ResampleConfig.{field}"):
@@ -303,8 +304,14 @@ def test_parallel_resampler_finds_fork_and_allocates(chat, tasks, experts):
         batch = run(resample_round(res, engine, chat, [tid], concurrency=4))
         assert len(batch) == 3 * (K + 1) and not any(t.expert_mask.any() for t in batch)
     assert res.fork_estimate(tid).crucial_fork == 2
-    (report,) = json.loads(json.dumps(res.fork_report()))
-    assert report["task_id"] == tid and report["crucial_fork"] == 2 and report["samples"] == [12] * (K + 1)
+    report = json.loads(json.dumps(res.fork_report()))
+    (task_report,) = report["tasks"]
+    assert task_report["task_id"] == tid and task_report["crucial_fork"] == 2
+    assert task_report["samples"] == [12] * (K + 1)
+    by_anchor = report["anchors"]
+    assert [row["anchor"] for row in by_anchor] == list(range(K + 1))
+    assert [row["success"] for row in by_anchor] == task_report["rates"]
+    assert [row["crucial_forks"] for row in by_anchor] == [int(a == 2) for a in range(K + 1)]
     # Variance weighting moves the budget to anchors with mixed outcomes: all-fail (anchors 0, 1) and
     # all-success anchors get the least; the budget is kept.
     var = Resampler(dataclasses.replace(cfg, weighting="variance"), experts[:1])
@@ -460,20 +467,37 @@ def test_rollback_with_il_fallback_end_to_end(chat, tasks, experts):
 
 def test_il_fallback_from_start_and_at_last_anchor(chat, tasks, experts):
     tid = tasks[0].task_id
-    # Plain RL ("none") and a policy that never answers right: the carrier is the whole expert (anchor K).
+    # Plain RL ("none") and a policy that never answers right: no anchor does better, so the carrier is the
+    # expert's whole episode, its final answer included (anchor K + 1: an imitation row, nothing sampled).
     res = Resampler(ResampleConfig(mode="none", samples_per_anchor=2, il_fallback=True), experts[:1])
     fail_last = ScriptedEngine(chat, forking_script(chat, tasks, K, 1.0, 0.0))
     batch = run(resample_round(res, fail_last, chat, [tid]))
-    assert [t.info["resample"]["anchor"] for t in batch] == [0, 0, K]
+    assert [t.info["resample"]["anchor"] for t in batch] == [0, 0, K + 1]
     assert [t.info["resample"]["il_target"] for t in batch] == [False, False, True]
-    replay = replay_expert(experts[0], chat)
-    assert batch[2].expert_mask.sum() == sum(b - a for a, b in replay.chunk_spans)
-    # Rollback at anchor K with every sample failing: no later fork exists, so the failed samples themselves
-    # carry the K expert chunks.
+    whole = batch[2]
+    conversation = tasks[0].initial_messages() + list(experts[0].messages)
+    assert whole.tokens.tolist() == chat.encode(chat.render(conversation, tasks[0].tools).rstrip("\n"))
+    assert not whole.action_mask.any() and whole.reward == 1.0 and whole.info["task_id"] == f"{tid}@{K + 1}"
+    targets = chat.decode(whole.tokens[whole.expert_mask].tolist())
+    assert targets.count("<|im_end|>") == K + 1 and targets.endswith(tasks[0].answer + "<|im_end|>")
+    assert res.metrics()["resample/episodes"] == 2  # the expert's row is not an outcome of the policy
+    # An expert without a final answer: the fallback imitates its K chunks (anchor K's prefix).
+    no_answer = expert_from_messages(conversation[:-1], tasks[0])
+    assert not no_answer.has_answer and experts[0].has_answer
+    assert Resampler(ResampleConfig(mode="none", il_fallback=True), [no_answer]).il_anchor(tid, 0) == K
+    # Two tasks: each task's carrier follows its own episodes (a batch of the first half carries IL rows).
+    res = Resampler(ResampleConfig(mode="none", samples_per_anchor=2, il_fallback=True), experts[:2])
+    batch = run(resample_round(res, fail_last, chat, [experts[1].task_id, experts[0].task_id]))
+    assert [(t.info["resample"]["task_id"], t.info["resample"]["anchor"]) for t in batch] == \
+        [(experts[1].task_id, 0)] * 2 + [(experts[1].task_id, K + 1)] + [(experts[0].task_id, 0)] * 2 + \
+        [(experts[0].task_id, K + 1)]
+    # Rollback at anchor K with every sample failing (the answer is what fails): the failed samples stay plain
+    # context and the whole expert episode is imitated.
     res = Resampler(ResampleConfig(mode="rollback", samples_per_anchor=2, il_fallback=True), experts[:1])
     batch = run(resample_round(res, fail_last, chat, [tid]))
-    assert len(batch) == 2 and all(t.info["resample"]["il_target"] for t in batch)
-    assert all(t.expert_mask.sum() == sum(b - a for a, b in replay.chunk_spans) for t in batch)
+    assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == \
+        [(K, False), (K, False), (K + 1, True)]
+    assert not batch[0].expert_mask.any() and batch[2].tokens.tolist() == whole.tokens.tolist()
 
 
 def test_resample_source_feeds_the_learner_and_checkpoints(chat, tasks, experts):
@@ -516,8 +540,10 @@ def test_embedded_engine_anchored_batch_logprobs_and_il_term(chat, tasks, expert
     batch = run(resample_round(res, engine, chat, [e.task_id for e in experts[:2]],
                                AgentConfig(max_new_tokens=8, max_context=512), concurrency=8))
     assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == \
-        [(0, False), (2, False), (K, True)] * 2  # nothing solved: the fork is K, sampled: no extra carrier
+        [(0, False), (2, False), (K, False), (K + 1, True)] * 2  # nothing solved: the whole expert is imitated
     for traj in batch:
+        if traj.info["resample"]["anchor"] > K:
+            continue
         e = res.expert(traj.info["resample"]["task_id"])
         replay = replay_expert(e, chat)
         P = replay.prefix_lengths[traj.info["resample"]["anchor"]]
@@ -529,6 +555,11 @@ def test_embedded_engine_anchored_batch_logprobs_and_il_term(chat, tasks, expert
     lp = np.asarray(lp)
     np.testing.assert_allclose(lp[padded.action_mask], padded.behavior_logprobs[padded.action_mask], atol=2e-4)
     num, den = imitation_term(jnp.asarray(lp), jnp.asarray(padded.expert_mask))
-    n_expert = 2 * sum(b - a for a, b in replay_expert(experts[0], chat).chunk_spans)
+    # Expert tokens: each whole-expert row's K chunks plus its answer (what follows anchor K's prefix).
+    n_expert = 0
+    for e in experts[:2]:
+        replay = replay_expert(e, chat)
+        full = chat.encode(chat.render(e.task.initial_messages() + list(e.messages), e.task.tools).rstrip("\n"))
+        n_expert += sum(b - a for a, b in replay.chunk_spans) + len(full) - replay.prefix_lengths[-1]
     assert float(den) == n_expert == padded.expert_mask.sum()
     np.testing.assert_allclose(float(num), -lp[padded.expert_mask].astype(np.float64).sum(), rtol=1e-5)
