@@ -34,7 +34,13 @@ def test_every_top_level_config_validates(name):
     exp = to_typed(load_config(os.path.join(REPO, "configs", f"{name}.py")))
     if name.startswith("resample_"):  # the hard task: the quickstart's policy on three-call calculator tasks
         assert exp.model.path.endswith("quickstart/hf") and exp.env.kwargs["ops"] == 3
-        assert exp.train.il_warmup_steps == 0 and exp.rollout.max_turns >= 4
+        assert exp.rollout.max_turns >= 4
+        plain = to_typed(load_config(os.path.join(REPO, "configs", "resample_plain.py")))
+        assert exp.train.steps == plain.train.steps  # the comparison: the same number of updates
+        if name == "resample_il_only":  # the reference: every update imitates
+            assert exp.train.il_warmup_steps == exp.train.steps and exp.train.il_warmup_target == 0
+        else:
+            assert exp.train.il_warmup_steps == 0
 
 
 def test_objective_fields_cover_objective_config():
