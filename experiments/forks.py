@@ -22,11 +22,12 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.online import sampling_agent_config  # noqa: E402
 from ipa_jax.config import ExperimentConfig, to_typed, validate  # noqa: E402
 from ipa_jax.engines import EmbeddedEngine  # noqa: E402
 from ipa_jax.envs import make_env  # noqa: E402
 from ipa_jax.models import from_pretrained  # noqa: E402
-from ipa_jax.rollout import AgentConfig, ChatFormat  # noqa: E402
+from ipa_jax.rollout import ChatFormat  # noqa: E402
 from ipa_jax.rollout.resample import ForkEstimate, build_experts, forks_by_anchor, probe_forks  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -44,8 +45,7 @@ def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num
     r = exp.rollout
     engine = EmbeddedEngine(from_pretrained(policy), seed=seed, max_len=r.max_context,
                             max_batch=max(r.concurrency, 1), tokenizer=tok)
-    agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
-                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+    agent = sampling_agent_config(exp)
 
     async def probe() -> list[ForkEstimate]:
         try:

@@ -80,6 +80,14 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Traje
     return expert_episode(task, env.expert(task), env, chat, uid, info={"split": "train"})
 
 
+def sampling_agent_config(exp) -> AgentConfig:
+    """How training episodes are sampled (exp.rollout's budgets and sampling parameters)."""
+    r = exp.rollout
+    return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
+                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                       return_routed_experts=exp.model.routing_replay)
+
+
 class ExpertStream:
     """Endless scripted-expert trajectories over a task stream; position = number yielded (checkpointed)."""
 
@@ -174,9 +182,7 @@ class OnlineSource:
         self.engines = EngineHost(exp, state, run_dir, self.tokenizer)
         self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
         self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
-        self.agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
-                                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                 return_routed_experts=exp.model.routing_replay)
+        self.agent = sampling_agent_config(exp)
         self.eval_agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
                                       max_context=r.max_context, temperature=r.eval_temperature,
                                       record_messages=True)

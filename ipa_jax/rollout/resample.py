@@ -730,7 +730,7 @@ async def resample_round(resampler: Resampler, engine: Engine, chat: ChatFormat,
 
     async def one(p: Planned) -> Trajectory | None:
         expert = resampler.expert(p.task_id)
-        env = env_factory(expert.task) if env_factory is not None else make_env(expert.task.env)
+        env = env_factory(expert.task) if env_factory is not None else None
         if resampler.is_whole_expert(p.task_id, p.anchor):
             return whole_expert_episode(expert, chat, env)
         async with sem:
