@@ -37,6 +37,7 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "matplotlib>=3.8",
+            "ruff>=0.17,<0.18",
         ],
         "notebooks": ["jupyter", "matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
         # Rollout hosts only: SGLang needs a CUDA GPU.

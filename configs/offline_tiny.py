@@ -3,7 +3,7 @@
     python experiments/train.py --config=configs/offline_tiny.py --config.train.data='("trajs.jsonl",)'
 """
 
-from configs.base import get_config as base_config
+from ipa_jax.pipeline import base_config
 
 
 def get_config():

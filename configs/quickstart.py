@@ -10,7 +10,7 @@ The summary (success before -> after, tool calls, steps, time, run folder) is pr
 runs/quickstart/summary.json.
 """
 
-from configs.base import get_config as base_config
+from ipa_jax.pipeline import base_config
 
 
 def get_config():

@@ -3,11 +3,13 @@
 same learning rate (optimizer.il_lr = 3e-3 = the hard task's lr). Held-out success after the same number of
 updates."""
 
-from configs.resample_plain import get_config as plain_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = plain_config()
+    c = load_config(Path(__file__).with_name("resample_plain.py"))
     c.train.name = "resample_il_only"
     c.train.il_warmup_steps = c.train.steps
     c.train.il_warmup_target = 0.0  # every update imitates (no early switch to RL)

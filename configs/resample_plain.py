@@ -1,6 +1,6 @@
 """Chunk-level initialized resampling on the hard task: the common base (plain RL from the start state).
 
-The comparison (issue 8): plain RL, sequential rollback, parallel initialization, each with and without the
+The comparison: plain RL, sequential rollback, parallel initialization, each with and without the
 IL fallback, the same number of updates, held-out success from the start state (no prefill), beside an
 imitation-only reference (configs/resample_il_only.py). Start from the quickstart's policy (its run exports it
 to runs/quickstart/hf):
@@ -18,13 +18,15 @@ right ~20% of the time: the decisive chunks are the calls themselves, so until i
 is nothing for RL to reinforce.
 """
 
-from configs.quickstart import get_config as quickstart_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 QUICKSTART_RUN = "runs/quickstart"
 
 
 def get_config():
-    c = quickstart_config()
+    c = load_config(Path(__file__).with_name("quickstart.py"))
     c.model.path = f"{QUICKSTART_RUN}/hf"
     c.model.tokenizer = f"{QUICKSTART_RUN}/tokenizer"
     c.env.kwargs.ops = 3

@@ -1,11 +1,13 @@
 """configs/resample_rollback.py with the IL fallback: where every sample at an anchor fails, the expert's chunks
 up to the fork become imitation targets (lambda_IL = objective.il_weight, lambda_RL = objective.rl_weight)."""
 
-from configs.resample_rollback import get_config as rollback_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = rollback_config()
+    c = load_config(Path(__file__).with_name("resample_rollback.py"))
     c.train.name = "resample_rollback_il"
     c.resample.il_fallback = True
     c.objective.il_weight = 0.5

@@ -4,252 +4,79 @@
     python experiments/launch_sglang.py --model_path=/ckpt --ports=30000,30001 [--routed_experts]
     python experiments/launch_sglang.py ... --dry_run                      # print the commands only
 
-One `python -m sglang.launch_server` per URL (host:port), each on its own GPUs (`--base-gpu-id`), with the flags
-the trainer relies on: `--weight-version` (versions read back after every weight sync),
-`--enable-return-routed-experts` (MoE routing replay; SGLang >= 0.5.7), `--mem-fraction-static`. Waits for
-`GET /health_generate` (a real one-token generation) on every server, prints the URLs and the matching config
-override, then keeps the servers in the foreground until Ctrl-C / SIGTERM. Needs the `sglang` extra and a CUDA GPU; without them it exits
-with status 2 and says so (on a CPU machine use `python -m ipa_jax.engines.devserver`).
+Keeps the servers in the foreground until Ctrl-C / SIGTERM (`ipa_jax.engines.sglang_launch`). Needs the `sglang`
+extra and a CUDA GPU; without them it exits with status 2 and says so (on a CPU machine use
+`python -m ipa_jax.engines.devserver`).
 """
 
-from __future__ import annotations
-
-import dataclasses
-import importlib.util
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-EXIT_MISSING_REQUIREMENTS = 2
+from ipa_jax.engines.sglang_launch import (
+    EXIT_MISSING_REQUIREMENTS,
+    LaunchConfig,
+    build_commands,
+    missing_requirements,
+    serve,
+)
+from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
 
-
-@dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    model_path: str
-    urls: tuple[str, ...]
-    weight_version: int = 0
-    routed_experts: bool = False
-    mem_fraction_static: float = 0.85
-    tp_size: int = 1
-    dtype: str = "auto"
-    context_length: int = 0  # 0: the model's own
-    skip_tokenizer_init: bool = False  # token ids only (the client sends ids; stop strings then do not work)
-    extra_args: tuple[str, ...] = ()
-
-
-def parse_url(url: str) -> tuple[str, int]:
-    """"http://host:port" -> (host, port); raises ValueError naming the URL."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
-        raise ValueError(f"server URL must look like http://host:port, got {url!r}")
-    return parts.hostname, parts.port
+CONFIG = ConfigFlags("Experiment config file (configs/*.py), optional: model.path, rollout.sglang_urls.",
+                     required=False)
+flags.DEFINE_string("model_path", "", "HF model folder (default: config model.path).")
+flags.DEFINE_string("host", "127.0.0.1", "Host to bind when --ports is given.")
+flags.DEFINE_list("ports", [], "Server ports on --host (default: config rollout.sglang_urls, else 30000).")
+flags.DEFINE_integer("weight_version", 0, "Initial --weight-version (the learner's policy version).")
+flags.DEFINE_bool("routed_experts", None, "--enable-return-routed-experts (default: config model.routing_replay).")
+flags.DEFINE_float("mem_fraction_static", 0.85, "Fraction of GPU memory for weights + KV cache.")
+flags.DEFINE_integer("tp_size", 1, "Tensor-parallel GPUs per server.")
+flags.DEFINE_string("dtype", "auto", "SGLang --dtype.")
+flags.DEFINE_integer("context_length", 0, "SGLang --context-length (0: the model's).")
+flags.DEFINE_bool("skip_tokenizer_init", False, "Token ids only (no stop strings, no text).")
+flags.DEFINE_list("extra_args", [], "More launch_server arguments, comma-separated.")
+flags.DEFINE_string("server_log_dir", "runs/sglang_logs", "Folder for per-server log files.")
+flags.DEFINE_float("wait_timeout_s", 900.0, "Seconds to wait for /health_generate.")
+flags.DEFINE_bool("dry_run", False, "Print the commands and exit (no sglang/CUDA needed).")
+FLAGS = flags.FLAGS
 
 
-def build_commands(cfg: LaunchConfig, python: str = sys.executable) -> list[list[str]]:
-    """One `python -m sglang.launch_server ...` argv per URL; the i-th server of a host uses its GPUs
-    [i*tp, (i+1)*tp) (run each command on the host its URL names)."""
-    if not cfg.model_path:
-        raise ValueError("model_path is empty: pass --model_path or set model.path in the config")
-    if not cfg.urls:
-        raise ValueError("no server URLs: pass --ports/--host or set rollout.sglang_urls in the config")
-    if not 0.0 < cfg.mem_fraction_static < 1.0:
-        raise ValueError(f"mem_fraction_static must be in (0, 1), got {cfg.mem_fraction_static}")
-    if cfg.tp_size < 1:
-        raise ValueError(f"tp_size must be >= 1, got {cfg.tp_size}")
-    commands = []
-    per_host: dict[str, int] = {}
-    for url in cfg.urls:
-        host, port = parse_url(url)
-        i = per_host[host] = per_host.get(host, -1) + 1
-        cmd = [
-            python, "-m", "sglang.launch_server",
-            "--model-path", cfg.model_path,
-            "--host", host,
-            "--port", str(port),
-            "--weight-version", str(cfg.weight_version),
-            "--mem-fraction-static", str(cfg.mem_fraction_static),
-            "--tp-size", str(cfg.tp_size),
-            "--base-gpu-id", str(i * cfg.tp_size),
-            "--dtype", cfg.dtype,
-            "--skip-server-warmup",  # readiness is our /health_generate poll
-        ]
-        if cfg.routed_experts:
-            cmd.append("--enable-return-routed-experts")
-        if cfg.skip_tokenizer_init:
-            cmd.append("--skip-tokenizer-init")
-        if cfg.context_length:
-            cmd += ["--context-length", str(cfg.context_length)]
-        commands.append(cmd + list(cfg.extra_args))
-    return commands
-
-
-def missing_requirements() -> str | None:
-    """None when SGLang can run here, else a message saying what is missing."""
-    problems = []
-    if importlib.util.find_spec("sglang") is None:
-        problems.append("the `sglang` package is not installed (pip install 'ipa_jax[sglang]' on a CUDA host)")
-    cuda = False
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    elif shutil.which("nvidia-smi"):
-        cuda = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-    if not cuda:
-        problems.append("no CUDA GPU is visible (SGLang publishes no CPU kernels)")
-    if not problems:
-        return None
-    return ("launch_sglang: cannot start SGLang servers: " + "; ".join(problems) + ".\n"
-            "On a CPU machine use the SGLang-compatible dev server instead:\n"
-            "  python -m ipa_jax.engines.devserver --model PATH --port 30000")
-
-
-def wait_healthy(urls: Sequence[str], procs: Sequence[subprocess.Popen], timeout_s: float,
-                 logs: Sequence[str]) -> None:
-    """Poll GET /health_generate on every server until 200; raises RuntimeError if a server exits or times out."""
-    pending = dict(zip(urls, zip(procs, logs)))
-    deadline = time.time() + timeout_s
-    while pending:
-        for url, (proc, log) in list(pending.items()):
-            if proc.poll() is not None:
-                raise RuntimeError(f"SGLang server for {url} exited with status {proc.returncode}; log: {log}")
-            try:
-                with urllib.request.urlopen(url + "/health_generate", timeout=30) as resp:
-                    if resp.status == 200:
-                        print(f"ready: {url}", flush=True)
-                        del pending[url]
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-        if pending and time.time() > deadline:
-            raise RuntimeError(f"SGLang servers not healthy after {timeout_s:.0f}s: {sorted(pending)}")
-        if pending:
-            time.sleep(2.0)
-
-
-def launch_config_from_flags(flags_, config) -> LaunchConfig:
-    """Flags override the experiment config (model.path, rollout.sglang_urls, model.routing_replay)."""
-    if flags_.ports:
-        urls = tuple(f"http://{flags_.host}:{int(p)}" for p in flags_.ports)
-    elif config is not None and config.rollout.sglang_urls:
-        urls = tuple(config.rollout.sglang_urls)
+def launch_config() -> LaunchConfig:
+    """The flags over the experiment config (model.path, rollout.sglang_urls, model.routing_replay)."""
+    exp = CONFIG.experiment() if CONFIG.path else None
+    if FLAGS.ports:
+        urls = tuple(f"http://{FLAGS.host}:{int(p)}" for p in FLAGS.ports)
+    elif exp is not None and exp.rollout.sglang_urls:
+        urls = exp.rollout.sglang_urls
     else:
-        urls = (f"http://{flags_.host}:30000",)
-    routed = flags_.routed_experts
-    if routed is None:
-        routed = bool(config is not None and config.model.routing_replay)
-    return LaunchConfig(
-        model_path=flags_.model_path or (config.model.path if config is not None else ""),
-        urls=urls,
-        weight_version=flags_.weight_version,
-        routed_experts=routed,
-        mem_fraction_static=flags_.mem_fraction_static,
-        tp_size=flags_.tp_size,
-        dtype=flags_.dtype,
-        context_length=flags_.context_length,
-        skip_tokenizer_init=flags_.skip_tokenizer_init,
-        extra_args=tuple(flags_.extra_args),
-    )
+        urls = (f"http://{FLAGS.host}:30000",)
+    routed = FLAGS.routed_experts if FLAGS.routed_experts is not None else bool(exp and exp.model.routing_replay)
+    return LaunchConfig(model_path=FLAGS.model_path or (exp.model.path if exp else ""), urls=urls,
+                        weight_version=FLAGS.weight_version, routed_experts=routed,
+                        mem_fraction_static=FLAGS.mem_fraction_static, tp_size=FLAGS.tp_size, dtype=FLAGS.dtype,
+                        context_length=FLAGS.context_length, skip_tokenizer_init=FLAGS.skip_tokenizer_init,
+                        extra_args=tuple(FLAGS.extra_args))
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-_CONFIG = None  # the --config flag holder, set by define_flags()
-
-
-def define_flags() -> None:
-    """Registers the absl flags (only when run as a script, so importing this module defines none)."""
-    global _CONFIG
-    from absl import flags
-    from ml_collections import config_flags
-
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py), optional.",
-                                              lock_config=True)
-    flags.DEFINE_string("model_path", "", "HF model folder (default: config model.path).")
-    flags.DEFINE_string("host", "127.0.0.1", "Host to bind when --ports is given.")
-    flags.DEFINE_list("ports", [], "Server ports on --host (default: config rollout.sglang_urls, else 30000).")
-    flags.DEFINE_integer("weight_version", 0, "Initial --weight-version (the learner's policy version).")
-    flags.DEFINE_bool("routed_experts", None, "--enable-return-routed-experts (default: config model.routing_replay).")
-    flags.DEFINE_float("mem_fraction_static", 0.85, "Fraction of GPU memory for weights + KV cache.")
-    flags.DEFINE_integer("tp_size", 1, "Tensor-parallel GPUs per server.")
-    flags.DEFINE_string("dtype", "auto", "SGLang --dtype.")
-    flags.DEFINE_integer("context_length", 0, "SGLang --context-length (0: the model's).")
-    flags.DEFINE_bool("skip_tokenizer_init", False, "Token ids only (no stop strings, no text).")
-    flags.DEFINE_list("extra_args", [], "More launch_server arguments, comma-separated.")
-    flags.DEFINE_string("server_log_dir", "runs/sglang_logs", "Folder for per-server log files.")
-    flags.DEFINE_float("wait_timeout_s", 900.0, "Seconds to wait for /health_generate.")
-    flags.DEFINE_bool("dry_run", False, "Print the commands and exit (no sglang/CUDA needed).")
-
-
-def main(argv: Sequence[str]) -> int:
-    from absl import flags
-
-    flags_ = flags.FLAGS
+@exit_on_config_error
+def main(argv) -> int:
     if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value if _CONFIG is not None else None
-    cfg = launch_config_from_flags(flags_, config)
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cfg = launch_config()
     try:
         commands = build_commands(cfg)
     except ValueError as e:
         print(f"launch_sglang: {e}", file=sys.stderr)
         return 1
-    if flags_.dry_run:
-        for cmd in commands:
-            print(" ".join(cmd))
+    if FLAGS.dry_run:
+        print("\n".join(" ".join(cmd) for cmd in commands))
         return 0
     problem = missing_requirements()
     if problem is not None:
         print(problem, file=sys.stderr)
         return EXIT_MISSING_REQUIREMENTS
-    os.makedirs(flags_.server_log_dir, exist_ok=True)
-    procs, logs = [], []
-    try:
-        for url, cmd in zip(cfg.urls, commands):
-            log = os.path.join(flags_.server_log_dir, f"sglang_{parse_url(url)[1]}.log")
-            print("starting:", " ".join(cmd), flush=True)
-            with open(log, "w") as f:
-                procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
-            logs.append(log)
-        wait_healthy(cfg.urls, procs, flags_.wait_timeout_s, logs)
-        print("SGLang servers ready:")
-        for url in cfg.urls:
-            print(f"  {url}")
-        print("config override: --config.rollout.engine=sglang --config.rollout.sglang_urls='("
-              + ", ".join(f'"{u}"' for u in cfg.urls) + ",)'", flush=True)
-        signal.signal(signal.SIGTERM, _interrupt)
-        while all(p.poll() is None for p in procs):
-            time.sleep(5.0)
-        print("an SGLang server exited; stopping the others", file=sys.stderr)
-        return 1
-    except RuntimeError as e:
-        print(f"launch_sglang: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+    return serve(cfg, commands, FLAGS.server_log_dir, FLAGS.wait_timeout_s)
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)))
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=CONFIG.parse)

@@ -1,12 +1,12 @@
 """A small, locally trained Qwen-style tokenizer for tests and the CPU quickstart (nothing downloaded).
 
 Byte-level BPE exactly as Qwen2/Qwen3 build it (Qwen's pre-tokenizer regex: single digits, letter runs,
-punctuation runs; byte-level alphabet of all 256 bytes, so every string round-trips), trained on a
-small corpus (by default: expert conversations of the built-in environments rendered with the chat
-template), with Qwen's special tokens as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id)
-and a Qwen2.5-style chat template (tools block in the system turn, `<tool_call>` JSON in assistant turns,
-consecutive tool messages in one `<|im_start|>user` turn of `<tool_response>` blocks). The template is
-append-only at assistant turns: the history before an assistant turn, rendered with the generation
+punctuation runs; byte-level alphabet of all 256 bytes, so every string round-trips), trained on a small corpus
+(for a run: expert conversations of the environments rendered with the chat template), with Qwen's special tokens
+as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id) and a Qwen2.5-style chat template (tools block
+in the system turn, `<tool_call>` JSON in assistant turns, consecutive tool messages in one `<|im_start|>user` turn
+of `<tool_response>` blocks). The template is append-only at assistant turns: the history before an assistant
+turn, rendered with the generation
 prompt, is a prefix of the full rendering, so a trajectory is the prompt, the generated ids and the
 tool observations tokenized as template differences, appended in order.
 """
@@ -21,24 +21,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from ipa_jax.envs import BUILTIN_ENVS, make_env
+from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-# (token, special): special tokens are dropped by decode(skip_special_tokens=True); the tool and think
-# tags are not (like Qwen, where they are added tokens with special=False).
-QWEN_TOKENS: tuple[tuple[str, bool], ...] = (
-    (ENDOFTEXT, True),
-    (IM_START, True),
-    (IM_END, True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
 # Qwen2's pre-tokenizer split (tokenizer.json of Qwen2.5 / Qwen3).
 QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -124,22 +108,11 @@ def render_chat(
     return rendered[0]
 
 
-def default_corpus(episodes_per_env: int = 64, seed: int = 0) -> list[str]:
-    """Expert conversations of the built-in environments (train and eval task generators), rendered with
-    the chat template; covers the template boilerplate, tool specs, calls, observations, answers."""
-    corpus = []
-    for name in BUILTIN_ENVS:
-        env = make_env(name)
-        for split in ("train", "eval"):
-            for task in env.tasks(split, episodes_per_env, seed):
-                corpus.append(render_chat(env.expert(task), tools=task.tools))
-    return corpus
-
-
 def build_tokenizer(
-    corpus: list[str] | None = None, vocab_size: int = 1024, min_frequency: int = 2, model_max_length: int = 4096
+    corpus: list[str], vocab_size: int = 1024, min_frequency: int = 2, model_max_length: int = 4096
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on `corpus` (default: `default_corpus()`) and wrap it as a Qwen-style tokenizer.
+    """Train a byte-level BPE on `corpus` and wrap it as a Qwen-style tokenizer (a run's corpus:
+    `ipa_jax.pipeline.tokenizer.expert_corpus`).
 
     Deterministic: the same corpus and settings give the same vocabulary and merges. vocab_size counts the
     9 Qwen tokens and the 256 byte symbols, so it must be >= 265; it is an upper bound (the merges stop when
@@ -150,8 +123,6 @@ def build_tokenizer(
         raise ValueError(f"vocab_size must be >= {n_reserved} (Qwen tokens + 256 bytes), got {vocab_size}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
-    if corpus is None:
-        corpus = default_corpus()
     if not isinstance(corpus, (list, tuple)) or not all(isinstance(s, str) for s in corpus):
         raise ValueError("corpus must be a list of strings")
     # Special tokens never take part in merges: train on the text between them.

@@ -237,9 +237,9 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"info value of type {type(obj).__name__} is not JSON-serialisable")
 
 
-def write_jsonl(path: str | os.PathLike, trajs: Iterable[Trajectory]) -> None:
-    """Writes one JSON line per trajectory (overwrites ``path``)."""
-    with open(path, "w", encoding="utf-8") as f:
+def write_jsonl(path: str | os.PathLike, trajs: Iterable[Trajectory], append: bool = False) -> None:
+    """Writes one JSON line per trajectory (overwrites ``path``, or adds to its end with ``append``)."""
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
         for traj in trajs:
             f.write(traj.to_json())
             f.write("\n")

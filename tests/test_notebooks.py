@@ -3,7 +3,7 @@ folder made here, and show what the folders hold (not hard-coded outputs: the nu
 
 The folders are synthetic (metrics.jsonl, summary.json, samples written with ipa_jax.trajectory.write_jsonl, a
 tokenizer from build_tokenizer): the notebooks read files, so a training run would only add minutes here; the
-ablation test (tests/test_ablate.py) covers folders made by real runs.
+ablation test (tests/analysis/test_analysis_sweep.py) covers folders made by real runs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
-from experiments import analysis
+from ipa_jax import analysis
 from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import Trajectory, write_jsonl
 
@@ -38,9 +38,12 @@ def tokenizer(tmp_path_factory):
 
 def _episode(tokenizer, uid: str, reward: float, split: str, expert_prefix: bool) -> Trajectory:
     """prompt | chunk 0 (a tool call; expert-prefilled if expert_prefix) | observation | chunk 1 (the answer)."""
-    pieces = [("context", '<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n<|im_start|>assistant\n'),
-              ("expert" if expert_prefix else "action", '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>'),
-              ("context", '<|im_end|>\n<|im_start|>user\n<tool_response>\n{"name": "alice", "friend": "bob"}\n</tool_response><|im_end|>\n<|im_start|>assistant\n'),
+    pieces = [("context", '<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n'
+                          '<|im_start|>assistant\n'),
+              ("expert" if expert_prefix else "action",
+               '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>'),
+              ("context", '<|im_end|>\n<|im_start|>user\n<tool_response>\n{"name": "alice", "friend": "bob"}\n'
+                          '</tool_response><|im_end|>\n<|im_start|>assistant\n'),
               ("action", "paris<|im_end|>")]
     tokens, kinds = [], []
     for kind, text in pieces:
@@ -73,7 +76,8 @@ def write_synthetic_run(run_dir: str, tokenizer, seed: int, steps: int = 20, lif
     rows = []
     for s in range(1, steps + 1):
         rows.append({"step": s, "loss": float(rng.normal(1.0, 0.1)), "grad_norm": float(rng.uniform(0.5, 2)),
-                     "lr": 1e-3, "reward_mean": float(rng.uniform(0, 1)), "admitted_fraction": float(rng.uniform(0.6, 1)),
+                     "lr": 1e-3, "reward_mean": float(rng.uniform(0, 1)),
+                     "admitted_fraction": float(rng.uniform(0.6, 1)),
                      "mismatch_abs": float(rng.uniform(0, 0.01)), "mismatch_kl": "nan" if s == 3 else 1e-4,
                      "policy_lag_mean": 0.0})
         if s in success:
@@ -101,7 +105,7 @@ def write_synthetic_run(run_dir: str, tokenizer, seed: int, steps: int = 20, lif
 
 def write_synthetic_ablation(out: str, tokenizer, configs: dict[str, float], seeds=(0, 1), threshold=0.4) -> dict:
     """An ablation folder as ablate.py leaves it (ablation.json, runs/<config>/seed_<s>), one lift per config."""
-    manifest = {"configs": {c: f"configs/ablations/{c}.py" for c in configs}, "seeds": list(seeds), "steps": None,
+    manifest = {"configs": {c: f"configs/ablations/{c}.py" for c in configs}, "seeds": list(seeds), "overrides": {},
                 "threshold": threshold, "isolation": "inprocess", "runs": {}, "failed": [], "wall_time_s": {}}
     written = {}
     for name, lift in configs.items():

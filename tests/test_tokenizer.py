@@ -9,13 +9,15 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
+from ipa_jax.chat_tokens import QWEN_TOKENS
 from ipa_jax.envs import ToolCall, format_tool_call, list_envs, make_env
-from ipa_jax.tokenizer import QWEN_TOKENS, build_tokenizer, default_corpus, render_chat
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer, expert_corpus
+from ipa_jax.tokenizer import build_tokenizer, render_chat
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer()
+    return build_corpus_tokenizer()
 
 
 def _encode(tok, text):
@@ -23,7 +25,7 @@ def _encode(tok, text):
 
 
 def test_build_is_fast_and_small():
-    corpus = default_corpus()
+    corpus = expert_corpus()
     t0 = time.perf_counter()
     tok = build_tokenizer(corpus)
     assert time.perf_counter() - t0 < 2.0
@@ -37,7 +39,7 @@ def test_build_is_fast_and_small():
 
 
 def test_special_tokens_are_single_ids(tok):
-    for i, (t, special) in enumerate(QWEN_TOKENS):
+    for i, (t, _) in enumerate(QWEN_TOKENS):
         assert _encode(tok, t) == [i]
         assert tok.convert_ids_to_tokens(i) == t
     assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id == 0
@@ -70,7 +72,8 @@ def test_digits_are_split_and_names_are_whole_tokens(tok):
 
 
 def test_deterministic_across_processes(tok):
-    code = "from ipa_jax.tokenizer import build_tokenizer; print(build_tokenizer().backend_tokenizer.to_str())"
+    code = ("from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer; "
+            "print(build_corpus_tokenizer().backend_tokenizer.to_str())")
     digests = set()
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -8,8 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from ipa_jax.trajectory import (Trajectory, TrajectoryBatch, build_chunk_ids, pad_batch, read_jsonl,
-                                write_jsonl)
+from ipa_jax.trajectory import Trajectory, TrajectoryBatch, build_chunk_ids, pad_batch, read_jsonl, write_jsonl
 
 
 def make(uid="t0", length=12, seed=0, routed=False, task_id=None, **overrides) -> Trajectory:

@@ -1,10 +1,12 @@
 """Ablation: sample-mean aggregation: (1/B) sum_i (1/T_i) sum_t (every trajectory weighs 1/B)."""
 
-from configs.ablations.common import get_config as common_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "agg_sample_mean"
     c.objective.aggregation = "sample_mean"
     return c

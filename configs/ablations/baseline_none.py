@@ -1,11 +1,13 @@
 """Ablation: no baseline, A_i = R_i (IPA as published and the base's setting, explicit;
 with 0/1 rewards no advantage is negative)."""
 
-from configs.ablations.common import get_config as common_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "baseline_none"
     c.objective.baseline = "none"
     return c

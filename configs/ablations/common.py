@@ -10,11 +10,13 @@ are 0/1, so every advantage is >= 0 and the negative branch (the chunk IS ratio 
 never fires. The ablations of that branch (is_*.py, trunc_neg_*.py) start from `common_negatives.py` instead.
 """
 
-from configs.quickstart import get_config as quickstart_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = quickstart_config()
+    c = load_config(Path(__file__).parent.parent / "quickstart.py")
     c.train.name = "ablation_base"
     c.train.eval_every = 40  # held-out success at the end of the warm start, then every 40 RL steps
     return c

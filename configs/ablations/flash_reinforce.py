@@ -1,12 +1,14 @@
 """Ablation: the FlashREINFORCE objective preset (batch baseline, trajectory credit, token IS, sequence trust
 region 3e-3, sample mean, no IL) in place of the base's IPA objective; everything else unchanged."""
 
-from configs.ablations.common import get_config as common_config
-from ipa_jax.config import OBJECTIVE_FIELDS
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
+from ipa_jax.pipeline.config import OBJECTIVE_FIELDS
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "flash_reinforce"
     c.objective.preset = "flash_reinforce"
     for name in OBJECTIVE_FIELDS:  # drop the base's per-field overrides: the preset's values apply

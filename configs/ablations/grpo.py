@@ -1,11 +1,13 @@
 """Ablation: GRPO-style group baseline: 4 samples per task (the same batch of 16 trajectories = 4 tasks x 4),
 A_i = R_i - mean of its group's rewards."""
 
-from configs.ablations.common import get_config as common_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "grpo"
     c.rollout.group_size = 4
     c.objective.baseline = "group_mean"

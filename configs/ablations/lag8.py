@@ -1,11 +1,13 @@
 """Ablation (staleness): the learner trains on trajectories sampled by the policy 8 updates old
 (queue.forced_lag = 8), no trust region. Compare with lag8_tr.py."""
 
-from configs.ablations.common import get_config as common_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "lag8"
     c.queue.max_policy_lag += 8  # the base's admission slack on top of the forced lag
     c.queue.forced_lag = 8

@@ -1,10 +1,12 @@
 """Ablation: no trust region (the base's IPA setting, explicit)."""
 
-from configs.ablations.common import get_config as common_config
+from pathlib import Path
+
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "tr_none"
     c.objective.trust_region_level = "none"
     return c

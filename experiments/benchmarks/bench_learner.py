@@ -116,10 +116,17 @@ def main(_):
 
     from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
-    from ipa_jax.train import (OptimizerConfig, StepOptions, TrainState, TrainStep, make_optimizer, make_schedule,
-                               place_state)
-    from ipa_jax.train.optimizer import apply_direction
+    from ipa_jax.train import (
+        OptimizerConfig,
+        StepOptions,
+        TrainState,
+        TrainStep,
+        make_optimizer,
+        make_schedule,
+        place_state,
+    )
     from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
+    from ipa_jax.train.optimizer import apply_direction
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)

@@ -103,7 +103,8 @@ def main(_):
 
     results["transformers"] = _median_time(torch_step, FLAGS.iters)
 
-    print(f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, torch threads {torch.get_num_threads()}): "
+    print(f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, "
+          f"torch threads {torch.get_num_threads()}): "
           f"{FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.experts} experts top-{FLAGS.top_k} "
           f"(width {FLAGS.moe_width}), vocab {FLAGS.vocab}, batch {FLAGS.batch} x {FLAGS.seq_len}; "
           f"median of {FLAGS.iters}")

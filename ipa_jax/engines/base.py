@@ -124,6 +124,23 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     return out
 
 
+def check_generate_args(
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    session_ids: Sequence[str] | None,
+    request_ids: Sequence[str] | None,
+) -> tuple[list[list[int]], list[SamplingParams]]:
+    """The argument checks of every `Engine.generate`: returns (the prompts as lists of ints, one SamplingParams
+    per prompt); raises ValueError on a bad prompt, or when params, session_ids or request_ids (where given) do
+    not have one entry per prompt."""
+    prompts = check_prompts(prompts)
+    params_list = broadcast_params(params, len(prompts))
+    for name, ids in (("session_ids", session_ids), ("request_ids", request_ids)):
+        if ids is not None and len(ids) != len(prompts):
+            raise ValueError(f"{name} has {len(ids)} entries for {len(prompts)} prompts")
+    return prompts, params_list
+
+
 class Engine(abc.ABC):
     """Async generation engine. Implementations: SGLangEngine, EmbeddedEngine."""
 
@@ -141,7 +158,8 @@ class Engine(abc.ABC):
         request_ids: list[str] | None = None,
     ) -> list[GenerationResult]:
         """Continue each prompt. session_ids keep a multi-turn episode on one server (prefix cache);
-        request_ids name requests so `abort` can end them early (finish_reason "abort", partial output)."""
+        request_ids name requests so `abort` can end them early (finish_reason "abort", partial output).
+        Implementations validate their arguments with `check_generate_args`."""
 
     @abc.abstractmethod
     async def update_weights(self, path: str, version: int) -> None:

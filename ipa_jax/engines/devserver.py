@@ -1,6 +1,6 @@
 """An SGLang-compatible HTTP server in front of any Engine (the embedded JAX engine from the CLI).
 
-It speaks the subset of SGLang's native API the trainer uses (shared/reference/sglang-protocol.md §1-2), with
+It speaks the subset of SGLang's native API the trainer uses (docs/sglang.md), with
 SGLang's request/response shapes, so `SGLangEngine` is tested over real HTTP on a CPU machine and several dev
 servers stand in for a pool:
 
@@ -517,7 +517,7 @@ class DevServer:
         await self.engine.close()
         self._runner = None
 
-    def serve_in_thread(self) -> "DevServer":
+    def serve_in_thread(self) -> DevServer:
         """Start in a daemon thread with its own event loop; returns self once listening."""
         started = threading.Event()
         errors: list[BaseException] = []

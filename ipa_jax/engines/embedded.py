@@ -39,8 +39,7 @@ from ipa_jax.engines.base import (
     EngineError,
     GenerationResult,
     SamplingParams,
-    broadcast_params,
-    check_prompts,
+    check_generate_args,
 )
 from ipa_jax.engines.sampling import sample_tokens
 from ipa_jax.models import KVCache, Qwen3ForCausalLM, from_pretrained, init_kv_cache
@@ -357,10 +356,7 @@ class EmbeddedEngine(Engine):
         session_ids: list[str] | None = None,
         request_ids: list[str] | None = None,
     ) -> list[GenerationResult]:
-        prompts = check_prompts(prompts)
-        plist = broadcast_params(params, len(prompts))
-        if request_ids is not None and len(request_ids) != len(prompts):
-            raise ValueError(f"request_ids has {len(request_ids)} entries for {len(prompts)} prompts")
+        prompts, plist = check_generate_args(prompts, params, session_ids, request_ids)
         for i, (prompt, p) in enumerate(zip(prompts, plist)):
             self._validate(prompt, p, i)
         self._setup()

@@ -1,5 +1,4 @@
-"""SGLangEngine: an asyncio HTTP client of a pool of SGLang servers (native API, protocol in
-shared/reference/sglang-protocol.md).
+"""SGLangEngine: an asyncio HTTP client of a pool of SGLang servers (native API; docs/sglang.md).
 
 * `/generate` with `input_ids`, an explicit `max_new_tokens`, `return_logprob`; tokens and log-probs read from
   `meta_info.output_token_logprobs` (the matched stop token is kept); only sampling keys SGLang knows are sent.
@@ -36,8 +35,7 @@ from ipa_jax.engines.base import (
     EngineError,
     GenerationResult,
     SamplingParams,
-    broadcast_params,
-    check_prompts,
+    check_generate_args,
 )
 
 log = logging.getLogger(__name__)
@@ -206,7 +204,7 @@ class SGLangEngine(Engine):
                 if resp.content_type == "application/json":
                     return json.loads(text)
                 return text
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise SGLangHTTPError(url, None, f"{type(e).__name__}: {e}") from e
 
     # ------------------------------------------------------------------ routing and health
@@ -297,7 +295,7 @@ class SGLangEngine(Engine):
                         out = await resp.json(content_type=None)
                     except ValueError as e:
                         raise SGLangHTTPError(url, resp.status, f"response is not JSON: {text[:200]!r}") from e
-            except (aiohttp.ClientError, asyncio.TimeoutError, _Transient) as e:
+            except (TimeoutError, aiohttp.ClientError, _Transient) as e:
                 err = f"{type(e).__name__}: {e}" if not isinstance(e, _Transient) else str(e)
                 errors.append(f"{url}: {err}")
                 tried.add(server.url)
@@ -330,11 +328,7 @@ class SGLangEngine(Engine):
         session_ids: list[str] | None = None,
         request_ids: list[str] | None = None,
     ) -> list[GenerationResult]:
-        prompts = check_prompts(prompts)
-        plist = broadcast_params(params, len(prompts))
-        for name, ids in (("session_ids", session_ids), ("request_ids", request_ids)):
-            if ids is not None and len(ids) != len(prompts):
-                raise ValueError(f"{name} has {len(ids)} entries for {len(prompts)} prompts")
+        prompts, plist = check_generate_args(prompts, params, session_ids, request_ids)
         if any(p.return_routed_experts for p in plist) and self.routed_experts_layout is None:
             raise ValueError("return_routed_experts needs SGLangEngine(routed_experts_layout=(num_layers, top_k))")
         self._warn_truncation(plist)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ipa_jax.envs.base import Env
 from ipa_jax.envs.calculator import CalculatorEnv

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_TAG_RE = re.compile(r"</?tool_call>")
+from ipa_jax.chat_tokens import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+_TAG_RE = re.compile(f"{re.escape(TOOL_CALL_OPEN)}|{re.escape(TOOL_CALL_CLOSE)}")
 # Longest tool-call body echoed back inside an error message (keeps observations short).
 _MAX_ECHO = 40
 

@@ -34,9 +34,9 @@ class Qwen3Config:
     """Architecture of a Qwen3 dense or Qwen3-MoE causal LM (HF field names), plus learner-side options.
 
     `family` "qwen2" is the Qwen2 / Qwen2.5 dense variant (q/k/v biases, no QK-norm); `attention_bias` is Qwen3's
-    option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not in mlp_only_layers and
-    (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted tuple of (key, value)
-    pairs (hashable, so the config can be a static attribute under jit) or None.
+    option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not
+    in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted
+    tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
     Learner-side (not written to config.json): `moe_impl` ("ragged" grouped matmuls or the "dense" reference),
     `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),
     `attention_query_block` (queries per attention block when a call has more; 0 = one block: bounds the
@@ -87,7 +87,8 @@ class Qwen3Config:
                 raise ValueError(f"Qwen3Config.num_experts_per_tok={self.num_experts_per_tok} must be in "
                                  f"[1, num_experts={self.num_experts}]")
             if self.moe_intermediate_size <= 0:
-                raise ValueError(f"Qwen3Config.moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
+                raise ValueError("Qwen3Config.moe_intermediate_size must be positive, "
+                                 f"got {self.moe_intermediate_size}")
             if self.decoder_sparse_step <= 0:
                 raise ValueError(f"Qwen3Config.decoder_sparse_step must be positive, got {self.decoder_sparse_step}")
         if self.family not in FAMILIES:
@@ -104,7 +105,8 @@ class Qwen3Config:
         if self.rope_scaling is not None:
             rope_type = dict(self.rope_scaling).get("rope_type")
             if rope_type not in ROPE_TYPES:
-                raise ValueError(f"Qwen3Config.rope_scaling rope_type {rope_type!r} unsupported (use one of {ROPE_TYPES})")
+                raise ValueError(f"Qwen3Config.rope_scaling rope_type {rope_type!r} unsupported "
+                                 f"(use one of {ROPE_TYPES})")
 
     # ------------------------------------------------------------------ derived
     @property

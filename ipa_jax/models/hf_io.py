@@ -4,16 +4,17 @@ Safetensors are read through a memory map (header + raw little-endian bytes), so
 tensor is only paged in when its parameter is placed; each parameter goes straight into its NamedSharding with
 `jax.make_array_from_callback` (every device copies just its slice). Name mapping (our path -> HF name):
 `embed_tokens` -> model.embed_tokens.weight, `lm_head` -> lm_head.weight, `..._proj_bias` -> model.{..}_proj.bias,
-any other path p -> model.{p}.weight (norm paths already end in `weight`); the layout metadata of each Param says whether to transpose ("linear") or
-to stack per-expert matrices ("experts": mlp.experts.{e}.{gate,up,down}_proj.weight, or transformers 5's fused
-mlp.experts.gate_up_proj [E, 2I, H] / mlp.experts.down_proj [E, H, I]).
+any other path p -> model.{p}.weight (norm paths already end in `weight`); the layout metadata of each Param says
+whether to transpose ("linear") or to stack per-expert matrices ("experts": mlp.experts.{e}.{gate,up,down}_proj.weight,
+or transformers 5's fused mlp.experts.gate_up_proj [E, 2I, H] / mlp.experts.down_proj [E, H, I]).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +91,8 @@ def write_safetensors(fname: str, tensors: dict[str, np.ndarray]) -> None:
 
 
 def hf_name(path: tuple) -> str:
-    """HF tensor name of a parameter path, e.g. ('layers', 0, 'self_attn', 'q_proj') -> model.layers.0.self_attn.q_proj.weight."""
+    """HF tensor name of a parameter path, e.g. ('layers', 0, 'self_attn', 'q_proj') ->
+    model.layers.0.self_attn.q_proj.weight."""
     if path == ("lm_head",):
         return "lm_head.weight"
     dotted = ".".join(str(p) for p in path)

@@ -49,8 +49,8 @@ def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = 
     """Log-prob of every token given its prefix, aligned with `tokens`: out[:, t] = log pi(tokens[t] | tokens[:t]).
 
     tokens int32[B, T], attention_mask bool[B, T] -> (logprobs float32[B, T], entropy float32[B, T] | None, aux).
-    Position 0, padding, and a token right after padding hold 0 (entropy too); entropy[:, t] is that of the distribution tokens[t]
-    was drawn from. aux: the model's aux dict (load-balancing / z losses, routed experts).
+    Position 0, padding, and a token right after padding hold 0 (entropy too); entropy[:, t] is that of the
+    distribution tokens[t] was drawn from. aux: the model's aux dict (load-balancing / z losses, routed experts).
     """
     hidden, aux = model.hidden_states(tokens, positions, attention_mask, routed_experts=routed_experts,
                                       moe_impl=moe_impl)

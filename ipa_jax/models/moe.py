@@ -40,7 +40,8 @@ def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool,
 
 def swiglu_experts_dense(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array,
                          w_down: jax.Array) -> jax.Array:
-    """Reference: y_e = down_e(silu(gate_e x) * up_e x) for all e; out = sum_e c[n, e] y_e[n], c from (experts, weights).
+    """Reference: y_e = down_e(silu(gate_e x) * up_e x) for all e; out = sum_e c[n, e] y_e[n], c from (experts,
+    weights).
 
     x [N, H], experts int32[N, k], weights [N, k] (model dtype), w_gate/w_up [E, H, I], w_down [E, I, H] -> [N, H].
     """

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
@@ -39,20 +41,29 @@ DEFAULT_RULES: Rules = (
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh axis sizes; exactly zero or one of them may be -1 (= all remaining devices)."""
+    """Mesh axis sizes; at most one of them may be -1 (= all remaining devices).
 
-    data: int = -1
-    fsdp: int = 1
+    data: data-parallel axis (the batch is split over it; parameters are replicated).
+    fsdp: fully sharded data-parallel axis (the batch and the model width are split over it).
+    expert: expert-parallel axis (MoE experts are split over it).
+    tensor: tensor-parallel axis (attention heads and MLP width are split over it).
+    """
+
+    data: int = 1
+    fsdp: int = -1
     expert: int = 1
     tensor: int = 1
 
-    def resolved(self, num_devices: int) -> tuple[int, int, int, int]:
+    def __post_init__(self) -> None:
         sizes = [self.data, self.fsdp, self.expert, self.tensor]
+        for name, s in zip(MESH_AXES, sizes):
+            if isinstance(s, bool) or not isinstance(s, int) or s == 0 or s < -1:
+                raise ValueError(f"MeshConfig.{name}: must be >= 1 or -1 (the remaining devices), got {s!r}")
         if sum(s == -1 for s in sizes) > 1:
             raise ValueError(f"MeshConfig: at most one axis may be -1, got {self}")
-        for name, s in zip(MESH_AXES, sizes):
-            if s == 0 or s < -1:
-                raise ValueError(f"MeshConfig.{name} must be positive or -1, got {s}")
+
+    def resolved(self, num_devices: int) -> tuple[int, int, int, int]:
+        sizes = [self.data, self.fsdp, self.expert, self.tensor]
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:

@@ -1,4 +1,4 @@
-"""Pure jnp objectives for IPA and FlashREINFORCE: every part of DESIGN.md "The objective", switchable from an
+"""Pure jnp objectives for IPA and FlashREINFORCE: every part of docs/design.md "The objective", switchable from an
 ObjectiveConfig, each function jit-compatible on [B, T] arrays (float32 compute; float64 stays float64)."""
 
 from ipa_jax.objectives.advantages import compute_advantages

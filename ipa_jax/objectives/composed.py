@@ -1,8 +1,8 @@
 """The composed objective: advantages -> credit -> masks -> importance ratio -> aggregation, plus imitation.
 
-Notation (DESIGN.md): l = current log-prob (differentiated), b = behaviour log-prob, A_i advantage, G credit,
-rho importance ratio, all weights stop-gradient:  L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),
-w_{i,t} = keep_{i,t} * rho_{i,t} * G_{i,t}.
+Notation (docs/design.md, "The objective"): l = current log-prob (differentiated), b = behaviour log-prob, A_i
+advantage, G credit, rho importance ratio, all weights stop-gradient:
+L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),  w_{i,t} = keep_{i,t} * rho_{i,t} * G_{i,t}.
 
 Microbatching: compute advantages on the FULL batch, then objective_terms per microbatch; every term is a
 (numerator, denominator) pair whose denominator depends only on masks, so summing both over microbatches and

@@ -1,4 +1,4 @@
-"""ObjectiveConfig: every switch of the composed objective (DESIGN.md, "The objective"), validated on creation.
+"""ObjectiveConfig: every switch of the composed objective (docs/design.md, "The objective"), validated on creation.
 
 Frozen and hashable, so it can be a static argument of jax.jit. Defaults are IPA as published (chunk credit
 gamma 0.95, no baseline, chunk ratio applied to negatives truncated at 1, chunk mismatch mask [0, 5], no trust
@@ -26,13 +26,22 @@ def _number(value: object) -> bool:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """baseline: A_i = R_i - {0, batch mean, group mean}. credit: unit sharing a discounted return.
-    gamma in (0, 1]. is_level / is_apply_to / is_clip_max: the stop-gradient importance ratio rho, applied to
-    all samples or to negative advantages only, truncated at is_clip_max (None = never).
-    mismatch_level / mismatch_range: keep tokens whose token- or chunk-level ratio lies in [low, high].
-    trust_region_level / trust_region_delta: Bernoulli-KL gate D <= delta (inf disables it).
-    negative_token_fraction q in [0, 1]: failed trajectories keep their ceil(q T_i) highest-entropy tokens.
-    aggregation: how token terms are averaged. rl_weight / il_weight: lambda_RL, lambda_IL.
+    """Every switch of the composed objective (one line per field; the first sentence is its help text).
+
+    baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE) or "group_mean".
+    credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE).
+    gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
+    is_level: level of the stop-gradient importance ratio rho: "none", "token", "chunk" or "sequence".
+    is_apply_to: which samples rho weights: "all", or "negatives" (negative advantages only, TOPR/IPA).
+    is_clip_max: truncate rho at this value (TOPR: 1); None (inf in a config file) = never.
+    mismatch_level: train/inference mismatch mask: "none", "token" or "chunk".
+    mismatch_range: (low, high): keep tokens whose mismatch ratio lies in [low, high].
+    trust_region_level: Bernoulli-KL trust region: "none", "sequence" (FlashREINFORCE) or "chunk".
+    trust_region_delta: admit a sequence (chunk) iff its mean Bernoulli-KL D <= delta; inf disables it.
+    negative_token_fraction: q in [0, 1]: failed trajectories keep their ceil(q T_i) highest-entropy tokens.
+    aggregation: how token terms are averaged: "sample_mean", "token_mean", "chunk_mean" or "sequence_sum".
+    rl_weight: lambda_RL, the weight of the RL term.
+    il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
     """
 
     baseline: str = "none"

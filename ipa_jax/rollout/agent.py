@@ -1,6 +1,6 @@
 """The agent loop: one multi-turn tool-use episode -> one Trajectory, with any Engine.
 
-Token bookkeeping (DESIGN.md "The data contract"):
+Token bookkeeping:
   tokens = template(initial messages, add_generation_prompt)            action 0
          + turn 0's generated ids (the engine's own ids, never re-tokenized)   action 1, chunk 0
          + observation 0 = template difference of the tool messages           action 0
@@ -24,17 +24,17 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from ipa_jax.chat_tokens import ENDOFTEXT, IM_END
 from ipa_jax.engines.base import Engine, SamplingParams
 from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
 from ipa_jax.trajectory import Trajectory
 
-IM_END = "<|im_end|>"
-ENDOFTEXT = "<|endoftext|>"
 _SENTINEL = "@@ipa_jax_assistant_turn@@"  # marks the dummy assistant turn when taking template differences
 # Episode end states recorded in info["finish_reason"].
 FINISH_REASONS = ("answer", "max_turns", "length", "context", "endoftext", "env_done")

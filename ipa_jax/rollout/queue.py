@@ -13,7 +13,8 @@ import collections
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ipa_jax.trajectory import Trajectory
 

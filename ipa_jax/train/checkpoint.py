@@ -19,7 +19,16 @@ from ipa_jax.train.state import TrainState
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 100  # learner steps; 0 = only at exit
+    """Orbax checkpoints under <run_dir>/checkpoints.
+
+    every: learner steps between checkpoints; 0 = only at exit (the end, Ctrl-C or SIGTERM).
+    keep: the newest checkpoints kept on disk.
+    async_save: write checkpoints in the background while training goes on.
+    resume: restore the latest complete checkpoint of the run folder when there is one.
+    export_hf: also write the final policy as a Hugging Face folder to <run_dir>/hf.
+    """
+
+    every: int = 100
     keep: int = 3
     async_save: bool = True
     resume: bool = True

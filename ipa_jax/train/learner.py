@@ -8,12 +8,13 @@ engine: the experiment passes `after_update(state)` to sync weights and `eval_fn
 
 import collections
 import logging
+import operator
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import numpy as np
 
 from ipa_jax.objectives import compute_advantages
 from ipa_jax.train.checkpoint import Checkpointer
-from ipa_jax.train.metrics import LoggingConfig, MetricsWriter
+from ipa_jax.train.metrics import LoggingConfig
 from ipa_jax.train.sources import TrajectorySource
 from ipa_jax.train.state import TrainState
 from ipa_jax.train.step import TrainStep
@@ -32,20 +33,38 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 100  # optimizer updates
-    batch_size: int = 8  # trajectories per batch, global over processes
+    """The learner loop.
+
+    steps: optimizer updates in all (the IL warm start's included).
+    batch_size: trajectories per batch, global over all processes.
+    microbatches: gradient accumulation per update; gives the same update as the full batch.
+    epochs_per_batch: passes over one batch (> 1 only for comparison runs: FlashREINFORCE makes one update).
+    minibatches: optimizer updates per pass over one batch.
+    seed: seed of the initial weights, sampling and task streams.
+    name: the run's name; the run folder is runs/<name> unless run_dir is set.
+    run_dir: the run folder; "" = runs/<name>.
+    eval_every: RL steps between held-out evaluations, counted from the warm start's end; 0 = only at the
+      start, at the end of the warm start and at the end.
+    eval_episodes: held-out tasks per evaluation.
+    il_warmup_steps: at most this many IL-only updates on scripted expert episodes first (the warm start).
+    il_warmup_target: > 0: end the warm start once greedy decoding would reproduce this fraction of fresh expert
+      episodes (mean il_greedy_match over il_warmup_window batches); RL then still runs steps - il_warmup_steps.
+    il_warmup_window: batches averaged for il_warmup_target.
+    data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
+    buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
+    """
+
+    steps: int = 100
+    batch_size: int = 8
     microbatches: int = 1
     epochs_per_batch: int = 1
-    minibatches: int = 1  # optimizer updates per epoch over one batch
+    minibatches: int = 1
     seed: int = 0
     name: str = "run"
-    run_dir: str = ""  # "" = runs/<name>
-    eval_every: int = 0  # RL steps between evaluations (from the warm start's end); 0 = only before, after the
-    # IL warm start, and at the end
+    run_dir: str = ""
+    eval_every: int = 0
     eval_episodes: int = 32
-    il_warmup_steps: int = 0  # at most this many IL-only steps first (the warm start)
-    # > 0: the warm start (if any) ends early once the mean il_greedy_match of its last il_warmup_window batches
-    # (fresh expert episodes, measured before each update) reaches this; RL then runs steps - il_warmup_steps.
+    il_warmup_steps: int = 0
     il_warmup_target: float = 0.0
     il_warmup_window: int = 10
     data: tuple[str, ...] = ()
@@ -79,9 +98,21 @@ class TrainConfig:
         return self.run_dir or os.path.join("runs", self.name)
 
 
+class MetricsSink(Protocol):
+    """Where the learner's per-step metrics go (the run folder's metrics.jsonl and TensorBoard)."""
+
+    def start(self, resume_step: int | None) -> None:
+        """Open for writing; resuming from `resume_step` drops what a killed run logged after it, None starts
+        afresh."""
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Learner:
-    """Owns the loop. `run()` returns the final state; metrics go to <run_dir>/metrics.jsonl (+ TensorBoard).
+    """Owns the loop. `run()` returns the final state; metrics go to `metrics_log` every logging.every steps.
 
     step_fn: the jitted TrainStep; warmup_step_fn: the IL-only step used before state.rl_start (the first
     train.il_warmup_steps steps, fewer when the warm start reaches train.il_warmup_target; `rl_start`).
@@ -97,7 +128,7 @@ class Learner:
     step_fn: TrainStep
     source: TrajectorySource
     config: TrainConfig
-    run_dir: str
+    metrics_log: MetricsSink | None = None
     logging_config: LoggingConfig = field(default_factory=LoggingConfig)
     checkpointer: Checkpointer | None = None
     vocab_size: int | None = None
@@ -114,7 +145,6 @@ class Learner:
         self.eval_history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self.stop_requested: str | None = None
-        self._metrics: MetricsWriter | None = None
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
 
@@ -215,8 +245,8 @@ class Learner:
             return
         results = {k: float(v) for k, v in self.eval_fn(self.state).items()}
         self.eval_history.append({"step": step, **results})
-        if self._metrics is not None:
-            self._metrics.write(step, {f"eval/{k}": v for k, v in results.items()})
+        if self.metrics_log is not None:
+            self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
         log.info("eval at step %d: %s", step, results)
 
     def _updates(self, batch: TrajectoryBatch, step: int):
@@ -234,7 +264,7 @@ class Learner:
             order = rng.permutation(cfg.batch_size)
             for j in range(cfg.minibatches):
                 rows = np.sort(order[j * size:(j + 1) * size])
-                sub = jax.tree.map(lambda x: x[rows], batch)
+                sub = jax.tree.map(operator.itemgetter(rows), batch)
                 yield self.step_fn.put_batch(sub), self.step_fn.put_batch(adv[rows])
 
     def run(self) -> TrainState:
@@ -244,9 +274,8 @@ class Learner:
                 raise ValueError(f"config key 'checkpoint.resume': False, but {self.checkpointer.directory} holds "
                                  "checkpoints of an earlier run: resume it or choose a new train.run_dir")
             self.restore_latest()
-        # A fresh start drops metrics a killed run wrote before its first checkpoint.
-        self._metrics = MetricsWriter(self.run_dir, tensorboard=self.logging_config.tensorboard,
-                                      resume_step=-1 if self.resumed_from is None else self.resumed_from)
+        if self.metrics_log is not None:
+            self.metrics_log.start(self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
         bar = _progress(self.total_steps, step)
@@ -275,8 +304,8 @@ class Learner:
                         del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
                     total = self.total_steps
-                    if step % self.logging_config.every == 0 or step == total:
-                        self._metrics.write(step, metrics)
+                    if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
+                        self.metrics_log.write(step, metrics)
                     _report(bar, step, total, metrics, self.logging_config.every, step <= self.rl_start)
                     if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
                         self.after_update(self.state)
@@ -303,7 +332,8 @@ class Learner:
                 if save_at_exit:
                     self.save_checkpoint()
                 self.checkpointer.wait()
-            self._metrics.close()
+            if self.metrics_log is not None:
+                self.metrics_log.close()
             if bar is not None:
                 bar.close()
         return self.state

@@ -1,7 +1,5 @@
-"""Per-step metrics: metrics.jsonl (one JSON object per line) and TensorBoard, plus FLOP/MFU accounting."""
+"""Metrics settings and FLOP/MFU accounting (the metrics themselves go to the run folder: ipa_jax.pipeline)."""
 
-import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -12,100 +10,24 @@ import jax
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    every: int = 1  # learner steps between metric lines
+    """Metrics: metrics.jsonl and TensorBoard in the run folder.
+
+    every: learner steps between metric lines.
+    tensorboard: also write TensorBoard events to <run_dir>/tb.
+    entropy: compute the policy's token entropy every step (one extra logsumexp pass).
+    peak_tflops: peak TFLOP/s per device for MFU; 0 = detect from the device kind.
+    """
+
+    every: int = 1
     tensorboard: bool = True
-    entropy: bool = True  # compute the policy's token entropy every step (one extra logsumexp pass)
-    peak_tflops: float = 0.0  # per device; 0 = detect from the device kind
+    entropy: bool = True
+    peak_tflops: float = 0.0
 
     def __post_init__(self):
         if self.every < 1:
             raise ValueError(f"logging.every: must be >= 1, got {self.every}")
         if self.peak_tflops < 0:
             raise ValueError(f"logging.peak_tflops: must be >= 0 (0 = detect), got {self.peak_tflops}")
-
-
-class MetricsWriter:
-    """Appends `{"step": s, **metrics}` lines to <run_dir>/metrics.jsonl and scalars to <run_dir>/tb.
-
-    On resume from step s, lines with step > s (written after the checkpoint by a run that was killed)
-    are removed first, so the file reads as one uninterrupted run (resume_step=-1: start afresh, nothing is
-    kept; None: append). Only process 0 writes.
-    """
-
-    def __init__(self, run_dir: str, *, tensorboard: bool = True, resume_step: int | None = None):
-        self.enabled = jax.process_index() == 0
-        self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._tb = None
-        if not self.enabled:
-            return
-        os.makedirs(run_dir, exist_ok=True)
-        if resume_step is not None:
-            truncate_metrics(self.path, resume_step)
-        self._file = open(self.path, "a", encoding="utf-8")
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            purge = None if resume_step is None else resume_step + 1  # drop events logged after the checkpoint
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge)
-
-    def write(self, step: int, metrics: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        row = {"step": int(step)}
-        for key, value in metrics.items():
-            row[key] = _to_python(value)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def _to_python(value: Any) -> Any:
-    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no nan/inf
-    return value
-
-
-def truncate_metrics(path: str, last_step: int) -> None:
-    """Keeps only lines with step <= last_step (atomic rewrite)."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        lines = [line for line in f if line.strip()]
-    kept = []
-    for line in lines:
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError):
-            pass  # a line cut short by a kill
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """All complete lines of a metrics.jsonl file."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # the last line of a killed run may be partial
-    return rows
 
 
 def _is_moe_layer(config: Any, layer: int) -> bool:

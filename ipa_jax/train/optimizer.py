@@ -21,17 +21,32 @@ PhaseSchedule = Callable[..., jax.Array]  # (step, rl_start=il_warmup_steps) -> 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    """AdamW with a warmup + cosine (or constant) schedule per phase and global-norm clipping.
+
+    lr: learning rate of the RL phase (the whole run without an IL warm start).
+    il_lr: learning rate of the IL warm start (train.il_warmup_steps); 0 = lr.
+    schedule: "cosine" (decay to min_lr_ratio * lr over the phase) or "constant", after the warmup.
+    warmup_steps: linear warmup steps at the start of each phase; 0 = warmup_ratio of the phase's steps.
+    warmup_ratio: fraction of the phase's steps spent warming up, used when warmup_steps is 0.
+    min_lr_ratio: the cosine schedule ends at min_lr_ratio * lr.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    eps: Adam's epsilon.
+    weight_decay: decoupled weight decay, applied to matrices only (not norms, not biases).
+    clip_norm: clip gradients to this global norm; 0 = no clipping.
+    """
+
     lr: float = 1e-6
-    il_lr: float = 0.0  # learning rate of the IL warm start; 0 = lr
-    schedule: str = "cosine"  # cosine | constant
+    il_lr: float = 0.0
+    schedule: str = "cosine"
     warmup_steps: int = 0
-    warmup_ratio: float = 0.03  # used when warmup_steps == 0
+    warmup_ratio: float = 0.03
     min_lr_ratio: float = 0.1
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.1
-    clip_norm: float = 1.0  # 0 = no clipping
+    clip_norm: float = 1.0
 
     def __post_init__(self):
         if self.schedule not in ("cosine", "constant"):

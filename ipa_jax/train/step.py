@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models import token_logprobs
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding

@@ -10,7 +10,7 @@ from tiny_models import tiny_qwen3_config
 from ipa_jax.models import init_model
 from ipa_jax.models.moe import SparseMoeBlock, route, swiglu_experts_dense, swiglu_experts_ragged
 
-N, H, I, E, K = 24, 16, 8, 6, 2
+N, H, W, E, K = 24, 16, 8, 6, 2
 
 
 def _rel(a, b):
@@ -33,8 +33,8 @@ def _np_experts(x, experts, weights, wg, wu, wd):
 def expert_weights():
     rng = np.random.RandomState(0)
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
-    return (f32(rng.randn(N, H)), f32(rng.rand(N, K)), f32(0.3 * rng.randn(E, H, I)), f32(0.3 * rng.randn(E, H, I)),
-            f32(0.3 * rng.randn(E, I, H)))
+    return (f32(rng.randn(N, H)), f32(rng.rand(N, K)), f32(0.3 * rng.randn(E, H, W)), f32(0.3 * rng.randn(E, H, W)),
+            f32(0.3 * rng.randn(E, W, H)))
 
 
 def _routings():
@@ -113,7 +113,8 @@ def test_block_router_statistics_match_numpy():
 
 @pytest.fixture(scope="module")
 def moe_model():
-    """(params, grad_fn) of a 2-layer model (layer 1 dense); grad_fn(params, routed_experts, moe_impl) is jitted once."""
+    """(params, grad_fn) of a 2-layer model (layer 1 dense); grad_fn(params, routed_experts, moe_impl) is jitted
+    once."""
     cfg = tiny_qwen3_config(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,),
                             num_experts=8, num_experts_per_tok=2)
     model = init_model(cfg, seed=4)

@@ -1,4 +1,4 @@
-"""Independent float64 NumPy reference of the composed objective, written row by row from DESIGN.md's formulas
+"""Independent float64 NumPy reference of the composed objective, written row by row from the formulas in docs/design.md
 (no code shared with ipa_jax.objectives)."""
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
         magnitude += abs(cfg.il_weight) * np.sum(np.abs(np.where(ex, l, 0))) / max(den_il, 1)
     acceptance = {"none": 1.0, "sequence": admitted[action.any(1)].mean(),
                   "chunk": chunks_admitted / max(chunks, 1)}[cfg.trust_region_level]
-    return Reference(keep=keep_all, kl=kl_all, acceptance_rate=acceptance, loss=loss, num_rl=num_rl, den_rl=den_rl, num_il=num_il, den_il=den_il, grad=grad,
+    return Reference(keep=keep_all, kl=kl_all, acceptance_rate=acceptance, loss=loss, num_rl=num_rl, den_rl=den_rl,
+                     num_il=num_il, den_il=den_il, grad=grad,
                      weights=out["weights"], returns=out["returns"], chunk_ratios=out["chunk_ratios"],
                      sequence_kl=seq_kl, admitted=admitted, retained=retained, scale_magnitude=magnitude)
 

@@ -12,8 +12,16 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipa_jax.objectives import (aggregation_weights, bernoulli_kl, compute_advantages, credit_returns,
-                                imitation_term, level_log_ratio, mismatch_mask, sequence_divergence)
+from ipa_jax.objectives import (
+    aggregation_weights,
+    bernoulli_kl,
+    compute_advantages,
+    credit_returns,
+    imitation_term,
+    level_log_ratio,
+    mismatch_mask,
+    sequence_divergence,
+)
 
 B, T = 4, 16
 

@@ -11,9 +11,20 @@ import numpy as np
 import pytest
 from objectives_reference import random_batch, reference
 
-from ipa_jax.objectives import (ObjectiveConfig, aggregation_weights, combine_terms, compute_advantages,
-                                credit_returns, entropy_filter_mask, flash_reinforce_config, flash_reinforce_loss,
-                                ipa_loss, objective_terms, policy_loss, term_denominators)
+from ipa_jax.objectives import (
+    ObjectiveConfig,
+    aggregation_weights,
+    combine_terms,
+    compute_advantages,
+    credit_returns,
+    entropy_filter_mask,
+    flash_reinforce_config,
+    flash_reinforce_loss,
+    ipa_loss,
+    objective_terms,
+    policy_loss,
+    term_denominators,
+)
 
 ALL_CHUNK_OPTIONS = ObjectiveConfig(
     baseline="group_mean", credit="chunk", is_level="chunk", is_apply_to="all", is_clip_max=1.5,

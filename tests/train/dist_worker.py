@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from train_helpers import make_batch, make_exp  # noqa: E402
 
+from ipa_jax.pipeline.build import build_mesh, build_state, build_steps  # noqa: E402
 from ipa_jax.train import distributed  # noqa: E402
-from ipa_jax.train.build import build_mesh, build_state, build_steps  # noqa: E402
 
 distributed.initialize(f"localhost:{port}", num_processes, process_id)
 assert jax.device_count() == 8 and jax.process_count() == num_processes

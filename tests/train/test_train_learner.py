@@ -12,9 +12,10 @@ from flax import nnx
 from train_helpers import MOE_ARCH, make_exp, synthetic_trajectories, tree_copy
 
 from ipa_jax.models import MeshConfig, Qwen3ForCausalLM, from_pretrained, make_mesh
-from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, make_schedule, read_metrics
-from ipa_jax.train.build import build_learner, model_config
-from ipa_jax.train.metrics import MetricsWriter, active_params_per_token, train_flops_per_token
+from ipa_jax.pipeline import RunFolder
+from ipa_jax.pipeline.build import build_learner, model_config
+from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, make_schedule
+from ipa_jax.train.metrics import active_params_per_token, train_flops_per_token
 from ipa_jax.trajectory import write_jsonl
 
 REQUIRED_METRICS = {
@@ -67,7 +68,7 @@ def offline_run(tmp_path_factory):
 
 
 def test_loss_decreases_and_metrics_are_written(offline_run):
-    rows = read_metrics(os.path.join(offline_run["run_dir"], "metrics.jsonl"))
+    rows = RunFolder(offline_run["run_dir"]).read_metrics()
     train_rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
     assert REQUIRED_METRICS <= set(train_rows[0])
@@ -90,7 +91,7 @@ def test_hooks_and_eval_history(offline_run):
     assert offline_run["calls"]["after_update"] == 7  # once before the first step, then after each update
     history = offline_run["learner"].eval_history
     assert [e["step"] for e in history] == [0, 2, 6]  # before, after the warm start, at the end
-    rows = read_metrics(os.path.join(offline_run["run_dir"], "metrics.jsonl"))
+    rows = RunFolder(offline_run["run_dir"]).read_metrics()
     assert [r["eval/success"] for r in rows if "eval/success" in r] == [0.25, 0.5, 0.75]
 
 
@@ -124,7 +125,7 @@ def test_epochs_and_minibatches(tmp_path):
                    "train.minibatches=2", "train.steps=4", "checkpoint.every=0", "logging.tensorboard=False")
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"), mesh=_mesh2())
     state = learner.run()
-    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    rows = RunFolder(tmp_path / "run").read_metrics()
     assert int(state.step) == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]
     assert learner.source.state_dict()["offset"] > 0  # one batch of the file consumed for four updates
     assert len({round(r["loss"], 6) for r in rows}) == 4
@@ -149,10 +150,13 @@ def test_jsonl_source_resumes_at_its_position(tmp_path):
 def test_metrics_truncated_to_resume_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
-    writer = MetricsWriter(str(tmp_path), tensorboard=False, resume_step=3)
-    writer.write(4, {"loss": np.float32(4.5)})
-    writer.close()
-    assert [(r["step"], r["loss"]) for r in read_metrics(str(path))] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5)]
+    log = RunFolder(tmp_path).metrics_log(tensorboard=False)
+    log.start(resume_step=3)
+    log.write(4, {"loss": np.float32(4.5), "grad_norm": float("nan")})
+    log.close()
+    rows = RunFolder(tmp_path).read_metrics()
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5)]
+    assert np.isnan(rows[-1]["grad_norm"])  # stored as the string "nan", read back as a float
 
 
 @pytest.mark.parametrize("moe", [False, True])
@@ -197,7 +201,7 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path):
     start = learner.rl_start
     assert 0 < start < warm, start  # memorising 16 token pairs takes a few steps, not 40
     assert int(state.step) == start + rl_steps == learner.total_steps and int(state.rl_start) == start
-    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, start + rl_steps + 1))
     match = [r["il_greedy_match"] for r in rows[:start]]
     assert np.mean(match[-window:]) >= 1.0

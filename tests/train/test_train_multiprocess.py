@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from train_helpers import REPO, TINY_CONFIG, synthetic_trajectories
 
-from ipa_jax.train import read_metrics
+from ipa_jax.pipeline import RunFolder
 from ipa_jax.trajectory import write_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,10 +55,9 @@ def _train_cmd(data: str, run_dir: str, steps: int) -> list[str]:
 
 
 def _last_step(run_dir: str) -> int:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         return 0
-    rows = read_metrics(path)
+    rows = RunFolder(run_dir).read_metrics()
     return max((r["step"] for r in rows), default=0)
 
 
@@ -92,8 +91,8 @@ def test_kill9_then_restart_resumes_with_identical_losses(tmp_path):
     resumed_from = int(restart.stderr.split("resumed from step")[1].split()[0])
     assert 2 <= resumed_from <= killed_at and resumed_from % 2 == 0
 
-    ref = {r["step"]: r for r in read_metrics(os.path.join(ref_dir, "metrics.jsonl"))}
-    got = {r["step"]: r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))}
+    ref = {r["step"]: r for r in RunFolder(ref_dir).read_metrics()}
+    got = {r["step"]: r for r in RunFolder(run_dir).read_metrics()}
     assert sorted(got) == sorted(ref) == list(range(1, steps + 1))
     for step in range(1, steps + 1):
         for key in ("loss", "grad_norm", "reward_mean", "dropped_total"):

@@ -11,9 +11,9 @@ import pytest
 from train_helpers import MOE_ARCH, make_batch, make_exp, max_rel_diff, tree_copy
 
 from ipa_jax.models import MeshConfig, make_mesh
-from ipa_jax.train.build import build_state, build_steps
-from ipa_jax.train.step import greedy_reproduced_rows
+from ipa_jax.pipeline.build import build_state, build_steps
 from ipa_jax.train.optimizer import OptimizerConfig, apply_direction, make_optimizer, make_schedule
+from ipa_jax.train.step import greedy_reproduced_rows
 
 
 def _copy_state(state):

@@ -7,7 +7,7 @@ import os
 import jax
 import numpy as np
 
-from ipa_jax.config import ExperimentConfig, load_config, to_typed
+from ipa_jax.pipeline import ExperimentConfig, load_config, validate
 from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch
 
 
@@ -57,7 +57,7 @@ MOE_ARCH = ("model.arch.num_experts=4", "model.arch.num_experts_per_tok=2", "mod
 
 
 def make_exp(*overrides: str) -> ExperimentConfig:
-    return to_typed(load_config(TINY_CONFIG, overrides))
+    return validate(load_config(TINY_CONFIG, overrides))
 
 
 def make_batch(n: int = 8, seed: int = 0, **kw):

@@ -18,9 +18,9 @@ from tiny_models import tiny_qwen3_config
 from ipa_jax.engines import EmbeddedEngine
 from ipa_jax.envs import make_env
 from ipa_jax.models import init_model, token_logprobs
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episodes
-from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import pad_batch
 
 MAX_LEN = 512
@@ -28,7 +28,7 @@ MAX_LEN = 512
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_tokenizer())
+    return ChatFormat(build_corpus_tokenizer())
 
 
 @pytest.fixture(scope="module")

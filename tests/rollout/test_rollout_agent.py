@@ -12,14 +12,13 @@ from rollout_fakes import ScriptedEngine, check_token_invariants, expert_script,
 
 from ipa_jax.envs import StepResult, Task, ToolCall, format_tool_call, make_env
 from ipa_jax.envs.lookup import LookupEnv
-from ipa_jax.rollout.agent import (FINISH_REASONS, AgentConfig, ChatFormat, close_event_loop, run_episode,
-                                   run_episodes)
-from ipa_jax.tokenizer import build_tokenizer
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
+from ipa_jax.rollout.agent import FINISH_REASONS, AgentConfig, ChatFormat, close_event_loop, run_episode, run_episodes
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_tokenizer())
+    return ChatFormat(build_corpus_tokenizer())
 
 
 def run(coro):
@@ -205,7 +204,7 @@ def test_run_episodes_concurrency_and_order(chat):
 def test_template_that_rerenders_the_last_assistant_turn(chat):
     """Qwen3-style templates add a think block to the last assistant turn only (not append-only); the
     observation difference is taken inside one rendering, so episodes still work and observations are exact."""
-    tok = build_tokenizer()
+    tok = build_corpus_tokenizer()
     marker = "{%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
     assert marker in tok.chat_template
     tok.chat_template = tok.chat_template.replace(

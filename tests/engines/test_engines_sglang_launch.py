@@ -1,28 +1,19 @@
-"""experiments/launch_sglang.py: command construction and the clear exit without sglang / CUDA."""
+"""ipa_jax.engines.sglang_launch and experiments/launch_sglang.py: command construction, the clear exit without
+sglang / CUDA, the dry run reading a config."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from ipa_jax.engines import sglang_launch as m
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "experiments", "launch_sglang.py")
 
 
-def load_module():
-    if "launch_sglang" in sys.modules:
-        return sys.modules["launch_sglang"]
-    spec = importlib.util.spec_from_file_location("launch_sglang", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["launch_sglang"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)  # defines no flags on import
-    return module
-
-
 def test_build_commands_flags_and_gpu_assignment():
-    m = load_module()
     cfg = m.LaunchConfig(
         model_path="/ckpt/step0",
         urls=("http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://10.0.0.2:30000"),
@@ -55,12 +46,11 @@ def test_build_commands_flags_and_gpu_assignment():
     ],
 )
 def test_build_commands_rejects_bad_settings(kw, fragment):
-    m = load_module()
     with pytest.raises(ValueError, match=fragment):
         m.build_commands(m.LaunchConfig(**kw))
 
 
-needs_no_sglang = pytest.mark.skipif(load_module().missing_requirements() is None,
+needs_no_sglang = pytest.mark.skipif(m.missing_requirements() is None,
                                      reason="sglang and CUDA are available here")
 
 

@@ -9,13 +9,13 @@ from rollout_fakes import ScriptedEngine, expert_script, fake_logprob
 from ipa_jax.engines import SGLangEngine
 from ipa_jax.engines.devserver import DevServer
 from ipa_jax.envs import make_env
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episodes
-from ipa_jax.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_tokenizer())
+    return ChatFormat(build_corpus_tokenizer())
 
 
 def test_episodes_through_sglang_client_and_dev_server(chat):

@@ -11,18 +11,18 @@ import os
 import numpy as np
 import pytest
 
-from experiments.online import expert_trajectory, make_online_source_and_hooks
-from experiments.train import run
-from ipa_jax.config import load_config, to_typed
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
+from ipa_jax.pipeline import RunFolder, load_config, run, validate
+from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
+from ipa_jax.pipeline.forks import probe_policy
+from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import ChatFormat
-from ipa_jax.tokenizer import build_tokenizer, render_chat
-from ipa_jax.train.build import build_learner, build_mesh, build_state
-from ipa_jax.train.metrics import read_metrics
+from ipa_jax.tokenizer import render_chat
 from ipa_jax.trajectory import read_jsonl
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
 TINY = {
     "model.arch": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -40,7 +40,7 @@ TINY = {
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tok"))
-    build_tokenizer(vocab_size=640).save_pretrained(path)
+    build_corpus_tokenizer(640).save_pretrained(path)
     return path
 
 
@@ -69,7 +69,7 @@ def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(token
 
 
 def _check_one_step_run(run_dir, steps=1):
-    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    rows = RunFolder(run_dir).read_metrics()
     train = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train] == list(range(1, steps + 1))
     assert all(np.isfinite(r["loss"]) and r["source/learner_idle_fraction"] >= 0 for r in train)
@@ -99,7 +99,7 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
 
     # The policy's initial weights as an HF folder, served by the dev server and loaded by the learner.
     cfg = tiny_config(tmp_path / "init", **{"model.tokenizer": tokenizer_dir})
-    exp = to_typed(cfg)
+    exp = validate(cfg)
     state = build_state(exp, build_mesh(exp.mesh))
     init = str(tmp_path / "init_hf")
     save_pretrained(state.model(), init)
@@ -120,11 +120,12 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
 
 def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_dir):
     run_dir = str(tmp_path / "run")
-    exp = to_typed(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5,
+    exp = validate(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5,
                                            "train.il_warmup_steps": 1}))
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
-    source, after_update, eval_fn = make_online_source_and_hooks(exp, state, run_dir)
+    source = OnlineSource(exp, state, RunFolder(run_dir))
+    after_update = source.after_update
 
     def interrupt_after_step_2(st):
         after_update(st)
@@ -157,16 +158,14 @@ def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(tmp_
         assert key in summary, key
     assert summary["steps"] == 4 and summary["run_dir"] == str(run_dir)
     assert [e["step"] for e in summary["eval_history"]] == [0, 2, 4]
-    rows = read_metrics(str(run_dir / "metrics.jsonl"))
+    rows = RunFolder(run_dir).read_metrics()
     evals = [r for r in rows if "eval/success" in r]
     assert {"eval/success", "eval/reward", "eval/tool_calls", "eval/turns"} <= set(evals[-1])
     assert [r for r in rows if "loss" in r][0]["il_loss"] > 0 and os.path.isdir(run_dir / "checkpoints" / "4")
     assert os.path.exists(run_dir / "tokenizer" / "tokenizer_config.json")
     assert os.path.exists(run_dir / "hf" / "model.safetensors")  # where configs/resample_*.py start from
     # experiments/forks.py on the exported policy: every anchor 0..K of each task, `samples` episodes each.
-    from experiments.forks import probe_policy
-
-    exp = to_typed(tiny_config(run_dir))
+    exp = validate(tiny_config(run_dir))
     estimates = probe_policy(exp, str(run_dir / "hf"), tokenizer=str(run_dir / "tokenizer"), num_tasks=2, samples=3)
     assert [e.task_id for e in estimates] == [t.task_id for t in make_env("calculator", **dict(exp.env.kwargs))
                                               .tasks("eval", 2, seed=0)]
@@ -185,7 +184,7 @@ def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
     # Rollback starts every task at its last chunk: the expert's tool-call turns are the (unmasked) prefix.
     assert len(consumed) == 8 and all(t.info["resample"]["anchor"] == t.info["resample"]["num_expert_chunks"] > 0
                                       for t in consumed)
-    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert any(k.startswith("source/resample_") for k in rows[0])
     # forks.json: per task, the outcomes seen at each anchor (here the consumed episodes at the last anchor).
     with open(run_dir / "forks.json") as f:
@@ -210,5 +209,5 @@ def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):
     consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
     # After update 1 the engines still serve version 0 (the weights of step 1 - forced_lag).
     assert len(consumed) == 16 and {t.policy_version for t in consumed} == {0}
-    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert rows[1]["policy_lag_mean"] == 1.0

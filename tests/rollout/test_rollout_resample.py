@@ -1,5 +1,5 @@
 """Chunk-level initialized resampling: expert loading, anchored rollouts, fork estimation, rollback, parallel
-initialization and the IL fallback (issue 8), with scripted engines and a stateful toy environment."""
+initialization and the IL fallback, with scripted engines and a stateful toy environment."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from rollout_fakes import ScriptedEngine, expert_script, expert_turn_texts
 
 from ipa_jax.envs import Env, Task, ToolCall, ToolError, make_env, register_env, registry
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episode
 from ipa_jax.rollout.resample import (
     Planned,
@@ -30,7 +31,6 @@ from ipa_jax.rollout.resample import (
     resample_round,
     run_anchored,
 )
-from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import pad_batch, write_jsonl
 
 K = 4  # tool-call chunks of every StackEnv task
@@ -89,7 +89,7 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_tokenizer())
+    return ChatFormat(build_corpus_tokenizer())
 
 
 @pytest.fixture(scope="module")

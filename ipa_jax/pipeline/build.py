@@ -1,38 +1,48 @@
-"""Wiring from typed configs to a ready learner: mesh, model, TrainState, train steps, checkpointer, Learner.
+"""From an ExperimentConfig to a ready learner: mesh, model, TrainState, train steps, checkpointer, Learner.
 
-Each function takes the typed sections of `ipa_jax.config.ExperimentConfig` (duck-typed here: the train layer
-does not import the config module), so experiments (train, the quickstart, ablations, the online trainer)
-reuse them and only choose the data source and the hooks.
+The run (`ipa_jax.pipeline.run`), the tests and the benchmarks build learners here and only choose the data
+source and the hooks (weight sync, evaluation).
 """
+
+from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from ipa_jax.models import Qwen3Config, from_pretrained, init_model, make_mesh
+from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh
 from ipa_jax.models.sharding import DEFAULT_RULES, batch_sharding
-from ipa_jax.train.checkpoint import Checkpointer
-from ipa_jax.train.learner import Learner
-from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
-from ipa_jax.train.optimizer import make_optimizer, make_schedule
-from ipa_jax.train.sources import TrajectorySource
-from ipa_jax.train.state import TrainState
-from ipa_jax.train.step import StepOptions, TrainStep, place_state
+from ipa_jax.objectives import ObjectiveConfig
+from ipa_jax.pipeline.config import ExperimentConfig, ModelConfig
+from ipa_jax.pipeline.run_folder import RunFolder
+from ipa_jax.train import (
+    Checkpointer,
+    Learner,
+    StepOptions,
+    TrainConfig,
+    TrainState,
+    TrainStep,
+    TrajectorySource,
+    make_optimizer,
+    make_schedule,
+    place_state,
+    train_flops_per_token,
+)
+from ipa_jax.train.metrics import peak_flops_per_device
 
 log = logging.getLogger(__name__)
 
 
-def build_mesh(mesh_config) -> Mesh:
+def build_mesh(mesh_config: MeshConfig) -> Mesh:
     return make_mesh(mesh_config)
 
 
-def model_config(model_cfg) -> Qwen3Config:
+def model_config(model_cfg: ModelConfig) -> Qwen3Config:
     """Qwen3Config of an HF folder (model.path) or of the inline `model.arch` fields."""
     learner_side = dict(moe_impl=model_cfg.moe_impl, remat_policy=model_cfg.remat)
     if model_cfg.path:
@@ -46,7 +56,7 @@ def model_config(model_cfg) -> Qwen3Config:
     return Qwen3Config.from_hf_dict(arch, **learner_side)
 
 
-def build_model(model_cfg, mesh: Mesh, seed: int):
+def build_model(model_cfg: ModelConfig, mesh: Mesh, seed: int):
     """The policy (master weights in model.param_dtype), each parameter placed in its sharding."""
     dtype = jnp.dtype(model_cfg.param_dtype)
     if model_cfg.path:
@@ -55,7 +65,7 @@ def build_model(model_cfg, mesh: Mesh, seed: int):
     return init_model(model_config(model_cfg), seed=seed, dtype=dtype, mesh=mesh)
 
 
-def step_options(exp, objective=None) -> StepOptions:
+def step_options(exp: ExperimentConfig, objective: ObjectiveConfig | None = None) -> StepOptions:
     m = exp.model
     return StepOptions(
         objective=objective or exp.objective,
@@ -76,7 +86,7 @@ def data_parallel_size(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def check_batch_divisibility(train_cfg, mesh: Mesh) -> None:
+def check_batch_divisibility(train_cfg: TrainConfig, mesh: Mesh) -> None:
     """Every microbatch is split evenly over the data-parallel devices."""
     dp = data_parallel_size(mesh)
     rows = train_cfg.batch_size // (train_cfg.minibatches * train_cfg.microbatches)
@@ -86,14 +96,14 @@ def check_batch_divisibility(train_cfg, mesh: Mesh) -> None:
                          f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}")
 
 
-def build_state(exp, mesh: Mesh) -> TrainState:
+def build_state(exp: ExperimentConfig, mesh: Mesh) -> TrainState:
     model = build_model(exp.model, mesh, exp.train.seed)
     state = TrainState.create(model, make_optimizer(exp.optimizer), exp.train.seed, mesh,
                               rl_start=exp.train.il_warmup_steps)
     return place_state(state, mesh)
 
 
-def build_steps(exp, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:
+def build_steps(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:
     """(the main step, the IL-only warm-start step or None)."""
     check_batch_divisibility(exp.train, mesh)
     schedule = make_schedule(exp.optimizer, exp.train.steps, exp.train.il_warmup_steps)
@@ -105,10 +115,12 @@ def build_steps(exp, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainSte
     return step, warmup
 
 
-def build_learner(exp, source: TrajectorySource, *, run_dir: str, mesh: Mesh | None = None,
-                  state: TrainState | None = None, **hooks: Any) -> Learner:
-    """A Learner over `source` with checkpoints under <run_dir>/checkpoints. hooks: eval_fn, after_update,
-    extra (see Learner). The state is restored from the latest checkpoint when checkpoint.resume is set."""
+def build_learner(exp: ExperimentConfig, source: TrajectorySource, *, run_dir: str | None = None,
+                  mesh: Mesh | None = None, state: TrainState | None = None, **hooks: Any) -> Learner:
+    """A Learner over `source` writing into the run folder (default exp.run_dir): metrics and checkpoints.
+    hooks: eval_fn, after_update, extra (see Learner). The learner restores the latest checkpoint when it runs
+    (checkpoint.resume)."""
+    folder = RunFolder(run_dir or exp.run_dir)
     mesh = mesh or build_mesh(exp.mesh)
     state = state or build_state(exp, mesh)
     step, warmup = build_steps(exp, state, mesh)
@@ -120,9 +132,9 @@ def build_learner(exp, source: TrajectorySource, *, run_dir: str, mesh: Mesh | N
         warmup_step_fn=warmup,
         source=source,
         config=exp.train,
-        run_dir=run_dir,
+        metrics_log=folder.metrics_log(exp.logging.tensorboard),
         logging_config=exp.logging,
-        checkpointer=Checkpointer(os.path.join(run_dir, "checkpoints"), exp.checkpoint),
+        checkpointer=Checkpointer(folder.checkpoints_dir, exp.checkpoint),
         vocab_size=arch.vocab_size,
         flops_per_token=lambda seq_len: train_flops_per_token(arch, seq_len),
         peak_flops=peak,

@@ -1,4 +1,4 @@
-"""experiments/ablate.py and the table / curve numbers of experiments/analysis.py.
+"""experiments/ablate.py, ipa_jax.analysis.sweep and the table / curve numbers of ipa_jax.analysis.
 
 The end-to-end test trains two tiny configs (chunk vs token credit, built on configs/ablations/common.py) for a few
 steps each with the real online pipeline and checks the folder: ablation.json, table.md / table.csv / runs.csv whose
@@ -19,19 +19,22 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import ablate, analysis
-from ipa_jax.config import load_config, resolved_dict, validate
+from ipa_jax import analysis
+from ipa_jax.analysis import sweep as ablate
+from ipa_jax.pipeline import RunFolder, load_config, validate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG_DIR = os.path.join(ROOT, "configs", "ablations")
+TRAIN = [sys.executable, os.path.join(ROOT, "experiments", "train.py")]
 
 # A tiny version of the ablation base: 1 layer, hidden 32, a 2-step IL warm start (shared by the two configs, which
 # differ only in the RL phase), 4-episode evaluations every 2 RL steps.
 TINY_CONFIG = '''
-from configs.ablations.common import get_config as common_config
+from ipa_jax.pipeline import load_config
 
 
 def get_config():
-    c = common_config()
+    c = load_config({common!r})
     c.model.arch.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, head_dim=8,
                              moe_intermediate_size=32))
     c.rollout.max_new_tokens = 24
@@ -47,6 +50,19 @@ def get_config():
     c.objective.credit = "{credit}"
     return c
 '''
+
+
+def tiny_config(name: str, credit: str) -> str:
+    return TINY_CONFIG.format(common=os.path.join(CONFIG_DIR, "common.py"), name=name, credit=credit)
+
+
+def test_list_prints_presets_and_configs():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), "--list"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name, preset in ablate.PRESETS.items():
+        assert name in proc.stdout and preset.description in proc.stdout
+    assert "credit_token" in proc.stdout and "token credit" in proc.stdout  # its docstring's first line
 
 
 # ------------------------------------------------------------------------------------ analysis numbers
@@ -105,15 +121,13 @@ ABLATIONS = {
 
 def _flat_resolved(name: str) -> dict:
     """The resolved config (objective preset expanded) of configs/ablations/<name>.py as {dotted key: value}."""
-    config = load_config(os.path.join(ROOT, "configs", "ablations", f"{name}.py"))
-    validate(config)
-    return ablate._flatten(resolved_dict(config))
+    return ablate.flatten(validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"))).to_dict())
 
 
 def test_every_ablation_config_changes_one_thing():
     files = {os.path.splitext(os.path.basename(p))[0]
              for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))}
-    assert files - {"__init__", "common", "common_negatives"} == set(ABLATIONS)
+    assert files - {"common", "common_negatives"} == set(ABLATIONS)
     # The negative branch's base: the common base with negative advantages, at the lr stable with them.
     negatives, common = _flat_resolved("common_negatives"), _flat_resolved("common")
     assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline",
@@ -144,11 +158,11 @@ def tiny_sweep(tmp_path_factory):
     paths = []
     for credit in ("chunk", "token"):
         path = tmp / f"tiny_{credit}.py"
-        path.write_text(TINY_CONFIG.format(name=f"tiny_{credit}", credit=credit))
+        path.write_text(tiny_config(f"tiny_{credit}", credit))
         paths.append(str(path))
     out = tmp / "out"
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), f"--configs={','.join(paths)}",
-           "--seeds=0", "--steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess"]
+           "--seeds=0", "--set=train.steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess"]
     # One CPU device (not conftest's 8): a batch of 4 needs no data-parallel split, and 2 cores run it faster.
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -162,16 +176,16 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
     manifest = analysis.load_ablation(out)
     assert manifest["failed"] == [] and list(manifest["runs"]) == ["tiny_chunk", "tiny_token"]
     for name, (run_dir,) in manifest["runs"].items():
-        summary = analysis.load_summary(run_dir)
-        assert summary["steps"] == 4  # --steps overrides the config's 6
+        summary = RunFolder(run_dir).read_summary()
+        assert summary["steps"] == 4  # --set=train.steps=4 overrides the config's 6
         assert summary["seed"] == 0
-        assert analysis.load_run_config(run_dir)["objective"]["credit"] == name.split("_")[1]
+        assert RunFolder(run_dir).read_config()["objective"]["credit"] == name.split("_")[1]
     with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:
         table = {row["config"]: row for row in csv.DictReader(f)}
     assert set(table) == {"tiny_chunk", "tiny_token"}
     for name, (run_dir,) in manifest["runs"].items():
         # Recompute from the files: final success from summary.json, AUC and admitted fraction from metrics.jsonl.
-        summary = analysis.load_summary(run_dir)
+        summary = RunFolder(run_dir).read_summary()
         with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
             rows = [json.loads(line) for line in f]
         evals = sorted((r["step"], r["eval/success"]) for r in rows if "eval/success" in r)
@@ -200,17 +214,24 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
 
 
 @pytest.mark.slow
-def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path):
+def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, monkeypatch):
     """Rerunning into the same folder trains nothing new; a config that fails (subprocess isolation) is
-    recorded and the finished runs still make the table."""
+    recorded and the finished runs still make the table, also when the plots cannot be drawn."""
     out, _ = tiny_sweep
     bad = tmp_path / "bad.py"
-    bad.write_text(TINY_CONFIG.format(name="bad", credit="no_such_credit"))
-    before = {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in glob.glob(os.path.join(out, "runs", "*", "*"))}
-    configs = [ablate.resolve_config(os.path.join(os.path.dirname(p), os.path.basename(p)))
+    bad.write_text(tiny_config("bad", "no_such_credit"))
+    os.remove(os.path.join(out, "table.csv"))
+
+    def no_matplotlib(*args):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(ablate, "write_plots", no_matplotlib)
+    before = {d: os.path.getmtime(os.path.join(d, "summary.json"))
+              for d in glob.glob(os.path.join(out, "runs", "*", "*"))}
+    configs = [ablate.resolve_config(p, CONFIG_DIR)
                for p in json.load(open(os.path.join(out, "ablation.json")))["configs"].values()]
-    manifest = ablate.sweep(configs + [ablate.resolve_config(str(bad))], seeds=[0], out=out, steps=4,
-                            threshold=0.0, isolation="subprocess")
+    manifest = ablate.sweep(configs + [ablate.resolve_config(str(bad), CONFIG_DIR)], seeds=[0], out=out,
+                            overrides={"train.steps": 4}, threshold=0.0, train_command=TRAIN)
     assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
     (failure,) = manifest["failed"]
     assert failure["config"] == "bad" and "exit status" in failure["error"]
@@ -222,27 +243,27 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path):
 
 def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):
     def key(name):
-        return ablate.warm_start_key(ablate.resolve_config(name)[1])
+        return ablate.warm_start_key(ablate.resolve_config(name, CONFIG_DIR)[1])
 
     assert key("credit_chunk") == key("credit_token") == key("agg_token_mean") == key("lag4_tr") is not None
     assert key("credit_chunk") == key("baseline_batch_mean")  # objective and RL learning rate: RL phase only
     assert key("il_warmup_off") is None  # no warm start to share
     assert key("grpo") == key("credit_chunk")  # group_size: how RL samples
     changed_il = tmp_path / "il_lr.py"
-    changed_il.write_text(TINY_CONFIG.format(name="il_lr", credit="chunk").replace(
+    changed_il.write_text(tiny_config("il_lr", "chunk").replace(
         "return c", "c.train.il_warmup_steps = 2\n    c.optimizer.il_lr = 1e-2\n    return c"))
     same_il = tmp_path / "same.py"
-    same_il.write_text(TINY_CONFIG.format(name="same", credit="token"))
+    same_il.write_text(tiny_config("same", "token"))
     assert ablate.warm_start_key(str(changed_il)) != ablate.warm_start_key(str(same_il)) is not None
     bad = tmp_path / "bad.py"
-    bad.write_text(TINY_CONFIG.format(name="bad", credit="no_such_credit"))
+    bad.write_text(tiny_config("bad", "no_such_credit"))
     assert ablate.warm_start_key(str(bad)) is None  # its own run reports the error
 
 
 def test_resolve_config_names_and_errors(tmp_path):
-    name, path = ablate.resolve_config("credit_token")
-    assert name == "credit_token" and path == os.path.join(ROOT, "configs", "ablations", "credit_token.py")
+    name, path = ablate.resolve_config("credit_token", CONFIG_DIR)
+    assert name == "credit_token" and path == os.path.join(CONFIG_DIR, "credit_token.py")
     with pytest.raises(ValueError, match="no config file"):
-        ablate.resolve_config("credit_tokne")
+        ablate.resolve_config("credit_tokne", CONFIG_DIR)
     with pytest.raises(ValueError, match="share a name"):
         ablate.sweep([("a", path), ("a", path)], [0], str(tmp_path))

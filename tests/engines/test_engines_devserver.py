@@ -1,10 +1,11 @@
-"""The dev server speaks SGLang's HTTP contract (shared/reference/sglang-protocol.md), checked over real HTTP."""
+"""The dev server speaks SGLang's HTTP contract (docs/sglang.md), checked over real HTTP."""
 
 import asyncio
 import json
 import urllib.error
 import urllib.request
 
+import aiohttp
 import numpy as np
 import pytest
 from engine_fakes import (
@@ -15,8 +16,6 @@ from engine_fakes import (
     token_logprob,
     write_fake_weights,
 )
-
-import aiohttp
 
 
 def http(url: str, path: str, body=None, *, method: str | None = None, raw: bytes | None = None):

@@ -1,5 +1,5 @@
-"""Online training wiring: engines, environment, IL warm start, rollout workers -> queue -> learner, weight
-sync, held-out evaluation, samples and the run summary (issue 6 item 5, issue 7 item 1).
+"""Online training: engines, environment, IL warm start, rollout workers -> queue -> learner, weight sync,
+held-out evaluation and samples.
 
     learner step s < rl_start:              batches of scripted-expert episodes (IL only); rl_start is
                                             train.il_warmup_steps, or earlier once train.il_warmup_target is met
@@ -13,65 +13,40 @@ Expert episodes are token rows built from the expert's chat messages through the
 bookkeeping as the agent loop): every assistant turn, the final answer and its `<|im_end|>` included, is an
 imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).
 
-Run folder (CONTRACTS.md "Run folder layout"): tokenizer/ (when built), samples/step_<8 digits>.jsonl,
-trajectories/train.jsonl (every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished
-ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight sync), summary.json, and with
-resampling forks.json (success per expert anchor and crucial forks per task, `Resampler.fork_report`).
+What it writes into the run folder (`RunFolder`): tokenizer/ (when built), samples/, trajectories/train.jsonl
+(every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished ones still waiting at exit or
+Ctrl-C), weights/v<version>/ (SGLang weight sync) and, with resampling, forks.json.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
-from transformers import AutoTokenizer
 
-from ipa_jax.engines import Engine, SGLangEngine
+from ipa_jax.engines import SGLangEngine
 from ipa_jax.envs import Env, Task, make_env
 from ipa_jax.models import save_pretrained
+from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
+from ipa_jax.pipeline.evaluation import EVAL_SEED, episode_metrics
+from ipa_jax.pipeline.run_folder import RunFolder
+from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
 from ipa_jax.rollout.agent import expert_episode
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
-from ipa_jax.tokenizer import build_tokenizer
-from ipa_jax.train.metrics import read_metrics
-from ipa_jax.trajectory import Trajectory, write_jsonl
+from ipa_jax.train import TrainState
+from ipa_jax.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
-EVAL_SEED = 0  # the held-out set is the same for every run (comparable across seeds and configs)
 SAMPLES_PER_SPLIT = 4  # episodes of each split written to samples/step_*.jsonl
 WAIT_POLL_S = 1.0  # the learner re-checks the rollout worker's health this often while waiting
-
-
-# ---------------------------------------------------------------------------------------------- tokenizer
-def load_or_build_tokenizer(exp, run_dir: str):
-    """model.tokenizer, else the model folder's, else <run_dir>/tokenizer (built by an earlier attempt of this
-    run, or now: a small BPE on the built-in environments' expert conversations, sized to model.arch)."""
-    path = exp.model.tokenizer or exp.model.path
-    if path:
-        return AutoTokenizer.from_pretrained(path)
-    out = os.path.join(run_dir, "tokenizer")
-    vocab_size = int(exp.model.arch["vocab_size"])
-    if os.path.exists(os.path.join(out, "tokenizer_config.json")):
-        tok = AutoTokenizer.from_pretrained(out)
-    else:
-        tok = build_tokenizer(vocab_size=vocab_size)
-        if jax.process_index() == 0:
-            tok.save_pretrained(out)
-    if len(tok) > vocab_size:
-        raise ValueError(f"config key 'model.arch.vocab_size': {vocab_size} is smaller than the tokenizer's {len(tok)} "
-                         f"tokens ({out})")
-    return tok
 
 
 # ---------------------------------------------------------------------------------------------- experts
@@ -80,7 +55,7 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Traje
     return expert_episode(task, env.expert(task), env, chat, uid, info={"split": "train"})
 
 
-def sampling_agent_config(exp) -> AgentConfig:
+def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
     """How training episodes are sampled (exp.rollout's budgets and sampling parameters)."""
     r = exp.rollout
     return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
@@ -116,9 +91,9 @@ class EngineHost:
     loop driven from the learner thread. Embedded: two in-process engines sharing compiled functions;
     SGLang: two clients of the same servers (weights are a server-side state)."""
 
-    def __init__(self, exp, state, run_dir: str, tokenizer):
+    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder, tokenizer):
         r = exp.rollout
-        self.kind, self.run_dir = r.engine, run_dir
+        self.kind, self.folder = r.engine, folder
         self.loop = asyncio.new_event_loop()
         if r.engine == "embedded":
             from ipa_jax.engines import EmbeddedEngine
@@ -140,7 +115,7 @@ class EngineHost:
             self.rollout.set_params_from_model(params, version)
             self.control.set_params_from_model(params, version)
         else:
-            path = os.path.join(self.run_dir, "weights", f"v{version:08d}")
+            path = self.folder.weights_dir(version)
             save_pretrained(state.model(), path)
             self.loop.run_until_complete(self.control.update_weights(path, version))
         self.version = version
@@ -166,20 +141,21 @@ class OnlineSource:
     """The learner's TrajectorySource: expert episodes during the IL warm start, then rollouts (queue or
     resampling). Also the weight-sync hook (`after_update`) and the evaluation function (`evaluate`)."""
 
-    def __init__(self, exp, state, run_dir: str):
-        self.exp, self.run_dir = exp, run_dir
+    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder):
+        self.exp, self.folder = exp, folder
         r, t = exp.rollout, exp.train
         if exp.queue.max_size < t.batch_size:
-            raise ValueError(f"config key 'queue.max_size': {exp.queue.max_size} < train.batch_size={t.batch_size}; "
-                             "the learner takes whole batches from the queue")
+            raise ConfigError("queue.max_size", f"{exp.queue.max_size} < train.batch_size={t.batch_size}; the learner "
+                                                "takes whole batches from the queue")
         if not exp.env.name:
-            raise ValueError("config key 'env.name': online training needs an environment (ipa_jax.envs)")
+            raise ConfigError("env.name", "online training needs an environment (ipa_jax.envs.list_envs()), or "
+                                          "offline trajectories in train.data")
         env_kwargs = dict(exp.env.kwargs)
         self.env_factory = lambda: make_env(exp.env.name, **env_kwargs)
         env = self.env_factory()
-        self.tokenizer = load_or_build_tokenizer(exp, run_dir)
+        self.tokenizer = load_or_build_tokenizer(exp.model, folder)
         self.chat = ChatFormat(self.tokenizer)
-        self.engines = EngineHost(exp, state, run_dir, self.tokenizer)
+        self.engines = EngineHost(exp, state, folder, self.tokenizer)
         self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
         self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
@@ -194,8 +170,7 @@ class OnlineSource:
         self.worker: RolloutWorker | None = None
         self.resample: ResampleSource | None = None
         if source == "queue":
-            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag,
-                                         vocab_size=int(exp.model.arch["vocab_size"]) if not exp.model.path else None)
+            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size)
             self.train_tasks = env.task_stream("train", seed=t.seed)
         else:
             tasks = env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=t.seed)
@@ -208,7 +183,7 @@ class OnlineSource:
         self.wait_s = 0.0
         self.rl_started_at: float | None = None
         self.closed = False
-        os.makedirs(os.path.join(run_dir, "trajectories"), exist_ok=True)
+        self.final_rollout_stats: dict[str, float] | None = None  # taken when the rollouts stop
 
     # ---- TrajectorySource ---------------------------------------------------------------------------
     def next_trajectories(self, n: int) -> list[Trajectory]:
@@ -224,7 +199,7 @@ class OnlineSource:
         for traj in out:
             traj.info.setdefault("split", "train")
         self.last_train = out[:SAMPLES_PER_SPLIT]
-        _append_jsonl(os.path.join(self.run_dir, "trajectories", "train.jsonl"), out)
+        self.folder.append_trajectories("train", out)
         return out
 
     def _take(self, n: int) -> list[Trajectory]:
@@ -296,7 +271,7 @@ class OnlineSource:
         version, params = self.history[0]
         self.engines.push(_HostState(state, params), version)
 
-    def evaluate(self, state) -> dict[str, float]:
+    def evaluate(self, state: TrainState) -> dict[str, float]:
         """Held-out episodes with the current weights: success, reward, tool calls, turns (and samples)."""
         step = int(jax.device_get(state.step))
         if self.engines.kind == "embedded":
@@ -306,27 +281,11 @@ class OnlineSource:
             self.engines.control, self.chat, self.eval_tasks, self.eval_agent,
             concurrency=len(self.eval_tasks), env_factory=lambda task: self.env_factory()))
         done = [t for t in trajs if t is not None]
-        if not done:
-            raise RuntimeError("evaluation: every episode was aborted by the engine")
         for traj in done:
             traj.info["split"] = "eval"
-        self._write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
-        return {
-            "success": float(np.mean([t.reward >= 1.0 for t in done])),
-            "reward": float(np.mean([t.reward for t in done])),
-            "tool_calls": float(np.mean([t.info["num_tool_calls"] for t in done])),
-            "tool_errors": float(np.mean([t.info["num_tool_errors"] for t in done])),
-            "turns": float(np.mean([t.info["num_turns"] for t in done])),
-            "episodes": float(len(done)),
-            "time_s": time.perf_counter() - t0,
-        }
-
-    def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
-        if jax.process_index() != 0:
-            return
-        path = os.path.join(self.run_dir, "samples", f"step_{step:08d}.jsonl")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_jsonl(path, trajs)
+        metrics = episode_metrics(done)
+        self.folder.write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
+        return {**metrics, "time_s": time.perf_counter() - t0}
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def rollout_stats(self) -> dict[str, float]:
@@ -352,20 +311,11 @@ class OnlineSource:
         if self.queue is not None:
             self.queue.close()
             left += self.queue.drain()
-        if left:
-            _append_jsonl(os.path.join(self.run_dir, "trajectories", "unconsumed.jsonl"), left)
+        self.folder.append_trajectories("unconsumed", left)
         if self.resample is not None:
-            if jax.process_index() == 0:
-                with open(os.path.join(self.run_dir, "forks.json"), "w", encoding="utf-8") as f:
-                    json.dump(self.resample.resampler.fork_report(), f, indent=1)
+            self.folder.write_forks(self.resample.resampler.fork_report())
             self.resample.close()
         self.engines.close()
-
-
-def _append_jsonl(path: str, trajs: list[Trajectory]) -> None:
-    if jax.process_index() == 0:
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(t.to_json() + "\n" for t in trajs)
 
 
 class _HostState:
@@ -377,68 +327,3 @@ class _HostState:
 
     def model(self):
         return nnx.merge(self._graphdef, self._params, self._rest)
-
-
-def make_online_source_and_hooks(exp, state, run_dir: str) -> tuple[OnlineSource, Callable, Callable]:
-    """(source, after_update, eval_fn) for `experiments.train.run`; call source.close() when training ends."""
-    source = OnlineSource(exp, state, run_dir)
-    return source, source.after_update, source.evaluate
-
-
-# ---------------------------------------------------------------------------------------------- summary
-def write_summary(exp, learner, run_dir: str, wall_time_s: float, source: Any = None) -> dict[str, Any]:
-    """summary.json (names in CONTRACTS.md) from the learner's eval history and metrics.jsonl; returns it."""
-    evals = [e for e in learner.eval_history if "success" in e]
-    warm = learner.rl_start
-    before = next((e for e in evals if e["step"] == warm), None)
-    after = evals[-1] if evals else None
-    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl")) if os.path.exists(
-        os.path.join(run_dir, "metrics.jsonl")) else []
-    rl_rows = [r for r in rows if "admitted_fraction" in r and r["step"] > warm]
-    step = int(jax.device_get(learner.state.step))
-    summary = {
-        "success_before": None if before is None else before["success"],
-        "success_after": None if after is None else after["success"],
-        "tool_calls_before": None if before is None else before["tool_calls"],
-        "tool_calls_after": None if after is None else after["tool_calls"],
-        "reward_before": None if before is None else before["reward"],
-        "reward_after": None if after is None else after["reward"],
-        "steps": step,
-        "il_warmup_steps": warm,
-        "wall_time_s": wall_time_s,
-        "run_dir": os.path.abspath(run_dir),
-        "name": exp.train.name,
-        "config": os.path.abspath(os.path.join(run_dir, "config.json")),
-        "seed": exp.train.seed,
-        "env": exp.env.name,
-        "eval_episodes": exp.train.eval_episodes,
-        "admitted_fraction_mean": float(np.mean([r["admitted_fraction"] for r in rl_rows])) if rl_rows else None,
-        "reward_mean_rl": float(np.mean([r["reward_mean"] for r in rl_rows])) if rl_rows else None,
-        "eval_history": evals,
-    }
-    if source is not None:
-        summary.update(getattr(source, "final_rollout_stats", None) or source.rollout_stats())
-    if jax.process_index() == 0:
-        with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-    return summary
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    def pct(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
-
-    def num(x):
-        return "n/a" if x is None else f"{x:.2f}"
-
-    lines = [
-        f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
-        f" -> {pct(s['success_after'])} (end)",
-        f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
-        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
-    ]
-    if "episodes_per_s" in s:
-        lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
-                     f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue")
-    lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
-    return "\n".join(lines)

@@ -8,15 +8,15 @@ import pytest
 from rollout_fakes import ScriptedEngine, expert_script
 
 from ipa_jax.envs import make_env
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import QueueClosed, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import ChatFormat
-from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import pad_batch
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_tokenizer())
+    return ChatFormat(build_corpus_tokenizer())
 
 
 @pytest.fixture(scope="module")

@@ -1,1 +1,0 @@
-"""Ablation configs: one small file per ablation, each changing one thing from `common.py`."""

@@ -1,0 +1,42 @@
+"""Reading runs and ablations: curves, per-run numbers, episode rendering, ablation sweeps, tables and plots.
+
+    curves.py     metric series of one run, smoothing, AUC, steps to a threshold, the per-run table numbers
+    episodes.py   one episode as HTML (tokens coloured by chunk, context and expert targets)
+    tables.py     ablation folders: manifest, comparison tables (Markdown, CSV) and plots
+    sweep.py      train a set of configs over seeds (shared warm starts) and write the comparison
+
+The numbers in a table and the curves in a notebook come from the same code. Files are read through
+`ipa_jax.pipeline.RunFolder`.
+"""
+
+from ipa_jax.analysis.curves import (
+                                     EVAL_SUCCESS,
+                                     RUN_CURVES,
+                                     SCALARS,
+                                     curve_auc,
+                                     newest_run,
+                                     run_scalars,
+                                     seed_band,
+                                     series,
+                                     smooth,
+                                     steps_to_threshold,
+)
+from ipa_jax.analysis.episodes import Segment, episode_segments, load_run_tokenizer, render_episode_html
+from ipa_jax.analysis.tables import (
+                                     ABLATION_PLOTS,
+                                     ablation_rows,
+                                     load_ablation,
+                                     newest_ablation,
+                                     plot_band,
+                                     table_markdown,
+                                     write_csv,
+                                     write_plots,
+                                     write_tables,
+)
+
+__all__ = [
+    "ABLATION_PLOTS", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Segment", "ablation_rows", "curve_auc",
+    "episode_segments", "load_ablation", "load_run_tokenizer", "newest_ablation", "newest_run", "plot_band",
+    "render_episode_html", "run_scalars", "seed_band", "series", "smooth", "steps_to_threshold", "table_markdown",
+    "write_csv", "write_plots", "write_tables",
+]

@@ -1,0 +1,116 @@
+"""Curves of one run and the per-run numbers of an ablation table (RL phase = after the IL warm start)."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ipa_jax.pipeline import RunFolder
+
+EVAL_SUCCESS = "eval/success"
+# Curves of one run shown by explore_run.ipynb: (metrics key, label). Missing keys are skipped there.
+RUN_CURVES: tuple[tuple[str, str], ...] = (
+    ("reward_mean", "training reward"),
+    (EVAL_SUCCESS, "held-out success"),
+    ("loss", "loss"),
+    ("il_greedy_match", "expert episodes greedy decoding reproduces (warm start)"),
+    ("grad_norm", "grad norm"),
+    ("mismatch_abs", "mismatch mean |log pi - log mu|"),
+    ("mismatch_kl", "mismatch Bernoulli-KL"),
+    ("admitted_fraction", "admitted fraction"),
+    ("eval/tool_calls", "held-out tool calls / episode"),
+    ("policy_lag_mean", "policy lag"),
+)
+# Per-run scalars of an ablation table, in column order.
+SCALARS = ("success_before", "success_after", "auc", "steps_to_threshold", "wall_time_s", "admitted_fraction")
+
+
+def newest_run(runs_root: str = "runs") -> str:
+    """The run folder under `runs_root` (searched recursively) whose metrics.jsonl changed last."""
+    paths = glob.glob(os.path.join(runs_root, "**", "metrics.jsonl"), recursive=True)
+    if not paths:
+        raise FileNotFoundError(f"no run folder (with metrics.jsonl) under {os.path.abspath(runs_root)}")
+    return os.path.dirname(max(paths, key=os.path.getmtime))
+
+
+def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps int64[N], values float64[N]) of the rows that hold a number under `key`, sorted by step; a step
+    logged twice (a resumed run) keeps its last value."""
+    points: dict[int, float] = {}
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            points[int(row["step"])] = float(value)
+    steps = np.array(sorted(points), dtype=np.int64)
+    return steps, np.array([points[s] for s in steps], dtype=np.float64)
+
+
+def curve_auc(steps: np.ndarray, values: np.ndarray) -> float:
+    """Normalised area under a curve: (1 / (s_N - s_1)) * trapezoid(values, steps), the step-weighted mean of
+    the curve (same units as values). nan without points; the single value with one point."""
+    if len(steps) == 0:
+        return math.nan
+    if len(steps) == 1 or steps[-1] == steps[0]:
+        return float(values[-1])
+    return float(np.trapezoid(values, steps) / (steps[-1] - steps[0]))
+
+
+def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float) -> float:
+    """The first step whose value is >= threshold; nan if the curve never reaches it."""
+    hit = np.nonzero(values >= threshold)[0]
+    return float(steps[hit[0]]) if hit.size else math.nan
+
+
+def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
+    """The per-run numbers of an ablation table (RL phase = after the IL warm start, see RunFolder.rl_start):
+    success_before / success_after (summary.json: held-out success after the warm start / at the end); auc =
+    curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps (counted from the end
+    of the warm start, whose length depends on the seed) to held-out success >= threshold; wall_time_s (summary.json);
+    admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged)."""
+    folder = RunFolder(run_dir)
+    summary, rows = folder.read_summary(), folder.read_metrics()
+    start = folder.rl_start(rows)
+    steps, success = series(rows, EVAL_SUCCESS)
+    rl = steps >= start
+    admitted_steps, admitted = series(rows, "admitted_fraction")
+    admitted = admitted[admitted_steps > start]
+    for key in ("success_before", "success_after", "wall_time_s"):
+        if summary.get(key) is None:
+            raise ValueError(f"{run_dir}/summary.json: no value for {key!r}")
+    return {
+        "success_before": float(summary["success_before"]),
+        "success_after": float(summary["success_after"]),
+        "auc": curve_auc(steps[rl], success[rl]),
+        "steps_to_threshold": steps_to_threshold(steps[rl] - start, success[rl], threshold),
+        "wall_time_s": float(summary["wall_time_s"]),
+        "admitted_fraction": float(np.mean(admitted)) if admitted.size else math.nan,
+    }
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average over up to `window` points (the first points average what exists)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    csum = np.cumsum(np.insert(values.astype(np.float64), 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std) over seeds, on the steps every seed logged; std is the sample std (ddof=1, as in the
+    table), 0 for a single seed."""
+    curves = [c for c in curves if len(c[0])]
+    if not curves:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    common = curves[0][0]
+    for steps, _ in curves[1:]:
+        common = np.intersect1d(common, steps)
+    stacked = np.stack([vals[np.searchsorted(steps, common)] for steps, vals in curves])
+    std = stacked.std(axis=0, ddof=1) if len(stacked) > 1 else np.zeros(len(common))
+    return common, stacked.mean(axis=0), std

@@ -1,0 +1,226 @@
+"""Ablation sweeps: train a set of configs over several seeds, then write the comparison into one folder.
+
+Each (config, seed) trains into <out>/runs/<config>/seed_<seed> with train.seed and train.run_dir set (and the
+sweep's overrides applied to every arm); a run whose folder already holds summary.json is reused, so rerunning an
+interrupted sweep continues it (`rerun=True` starts the runs afresh). Then <out>/ holds ablation.json (what ran,
+where, what failed), table.md, table.csv, runs.csv and the plots (`ipa_jax.analysis.tables`).
+
+Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
+the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
+<out>/warm_starts/<first such config>/seed_<seed> (train.steps = train.il_warmup_steps: it stops where RL would
+start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics). Their comparison is then
+paired: every arm starts RL from the same policy. A run's wall_time_s is its own process's, the RL phase.
+
+Isolation: with `train_command` (the argv of the training script, e.g. `python experiments/train.py`) every run is
+a fresh process, so runs share no JAX/XLA state, a run that crashes or runs out of memory fails alone and is
+recorded while the sweep goes on, and memory does not grow over a long sweep. Without it, runs train in this
+process (`ipa_jax.pipeline.run`: no interpreter and JAX start-up per run; quick sweeps and tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ipa_jax.analysis.tables import load_ablation, write_plots, write_tables
+from ipa_jax.pipeline import RunFolder, load_config, run, validate
+
+log = logging.getLogger(__name__)
+
+# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
+RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
+                 "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "train.steps",
+                 "train.eval_every", "train.name", "train.run_dir")
+WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named sweep: config names (files of the ablation config folder), seeds and overrides for every arm."""
+
+    configs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    description: str = ""
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+
+PRESETS: dict[str, Preset] = {
+    "small": Preset(("credit_chunk", "credit_token"), (0, 1),
+                    "chunk vs token credit, 2 seeds: a sweep that finishes on 2 CPU cores in < 1 h"),
+    "claims": Preset(("credit_chunk", "credit_token", "agg_token_mean", "lag4", "lag4_tr"), (0, 1),
+                     "the README's table: chunk vs token credit, sample- vs token-mean, the trust region at policy "
+                     "lag 4 (credit_chunk is the base), 2 seeds, shared warm starts"),
+    "credit": Preset(("credit_chunk", "credit_token", "credit_trajectory"), (0, 1, 2),
+                     "IPA's claim: chunk-level credit beats token-level (and trajectory-level)"),
+    "staleness": Preset(("lag4", "lag4_tr", "lag8", "lag8_tr"), (0, 1, 2),
+                        "FlashREINFORCE's claim: the sequence trust region keeps stale updates stable"),
+    "aggregation": Preset(("agg_sample_mean", "agg_token_mean", "agg_chunk_mean"), (0, 1, 2),
+                          "FlashREINFORCE's claim: sample-mean beats token-mean aggregation"),
+}
+
+
+def resolve_config(spec: str, config_dir: str) -> tuple[str, str]:
+    """(name, absolute path) of a config: a bare name is <config_dir>/<name>.py, anything else a path."""
+    spec = spec.strip()
+    if not spec:
+        raise ValueError("empty config name")
+    path = spec if spec.endswith(".py") or os.sep in spec else os.path.join(config_dir, spec + ".py")
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"no config file {path} (for {spec!r})")
+    return os.path.splitext(os.path.basename(path))[0], path
+
+
+def run_overrides(run_dir: str, seed: int, overrides: Mapping[str, Any] = (), steps: int | None = None
+                  ) -> dict[str, Any]:
+    """The dotted config overrides of one (config, seed) run of a sweep (`steps`: a warm start's train.steps)."""
+    out = {**dict(overrides), "train.seed": seed, "train.run_dir": run_dir}
+    if steps is not None:
+        out["train.steps"] = steps
+    return out
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A resolved config as {dotted key: value} (model.arch and env.kwargs stay whole dicts)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and key not in ("arch", "kwargs"):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple[str, int] | None:
+    """(the config without its RL_PHASE_KEYS as JSON, train.il_warmup_steps), equal for configs whose warm
+    starts are the same; None without a warm start or when the config does not load (its run reports why)."""
+    try:
+        flat = flatten(validate(load_config(config_path, dict(overrides))).to_dict())
+    except Exception:  # noqa: BLE001 - the run itself fails with the config's own error message
+        return None
+    warm = int(flat["train.il_warmup_steps"])
+    if warm == 0:
+        return None
+    kept = {k: v for k, v in flat.items() if not k.startswith(RL_PHASE_KEYS)}
+    return json.dumps(kept, sort_keys=True, default=repr), warm
+
+
+def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
+    """Copies a finished warm start into a fresh run folder, which then resumes from its last checkpoint."""
+    for name in WARM_START_FILES:
+        src, dst = os.path.join(warm_dir, name), os.path.join(run_dir, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, dst)
+        elif os.path.exists(src):
+            shutil.copy2(src, dst)
+
+
+def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
+              train_command: Sequence[str] | None = None) -> None:
+    """One run: `train_command --config=PATH --config.KEY=VALUE ...` as a subprocess (its output to `log_path`),
+    or in this process without a command. Raises RuntimeError when the subprocess fails."""
+    if train_command is None:
+        with open(log_path, "w", encoding="utf-8") as f:
+            f.write(f"in-process run of {config_path} with {dict(overrides)}\n")
+        run(load_config(config_path, dict(overrides)))
+        return
+    cmd = [*train_command, f"--config={config_path}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+    with open(log_path, "w", encoding="utf-8") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        raise RuntimeError(f"exit status {rc}")
+
+
+def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
+          overrides: Mapping[str, Any] = (), threshold: float = 0.5, train_command: Sequence[str] | None = None,
+          rerun: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
+    """Trains every (config, seed) in order with `overrides` on every arm, then writes the tables (and prints the
+    Markdown one) and the plots into `out`. Returns the manifest (also <out>/ablation.json, rewritten after every
+    run so a partial sweep is readable)."""
+    if not configs or not seeds:
+        raise ValueError("nothing to run: need at least one config and one seed")
+    names = [name for name, _ in configs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two configs share a name: {names}")
+    overrides = dict(overrides)
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    manifest: dict[str, Any] = {
+        "configs": dict(configs), "seeds": list(seeds), "overrides": overrides, "threshold": threshold,
+        "isolation": "subprocess" if train_command else "inprocess", "runs": {}, "failed": [], "wall_time_s": {},
+        "warm_starts": {},
+    }
+    # Configs with the same warm start (module doc): the first of each group trains it for all.
+    donors: dict[tuple[str, int], str] = {}
+    shared: dict[str, tuple[str, int]] = {}
+    if share_warm_start:
+        keys = {name: warm_start_key(path, overrides) for name, path in configs}
+        for name, _ in configs:
+            if keys[name] is not None and sum(k == keys[name] for k in keys.values()) > 1:
+                donors.setdefault(keys[name], name)
+                shared[name] = (donors[keys[name]], keys[name][1])
+    paths = dict(configs)
+    # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
+    for seed in seeds:
+        for name, path in configs:
+            run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
+            rel = os.path.relpath(run_dir, out)
+            if rerun and os.path.isdir(run_dir):
+                shutil.rmtree(run_dir)
+            if not RunFolder(run_dir).has_summary():
+                os.makedirs(run_dir, exist_ok=True)
+                log.info("training %s seed %d -> %s", name, seed, run_dir)
+                t0 = time.perf_counter()
+                try:
+                    if name in shared and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
+                        donor, warm = shared[name]
+                        warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
+                        if rerun and os.path.isdir(warm_dir) and name == donor:
+                            shutil.rmtree(warm_dir)
+                        if not RunFolder(warm_dir).has_summary():
+                            os.makedirs(warm_dir, exist_ok=True)
+                            log.info("IL warm start of %s seed %d -> %s", donor, seed, warm_dir)
+                            train_one(paths[donor], run_overrides(warm_dir, seed, overrides, steps=warm),
+                                      os.path.join(warm_dir, "ablate.log"), train_command)
+                        seed_from_warm_start(warm_dir, run_dir)
+                        manifest["warm_starts"][rel] = os.path.relpath(warm_dir, out)
+                    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"),
+                              train_command)
+                except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
+                    log.error("%s seed %d failed: %s (log: %s/ablate.log)", name, seed, e, run_dir)
+                    manifest["failed"].append({"config": name, "seed": seed, "run_dir": rel, "error": repr(e),
+                                               "traceback": traceback.format_exc()})
+                manifest["wall_time_s"][rel] = time.perf_counter() - t0
+            if RunFolder(run_dir).has_summary():
+                manifest["runs"].setdefault(name, []).append(rel)
+            _write_manifest(out, manifest)
+    manifest["runs"] = {name: manifest["runs"][name] for name, _ in configs if name in manifest["runs"]}
+    _write_manifest(out, manifest)
+    if not manifest["runs"]:
+        raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
+    runs = load_ablation(out)["runs"]
+    write_tables(out, runs, threshold)
+    with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
+        print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
+    try:
+        write_plots(out, runs)
+    except ImportError as e:  # the table is written; plots need matplotlib
+        log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
+    return manifest
+
+
+def _write_manifest(out: str, manifest: dict[str, Any]) -> None:
+    tmp = os.path.join(out, "ablation.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+    os.replace(tmp, os.path.join(out, "ablation.json"))

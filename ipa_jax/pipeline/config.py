@@ -1,0 +1,544 @@
+"""The experiment config: one typed `ExperimentConfig`, and the ml_collections ConfigDict built from it.
+
+Every default lives in exactly one place, the section dataclasses (ModelConfig, RolloutConfig, QueueConfig, EnvConfig
+here; ObjectiveConfig, OptimizerConfig, TrainConfig, CheckpointConfig, LoggingConfig, MeshConfig, ResampleConfig in
+their layers), each checking its own values. `base_config()` builds the locked ConfigDict from them, config files
+(`configs/*.py`, `get_config()`) start from it, command-line overrides (`--config.objective.gamma=0.9`) are applied
+to it, and `validate(config)` turns it into the `ExperimentConfig` the rest of the code receives, once. Every error
+is a `ConfigError` naming the dotted key.
+
+The objective section is a preset plus per-field overrides: a field left at None takes the preset's value. The run
+folder's config.json holds the resolved config (`ExperimentConfig.to_dict()`: preset "custom" with every field
+explicit), which loads back to the same `ExperimentConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import re
+from ast import literal_eval
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ml_collections import ConfigDict, config_dict
+
+from ipa_jax.models import MeshConfig
+from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
+from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_config, ipa_config
+from ipa_jax.rollout.resample import ResampleConfig
+from ipa_jax.train.checkpoint import CheckpointConfig
+from ipa_jax.train.learner import TrainConfig
+from ipa_jax.train.metrics import LoggingConfig
+from ipa_jax.train.optimizer import OptimizerConfig
+
+
+class ConfigError(ValueError):
+    """A config problem: `key` is the dotted config key, the message says what is wrong and how to fix it."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"config key '{key}': {message}" if key else message)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+# ---------------------------------------------------------------------------------------------- sections
+DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("embedded", "sglang")
+ONLINE_SOURCES = ("auto", "queue", "resample")
+
+# The tiny model a config without model.path initialises (HF config.json field names, Qwen3Config.from_hf_dict).
+DEFAULT_ARCH: dict[str, Any] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=False,
+    max_position_embeddings=4096, num_experts=0, num_experts_per_tok=2, moe_intermediate_size=32,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=(),
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy: a Hugging Face folder (Qwen3 / Qwen3-MoE) or, without one, a random init of `arch`.
+
+    path: HF model folder (config.json + safetensors); "" = random init from arch.
+    tokenizer: tokenizer folder; "" = the model folder's, or a small one built for the run.
+    arch: HF config.json fields of the random-init model (num_experts > 0 makes it a Qwen3-MoE).
+    dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
+    param_dtype: dtype of the master weights and the optimizer state.
+    remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
+    moe_impl: MoE dispatch: ragged (grouped lax.ragged_dot) or dense (the reference).
+    routing_replay: use the experts the rollout engine chose in the learner's forward (MoE).
+    load_balancing_coef: weight of the Switch load-balancing loss (MoE).
+    router_z_coef: weight of the router z-loss (MoE).
+    logprob_block_size: sequence block of the token log-probs ([B, T, V] logits are never held at once).
+    """
+
+    path: str = ""
+    tokenizer: str = ""
+    arch: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_ARCH))
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: str = "none"
+    moe_impl: str = "ragged"
+    routing_replay: bool = False
+    load_balancing_coef: float = 0.0
+    router_z_coef: float = 0.0
+    logprob_block_size: int = 128
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.param_dtype in DTYPES, "model.param_dtype",
+                 f"must be one of {DTYPES}, got {self.param_dtype!r}")
+        _require(self.remat in REMAT_POLICIES, "model.remat", f"must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        _require(self.moe_impl in MOE_IMPLS, "model.moe_impl",
+                 f"must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        _require(self.load_balancing_coef >= 0, "model.load_balancing_coef", "must be >= 0")
+        _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
+        _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
+        unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
+        _require(not unknown, f"model.arch.{unknown[0] if unknown else ''}",
+                 f"unknown architecture field; known: {sorted(DEFAULT_ARCH)}")
+        arch = {**DEFAULT_ARCH, **self.arch, "mlp_only_layers": list(self.arch.get("mlp_only_layers", ()))}
+        object.__setattr__(self, "arch", arch)
+        if self.path:  # the folder's config.json describes the model
+            return
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
+            _require(arch[key] >= 1, f"model.arch.{key}", f"must be >= 1, got {arch[key]}")
+        _require(arch["num_key_value_heads"] >= 1 and arch["num_attention_heads"] % arch["num_key_value_heads"] == 0,
+                 "model.arch.num_key_value_heads", "must divide model.arch.num_attention_heads")
+        if arch["num_experts"] > 0:
+            _require(1 <= arch["num_experts_per_tok"] <= arch["num_experts"], "model.arch.num_experts_per_tok",
+                     f"must be in [1, num_experts={arch['num_experts']}]")
+        _require(not (self.routing_replay and arch["num_experts"] == 0), "model.routing_replay",
+                 "needs an MoE model (model.arch.num_experts > 0)")
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The random-init model's vocabulary size; None for an HF folder (its config.json has it)."""
+        return None if self.path else int(self.arch["vocab_size"])
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Online rollouts: engines, sampling and episode budgets.
+
+    engine: embedded (the in-process JAX engine, the default on one machine) or sglang (SGLang servers over HTTP).
+    sglang_urls: SGLang server URLs, e.g. ("http://host:30000",); needed when engine is sglang.
+    temperature: sampling temperature (importance sampling needs the sampler's full support: keep 1).
+    top_p: nucleus sampling threshold (keep 1 for exact importance ratios).
+    top_k: top-k sampling; -1 = off (keep -1 for exact importance ratios).
+    max_new_tokens: generated tokens per assistant turn.
+    max_turns: assistant turns per episode, the final answer included.
+    max_context: tokens of a whole episode (prompt, turns and tool observations).
+    concurrency: episodes generated at once.
+    group_size: samples per task (> 1 for GRPO-style group baselines).
+    weight_sync_every: learner steps between weight syncs to the engines.
+    source: auto (resample when resample.mode is not none or resample.il_fallback), queue or resample.
+    eval_temperature: sampling temperature of held-out evaluations; 0 = greedy.
+    """
+
+    engine: str = "embedded"
+    sglang_urls: tuple[str, ...] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    max_turns: int = 8
+    max_context: int = 2048
+    concurrency: int = 8
+    group_size: int = 1
+    weight_sync_every: int = 1
+    source: str = "auto"
+    eval_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
+        _require(self.engine in ENGINES, "rollout.engine", f"must be one of {ENGINES}, got {self.engine!r}")
+        _require(not (self.engine == "sglang" and not self.sglang_urls), "rollout.sglang_urls",
+                 "rollout.engine='sglang' needs at least one server URL")
+        _require(self.temperature > 0, "rollout.temperature", f"must be > 0, got {self.temperature}")
+        _require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k == -1 or self.top_k >= 1, "rollout.top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        for key in ("max_new_tokens", "max_turns", "concurrency", "group_size", "weight_sync_every"):
+            _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.max_context > self.max_new_tokens, "rollout.max_context", "must exceed rollout.max_new_tokens")
+        _require(self.source in ONLINE_SOURCES, "rollout.source",
+                 f"must be one of {ONLINE_SOURCES}, got {self.source!r}")
+        _require(self.eval_temperature >= 0, "rollout.eval_temperature",
+                 f"must be >= 0 (0 = greedy), got {self.eval_temperature}")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The bounded trajectory queue between rollouts and the learner.
+
+    max_size: trajectories the queue holds (at least train.batch_size).
+    max_policy_lag: admit a trajectory only if (current version - its sampling version) <= this.
+    forced_lag: staleness experiments: the engines serve the weights of step - forced_lag.
+    """
+
+    max_size: int = 8
+    max_policy_lag: int = 4
+    forced_lag: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.max_size >= 1, "queue.max_size", f"must be >= 1, got {self.max_size}")
+        _require(self.max_policy_lag >= 0, "queue.max_policy_lag", f"must be >= 0, got {self.max_policy_lag}")
+        _require(0 <= self.forced_lag <= self.max_policy_lag, "queue.forced_lag",
+                 f"must be in [0, queue.max_policy_lag={self.max_policy_lag}], got {self.forced_lag}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The environment online rollouts run in.
+
+    name: a registered environment (ipa_jax.envs.list_envs()), e.g. calculator or lookup.
+    kwargs: the environment's own settings, passed to its constructor (free-form keys).
+    """
+
+    name: str = ""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Objective presets (fields not named keep ObjectiveConfig's defaults).
+OBJECTIVE_PRESETS: dict[str, ObjectiveConfig] = {
+    "ipa": ipa_config(),  # chunk credit 0.95, chunk mismatch mask [0, 5], TOPR negatives, no baseline, no IL
+    "flash_reinforce": flash_reinforce_config(),  # batch baseline, token IS, sequence trust region 3e-3
+    "custom": ObjectiveConfig(),
+}
+OBJECTIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
+
+# Section name -> its dataclass, in the order of the ConfigDict and of config.json.
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "mesh": MeshConfig,
+    "objective": ObjectiveConfig,
+    "optimizer": OptimizerConfig,
+    "rollout": RolloutConfig,
+    "queue": QueueConfig,
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+    "env": EnvConfig,
+    "resample": ResampleConfig,
+}
+FREE_FORM = ("env.kwargs",)  # keys under it are the environment's own, checked by its constructor
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one run needs, typed and checked (cross-section rules here, the rest in each section)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    objective: ObjectiveConfig = field(default_factory=ipa_config)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    resample: ResampleConfig = field(default_factory=ResampleConfig)
+
+    def __post_init__(self) -> None:
+        _require(not (self.objective.rl_weight == 0 and self.objective.il_weight == 0), "objective.rl_weight",
+                 "rl_weight and il_weight are both 0: nothing to train")
+        if self.online:
+            _require(self.objective.baseline != "group_mean" or self.rollout.group_size > 1, "objective.baseline",
+                     "'group_mean' needs several samples per task: set rollout.group_size > 1")
+
+    @property
+    def online(self) -> bool:
+        """Trajectories come from rollouts (no offline train.data)."""
+        return not self.train.data
+
+    @property
+    def run_dir(self) -> str:
+        return self.train.resolved_run_dir
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain JSON values (config.json): the objective as preset "custom" with every
+        field explicit (is_clip_max None, "never truncate", as inf); loads back with `config_from_dict`."""
+        values = json.loads(json.dumps(dataclasses.asdict(self)))
+        objective = values["objective"]
+        if objective["is_clip_max"] is None:
+            objective["is_clip_max"] = math.inf
+        values["objective"] = {"preset": "custom", **objective}
+        return values
+
+
+# ---------------------------------------------------------------------------------------------- help text
+def field_help(cls: type) -> dict[str, str]:
+    """{field name: help} from the dataclass's docstring, whose entries read `name: text` (continuation lines
+    indented deeper). Every config section documents every field this way (tests check it)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    entries: dict[str, str] = {}
+    current = None
+    for line in (inspect.getdoc(cls) or "").splitlines():
+        match = re.match(r"(\w+): (.*)", line)
+        if match and match.group(1) in names:
+            current = match.group(1)
+            entries[current] = match.group(2).strip()
+        elif current and line.startswith(" ") and line.strip():
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+_EXTRA_HELP = {
+    "objective.preset": "ipa, flash_reinforce or custom (ObjectiveConfig's defaults); the objective fields left "
+                        "at None take the preset's value.",
+}
+
+
+def describe_config(config: ConfigDict | None = None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, value, help) of every config key, in section order: the values of `config` (default: the
+    base config's). model.arch fields are HF config.json fields; env.kwargs keys are free-form."""
+    config = config if config is not None else base_config()
+    rows = []
+    for section, cls in SECTIONS.items():
+        helps = field_help(cls)
+        node = config[section]
+        for key in node.keys():
+            dotted = f"{section}.{key}"
+            value = node[key]
+            if isinstance(value, ConfigDict):
+                label = "HF config.json field" if dotted == "model.arch" else "environment setting"
+                rows += [(f"{dotted}.{k}", type(v).__name__, repr(v), label) for k, v in value.items()]
+                if not len(value):
+                    rows.append((dotted, "dict", "{}", helps.get(key, "")))
+                continue
+            typ = node.get_type(key) if key in node else type(value)
+            text = _EXTRA_HELP.get(dotted) or helps.get(key, "")
+            if section == "objective" and key != "preset":
+                text += " (None = the preset's value)"
+            rows.append((dotted, getattr(typ, "__name__", str(typ)), repr(value), text))
+    return rows
+
+
+def format_config_help(config: ConfigDict | None = None) -> str:
+    """describe_config as aligned text, one key per line."""
+    rows = describe_config(config)
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{key:<{width}}  {typ:<6} {value:<14} {text}" for key, typ, value, text in rows)
+
+
+# ---------------------------------------------------------------------------------------------- ConfigDict
+def _section_dict(cls: type) -> ConfigDict:
+    values = dataclasses.asdict(cls())
+    if cls is ModelConfig:
+        values["arch"] = ConfigDict(dict(DEFAULT_ARCH))
+    if cls is EnvConfig:
+        values["kwargs"] = ConfigDict()
+    return ConfigDict(values)
+
+
+def _objective_section() -> ConfigDict:
+    section = ConfigDict()
+    section.preset = "ipa"
+    defaults = ObjectiveConfig()
+    for name in OBJECTIVE_FIELDS:
+        section[name] = config_dict.placeholder(type(getattr(defaults, name)))
+    return section
+
+
+def base_config() -> ConfigDict:
+    """Every knob of ipa_jax with its default (locked): built from the section dataclasses."""
+    config = ConfigDict()
+    for name, cls in SECTIONS.items():
+        config[name] = _objective_section() if cls is ObjectiveConfig else _section_dict(cls)
+    config.lock()
+    return config
+
+
+def load_config(path: str | os.PathLike, overrides: Iterable[str] | Mapping[str, Any] = ()) -> ConfigDict:
+    """A config file (`get_config()` of a .py file, or a run's config.json) with dotted overrides applied
+    ("objective.gamma=0.9" strings, or a {dotted key: value} mapping). Config files load their bases the same
+    way: `load_config(Path(__file__).parent / "quickstart.py")`."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError("", f"no config file {os.path.abspath(path)}")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            config = config_from_dict(json.load(f))
+    else:
+        config = _load_py_config(path)
+    apply_overrides(config, overrides)
+    return config
+
+
+def _load_py_config(path: str) -> ConfigDict:
+    path = os.path.abspath(path)
+    spec = importlib.util.spec_from_file_location(f"_ipa_config_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError("", f"cannot load config file {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError("", f"config file {path} defines no get_config()")
+    return module.get_config()
+
+
+def config_from_dict(values: Mapping[str, Any]) -> ConfigDict:
+    """The base config with every value of a (possibly partial) nested dict applied; unknown keys fail."""
+    config = base_config()
+    overrides: dict[str, Any] = {}
+
+    def flatten(prefix: str, tree: Mapping[str, Any]) -> None:
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if name in ("env.kwargs", "model.arch") and isinstance(value, Mapping):
+                overrides[name] = dict(value)
+            elif isinstance(value, Mapping):
+                flatten(name + ".", value)
+            else:
+                overrides[name] = tuple(value) if isinstance(value, list) else value
+
+    flatten("", values)
+    apply_overrides(config, overrides)
+    return config
+
+
+def apply_overrides(config: ConfigDict, overrides: Iterable[str] | Mapping[str, Any]) -> None:
+    """Sets dotted keys in place. Strings are parsed by the field's type; unknown keys raise naming them."""
+    items = overrides.items() if isinstance(overrides, Mapping) else (split_override(o) for o in overrides)
+    for dotted, value in items:
+        *parents, leaf = dotted.split(".")
+        node = config
+        for i, part in enumerate(parents):
+            _check_key(node, part, ".".join(parents[: i + 1]))
+            node = node[part]
+        if dotted in ("env.kwargs", "model.arch"):
+            with config.unlocked():
+                if dotted == "env.kwargs":
+                    node[leaf] = ConfigDict(dict(value))
+                else:  # arch keys are checked by ModelConfig
+                    node[leaf].update(dict(value))
+            continue
+        free_form = ".".join(parents[:2]) in FREE_FORM  # env-specific keys may be new
+        if not free_form:
+            _check_key(node, leaf, dotted)
+        if isinstance(value, str) and leaf in node:
+            value = _parse_value(value, node.get_type(leaf), dotted)
+        elif isinstance(value, str):  # a new env kwarg: a Python literal, else a string
+            with contextlib.suppress(ValueError, SyntaxError):
+                value = literal_eval(value)
+        try:
+            with config.unlocked() if free_form else contextlib.nullcontext():
+                node[leaf] = value
+        except (TypeError, ValueError) as e:
+            raise ConfigError(dotted, f"cannot take {value!r}: {e}") from None
+
+
+def split_override(text: str) -> tuple[str, str]:
+    """'--config.train.steps=5' or 'train.steps=5' -> ('train.steps', '5')."""
+    key, sep, value = text.lstrip("-").removeprefix("config.").partition("=")
+    if not sep:
+        raise ConfigError(key, f"override {text!r} is not of the form key.sub=value")
+    return key.strip(), value.strip()
+
+
+def _check_key(node: ConfigDict, key: str, dotted: str) -> None:
+    if key not in node:
+        raise ConfigError(dotted, _unknown_key_message(dotted, list(node.keys())))
+
+
+def _unknown_key_message(dotted: str, known: list[str]) -> str:
+    prefix, _, key = dotted.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'? " if close else ""
+    return f"unknown key; {hint}valid keys here: {', '.join(sorted(known))}"
+
+
+def _parse_value(text: str, typ: type, dotted: str) -> Any:
+    if typ is str:
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        return text[1:-1] if quoted else text
+    if text.lower() in ("none", "null"):
+        return None
+    if typ is bool:
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(dotted, f"expected a boolean (True or False), got {text!r}")
+    try:
+        value = float(text) if text.lower() in ("inf", "+inf", "-inf") else literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ConfigError(dotted, f"cannot parse {text!r} as {typ.__name__}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if typ is tuple and isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, typ):
+        raise ConfigError(dotted, f"expected {typ.__name__}, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def validate(config: ConfigDict) -> ExperimentConfig:
+    """The typed config of `config`, or a ConfigError naming the key: unknown or misspelled keys (with a
+    did-you-mean), values out of range, impossible combinations."""
+    _check_schema(config, base_config(), "")
+    sections = {name: _build_section(name, cls, config[name]) for name, cls in SECTIONS.items()}
+    return _build("", ExperimentConfig, sections)
+
+
+def _check_schema(config: ConfigDict, schema: ConfigDict, prefix: str) -> None:
+    for key in config.keys():
+        dotted = f"{prefix}{key}"
+        if key not in schema:
+            raise ConfigError(dotted, _unknown_key_message(dotted, list(schema.keys())))
+        if dotted in FREE_FORM or dotted == "model.arch":  # arch keys are checked by ModelConfig
+            continue
+        if isinstance(schema[key], ConfigDict):
+            _require(isinstance(config[key], ConfigDict), dotted, f"must be a section, got {config[key]!r}")
+            _check_schema(config[key], schema[key], dotted + ".")
+
+
+def _build_section(name: str, cls: type, section: ConfigDict) -> Any:
+    values = section.to_dict()
+    if cls is ObjectiveConfig:
+        return resolve_objective(values)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return _build(name, cls, values)
+
+
+def resolve_objective(section: Mapping[str, Any]) -> ObjectiveConfig:
+    """The preset's fields, then every field set explicitly (not None) in the objective section."""
+    preset = section["preset"]
+    _require(preset in OBJECTIVE_PRESETS, "objective.preset",
+             f"must be one of {', '.join(OBJECTIVE_PRESETS)}, got {preset!r}")
+    values = dataclasses.asdict(OBJECTIVE_PRESETS[preset])
+    values.update({name: section[name] for name in OBJECTIVE_FIELDS if section.get(name) is not None})
+    if values["is_clip_max"] == math.inf:  # the config's spelling of "never truncate" (None = the preset's)
+        values["is_clip_max"] = None
+    return _build("objective", ObjectiveConfig, values)
+
+
+def _build(section: str, cls: type, values: Mapping[str, Any]) -> Any:
+    """cls(**values); a ValueError of a lower layer's dataclass ("ObjectiveConfig.gamma: ..." or
+    "train.steps: ...") becomes a ConfigError naming the dotted key."""
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        match = re.match(rf"(?:{cls.__name__}|{section})\.(\w+):?\s*(.*)", message, re.S)
+        if section and match:
+            raise ConfigError(f"{section}.{match.group(1)}", match.group(2)) from None
+        raise ConfigError(section, message) from None

@@ -1,0 +1,139 @@
+"""`run(config)`: one training run from an experiment config to a run folder with its summary.
+
+    config -> validate -> ExperimentConfig -> mesh, TrainState -> source (offline JSONL, or the online loop:
+    engines, rollouts, queue, weight sync, evaluation) -> Learner.run() -> summary.json (+ hf/ export)
+
+Rerunning the same config resumes from the run folder's latest complete checkpoint. SIGINT / SIGTERM (Ctrl-C, a
+scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
+from ipa_jax.pipeline.config import ExperimentConfig, validate
+from ipa_jax.pipeline.online import OnlineSource
+from ipa_jax.pipeline.run_folder import RunFolder, is_writer
+from ipa_jax.train import JsonlSource, Learner, TrainState, export_hf
+
+log = logging.getLogger(__name__)
+
+
+def run(config: ExperimentConfig | ConfigDict) -> TrainState:
+    """Trains `config` (validated first when given as a ConfigDict) into its run folder; returns the final state."""
+    t_start = time.perf_counter()
+    exp = validate(config) if isinstance(config, ConfigDict) else config
+    folder = RunFolder(exp.run_dir)
+    folder.write_config(exp.to_dict())
+    mesh = build_mesh(exp.mesh)
+    state = build_state(exp, mesh)
+    if exp.online:
+        source = OnlineSource(exp, state, folder)
+        hooks = dict(after_update=source.after_update, eval_fn=source.evaluate)
+    else:
+        source, hooks = JsonlSource(exp.train.data), {}
+    learner = build_learner(exp, source, run_dir=folder.path, mesh=mesh, state=state, **hooks)
+    try:
+        with stop_on_signals(learner):
+            state = learner.run()
+    finally:
+        if isinstance(source, OnlineSource):  # stop rollouts, keep the finished trajectories
+            source.close()
+    summary = write_summary(exp, learner, folder, time.perf_counter() - t_start,
+                            source if isinstance(source, OnlineSource) else None)
+    if is_writer():
+        print(format_summary(summary), flush=True)
+    if exp.checkpoint.export_hf and is_writer():
+        export_hf(state, folder.hf_dir)
+    return state
+
+
+@contextlib.contextmanager
+def stop_on_signals(learner: Learner) -> Iterator[None]:
+    """SIGINT / SIGTERM ask `learner` to stop at its next batch boundary with a checkpoint; a second signal
+    interrupts at once. Installed explicitly: a shell starts background jobs with SIGINT ignored (Python then never
+    raises KeyboardInterrupt), and SIGTERM would kill the process without the checkpoint."""
+
+    def stop(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if learner.stop_requested:
+            raise KeyboardInterrupt(name)
+        learner.request_stop(f"received {name}")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wall_time_s: float,
+                  source: OnlineSource | None = None) -> dict[str, Any]:
+    """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl; returns it."""
+    evals = [e for e in learner.eval_history if "success" in e]
+    warm = learner.rl_start
+    before = next((e for e in evals if e["step"] == warm), None)
+    after = evals[-1] if evals else None
+    rows = folder.read_metrics() if is_writer() else []
+    rl_rows = [r for r in rows if "admitted_fraction" in r and r["step"] > warm]
+
+    def at(evaluation: dict[str, Any] | None, key: str) -> float | None:
+        return None if evaluation is None else evaluation[key]
+
+    summary = {
+        "success_before": at(before, "success"),
+        "success_after": at(after, "success"),
+        "tool_calls_before": at(before, "tool_calls"),
+        "tool_calls_after": at(after, "tool_calls"),
+        "reward_before": at(before, "reward"),
+        "reward_after": at(after, "reward"),
+        "steps": int(jax.device_get(learner.state.step)),
+        "il_warmup_steps": warm,
+        "wall_time_s": wall_time_s,
+        "run_dir": folder.path,
+        "name": exp.train.name,
+        "config": folder.config_path,
+        "seed": exp.train.seed,
+        "env": exp.env.name,
+        "eval_episodes": exp.train.eval_episodes,
+        "admitted_fraction_mean": float(np.mean([r["admitted_fraction"] for r in rl_rows])) if rl_rows else None,
+        "reward_mean_rl": float(np.mean([r["reward_mean"] for r in rl_rows])) if rl_rows else None,
+        "eval_history": evals,
+    }
+    if source is not None:
+        summary.update(source.final_rollout_stats or source.rollout_stats())
+    folder.write_summary(summary)
+    return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as the few lines printed at the end of a run."""
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
+    lines = [
+        f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
+        f" -> {pct(s['success_after'])} (end)",
+        f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
+        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
+    ]
+    if "episodes_per_s" in s:
+        lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
+                     f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue")
+    lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
+    return "\n".join(lines)

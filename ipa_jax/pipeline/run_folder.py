@@ -1,0 +1,282 @@
+"""The run folder: its layout, and every reader and writer of the files in it (docs/run_folder.md).
+
+    <run_dir>/
+      config.json                      the resolved config (ExperimentConfig.to_dict())
+      metrics.jsonl                    one JSON object per logged step: {"step": s, name: value, ...}
+      tb/                              TensorBoard events of the same scalars
+      summary.json                     written when the run finishes (success before/after, timings, ...)
+      checkpoints/<step>/              Orbax checkpoints (train state + host JSON)
+      tokenizer/                       the tokenizer built for the run (when none was given)
+      samples/step_<8 digits>.jsonl    a few train and held-out episodes at every evaluation
+      trajectories/train.jsonl         every trajectory the learner consumed
+      trajectories/unconsumed.jsonl    finished rollouts still waiting when the run stopped
+      forks.json                       resampling runs: success per expert anchor and crucial forks per task
+      weights/v<8 digits>/             SGLang runs: the HF weights of each synced version
+      hf/                              the final policy as a Hugging Face folder (checkpoint.export_hf)
+
+Only process 0 of a multi-host run writes. metrics.jsonl stores non-finite floats as the strings "nan", "inf",
+"-inf" (JSON has no such numbers); `read_metrics` turns them back into floats.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from ipa_jax.trajectory import Trajectory, read_jsonl, write_jsonl
+
+TRAJECTORY_FILES = ("train", "unconsumed")
+
+
+def is_writer() -> bool:
+    """Whether this process writes run-folder files (process 0 of a multi-host run)."""
+    return jax.process_index() == 0
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Paths and file I/O of one run folder (module doc)."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", os.fspath(self.path))
+
+    def file(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    @property
+    def config_path(self) -> str:
+        return self.file("config.json")
+
+    @property
+    def metrics_path(self) -> str:
+        return self.file("metrics.jsonl")
+
+    @property
+    def summary_path(self) -> str:
+        return self.file("summary.json")
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return self.file("checkpoints")
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return self.file("tokenizer")
+
+    @property
+    def hf_dir(self) -> str:
+        return self.file("hf")
+
+    @property
+    def tensorboard_dir(self) -> str:
+        return self.file("tb")
+
+    @property
+    def forks_path(self) -> str:
+        return self.file("forks.json")
+
+    def weights_dir(self, version: int) -> str:
+        return self.file("weights", f"v{version:08d}")
+
+    def samples_path(self, step: int) -> str:
+        return self.file("samples", f"step_{step:08d}.jsonl")
+
+    def trajectories_path(self, kind: str) -> str:
+        if kind not in TRAJECTORY_FILES:
+            raise ValueError(f"trajectory file must be one of {TRAJECTORY_FILES}, got {kind!r}")
+        return self.file("trajectories", f"{kind}.jsonl")
+
+    # ---- config.json
+    def write_config(self, values: dict[str, Any]) -> None:
+        if is_writer():
+            _write_json(self.config_path, values)
+
+    def read_config(self) -> dict[str, Any]:
+        return _read_json(self.config_path, "config.json (not a run folder?)")
+
+    def has_config(self) -> bool:
+        return os.path.exists(self.config_path)
+
+    # ---- metrics.jsonl
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every complete line of metrics.jsonl, non-finite floats restored; a partial last line (a killed run)
+        is skipped. Raises FileNotFoundError when the run has not logged yet."""
+        if not os.path.exists(self.metrics_path):
+            raise FileNotFoundError(f"{self.path}: no metrics.jsonl (not a run folder, or the run has not started)")
+        rows = []
+        with open(self.metrics_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if "step" not in row:
+                    raise ValueError(f"{self.metrics_path}: a metrics line without 'step': {line[:120]!r}")
+                rows.append({k: _restore_float(v) for k, v in row.items()})
+        return rows
+
+    def metrics_log(self, tensorboard: bool = True) -> MetricsLog:
+        return MetricsLog(self, tensorboard)
+
+    # ---- summary.json
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        if is_writer():
+            _write_json(self.summary_path, summary)
+
+    def read_summary(self) -> dict[str, Any]:
+        return _read_json(self.summary_path, "summary.json (the run did not finish)")
+
+    def has_summary(self) -> bool:
+        return os.path.exists(self.summary_path)
+
+    # ---- samples/ and trajectories/
+    def write_samples(self, step: int, trajs: list[Trajectory]) -> None:
+        if is_writer():
+            os.makedirs(os.path.dirname(self.samples_path(step)), exist_ok=True)
+            write_jsonl(self.samples_path(step), trajs)
+
+    def read_samples(self, split: str | None = None) -> list[tuple[int, Trajectory]]:
+        """(step, trajectory) of every sampled episode, in step order; `split` ("train" | "eval") keeps only the
+        episodes whose info["split"] matches."""
+        if split not in (None, "train", "eval"):
+            raise ValueError(f"split must be None, 'train' or 'eval', got {split!r}")
+        out = []
+        for path in sorted(glob.glob(self.file("samples", "step_*.jsonl"))):
+            match = re.fullmatch(r"step_(\d+)\.jsonl", os.path.basename(path))
+            if match is not None:
+                out += [(int(match.group(1)), t) for t in read_jsonl(path)
+                        if split is None or t.info.get("split") == split]
+        return out
+
+    def append_trajectories(self, kind: str, trajs: list[Trajectory]) -> None:
+        """Adds to trajectories/<kind>.jsonl ("train": consumed by the learner; "unconsumed": left at exit)."""
+        if is_writer() and trajs:
+            os.makedirs(self.file("trajectories"), exist_ok=True)
+            write_jsonl(self.trajectories_path(kind), trajs, append=True)
+
+    def read_trajectories(self, kind: str) -> list[Trajectory]:
+        path = self.trajectories_path(kind)
+        return read_jsonl(path) if os.path.exists(path) else []
+
+    # ---- forks.json
+    def write_forks(self, report: dict[str, Any]) -> None:
+        if is_writer():
+            _write_json(self.forks_path, report)
+
+    def read_forks(self) -> dict[str, Any]:
+        return _read_json(self.forks_path, "forks.json (not a resampling run?)")
+
+    # ---- derived facts
+    def rl_start(self, rows: list[dict[str, Any]] | None = None) -> int:
+        """The step where RL starts (steps 1..rl_start are IL warm-start updates): the last `rl_start` logged in
+        metrics.jsonl (the warm start may end early on train.il_warmup_target), else train.il_warmup_steps of
+        config.json. `rows`: the run's metrics if already read."""
+        if rows is None:
+            rows = self.read_metrics() if os.path.exists(self.metrics_path) else []
+        logged = [r["rl_start"] for r in rows if "rl_start" in r]
+        return int(logged[-1]) if logged else int(self.read_config()["train"]["il_warmup_steps"])
+
+
+class MetricsLog:
+    """Appends `{"step": s, **metrics}` lines to metrics.jsonl and the scalars to TensorBoard (the learner's
+    metrics sink).
+
+    `start(resume_step)`: resuming from step s removes the lines with step > s (written after the checkpoint by
+    a killed run) and the TensorBoard events after it, so the files read as one uninterrupted run; None = a
+    fresh start, which drops whatever a run killed before its first checkpoint wrote.
+    """
+
+    def __init__(self, folder: RunFolder, tensorboard: bool = True):
+        self.folder, self.tensorboard = folder, tensorboard
+        self._file = None
+        self._tb = None
+
+    def start(self, resume_step: int | None) -> None:
+        if not is_writer():
+            return
+        os.makedirs(self.folder.path, exist_ok=True)
+        self._truncate(-1 if resume_step is None else resume_step)
+        self._file = open(self.folder.metrics_path, "a", encoding="utf-8")
+        if self.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(self.folder.tensorboard_dir, purge_step=purge)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        row = {"step": int(step), **{k: _to_json_value(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def _truncate(self, last_step: int) -> None:
+        """Keeps only the complete lines with step <= last_step (atomic rewrite)."""
+        path = self.folder.metrics_path
+        if not os.path.exists(path):
+            return
+        kept = [line if line.endswith("\n") else line + "\n"
+                for line, row in _parsed_lines(path) if row is not None and row.get("step", math.inf) <= last_step]
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+
+
+def _parsed_lines(path: str):
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield line, json.loads(line)
+            except json.JSONDecodeError:
+                yield line, None  # a line cut short by a kill
+
+
+def _to_json_value(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no nan/inf
+    return value
+
+
+def _restore_float(value: Any) -> Any:
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "+inf"):
+        return float(value)
+    return value
+
+
+def _write_json(path: str, values: Any) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(values, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str, what: str) -> Any:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{os.path.dirname(path)}: no {what}")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

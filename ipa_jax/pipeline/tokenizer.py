@@ -1,0 +1,49 @@
+"""The run's tokenizer: the model's or a given one, or a small BPE trained on the environments' expert episodes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ipa_jax.envs import BUILTIN_ENVS, make_env
+from ipa_jax.pipeline.config import ConfigError, ModelConfig
+from ipa_jax.pipeline.run_folder import RunFolder, is_writer
+from ipa_jax.tokenizer import build_tokenizer, render_chat
+
+
+def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int = 64, seed: int = 0) -> list[str]:
+    """Expert conversations of the environments' train and eval task generators, rendered with the chat template:
+    covers the template's boilerplate, the tool specs, calls, observations and answers."""
+    corpus = []
+    for name in env_names:
+        env = make_env(name)
+        for split in ("train", "eval"):
+            corpus += [render_chat(env.expert(task), tools=task.tools) for task in env.tasks(split, episodes_per_env,
+                                                                                              seed)]
+    return corpus
+
+
+def build_corpus_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerBase:
+    """A tokenizer trained on `expert_corpus()` of the built-in environments (deterministic)."""
+    return build_tokenizer(expert_corpus(), vocab_size=vocab_size)
+
+
+def load_or_build_tokenizer(model: ModelConfig, folder: RunFolder) -> PreTrainedTokenizerBase:
+    """model.tokenizer, else the model folder's, else <run_dir>/tokenizer (built by an earlier attempt of this run,
+    or now: `build_corpus_tokenizer` sized to model.arch.vocab_size)."""
+    path = model.tokenizer or model.path
+    if path:
+        return AutoTokenizer.from_pretrained(path)
+    vocab_size = int(model.arch["vocab_size"])
+    if os.path.exists(os.path.join(folder.tokenizer_dir, "tokenizer_config.json")):
+        tok = AutoTokenizer.from_pretrained(folder.tokenizer_dir)
+    else:
+        tok = build_corpus_tokenizer(vocab_size)
+        if is_writer():
+            tok.save_pretrained(folder.tokenizer_dir)
+    if len(tok) > vocab_size:
+        raise ConfigError("model.arch.vocab_size", f"{vocab_size} is smaller than the tokenizer's {len(tok)} tokens "
+                                                   f"({folder.tokenizer_dir})")
+    return tok
