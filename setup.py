@@ -24,6 +24,8 @@ setup(
         "aiohttp>=3.9",
         "tqdm>=4.66",
         "tensorboardX>=2.6",
+        "jinja2>=3.1",  # transformers' apply_chat_template renders the chat template with it
+        "matplotlib>=3.8",  # ablation plots
     ],
     extras_require={
         # torch only for the parity tests and benchmarks: pinned to the CPU build on this project's machines.
@@ -36,10 +38,12 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
-            "matplotlib>=3.8",
             "ruff>=0.17,<0.18",
+            "wandb>=0.31",  # the offline W&B logging test
         ],
-        "notebooks": ["jupyter", "matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+        # logging.wandb: metrics to Weights & Biases.
+        "wandb": ["wandb>=0.31"],
+        "notebooks": ["jupyter", "ipykernel>=6.29"],
         # Rollout hosts only: SGLang needs a CUDA GPU.
         "sglang": ["sglang[all]>=0.5"],
         "gpu": ["jax[cuda12]"],

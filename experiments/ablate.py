@@ -18,7 +18,7 @@ import time
 from absl import app, flags
 
 from ipa_jax.analysis.sweep import PRESETS, Preset, resolve_config, sweep
-from ipa_jax.pipeline.cli import exit_on_config_error
+from ipa_jax.pipeline.cli import exit_on_config_error, quiet_library_logs
 from ipa_jax.pipeline.config import split_override
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,6 +72,7 @@ def main(argv):
     except ValueError as e:
         raise app.UsageError(f"--configs: {e}") from None
     out = os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", FLAGS.preset or "custom"))
+    quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None

@@ -32,6 +32,7 @@ from typing import Any
 
 from ipa_jax.analysis.tables import load_ablation, write_plots, write_tables
 from ipa_jax.pipeline import RunFolder, load_config, run, validate
+from ipa_jax.pipeline.config import flatten
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +86,6 @@ def run_overrides(run_dir: str, seed: int, overrides: Mapping[str, Any] = (), st
     out = {**dict(overrides), "train.seed": seed, "train.run_dir": run_dir}
     if steps is not None:
         out["train.steps"] = steps
-    return out
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A resolved config as {dotted key: value} (model.arch and env.kwargs stay whole dicts)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping) and key not in ("arch", "kwargs"):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
     return out
 
 

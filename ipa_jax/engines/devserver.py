@@ -89,7 +89,7 @@ class RequestError(ValueError):
 
 
 def error_response(message: str, *, schema: bool, status: int = 400) -> web.Response:
-    """SGLang's two error bodies (protocol §1.3 "Errors")."""
+    """SGLang's two error bodies (docs/sglang.md)."""
     if schema:
         body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": status}
     else:
@@ -328,7 +328,7 @@ class DevServer:
     def _format(self, prompt: list[int], result: GenerationResult, item: dict[str, Any], latency: float) -> dict:
         meta: dict[str, Any]
         if result.finish_reason == "abort" and not result.token_ids:
-            # SGLang's reduced meta_info for a request aborted before it ran (protocol §1.3).
+            # SGLang's reduced meta_info for a request aborted before it ran.
             meta = {
                 "id": item["rid"],
                 "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh
 from ipa_jax.models.sharding import DEFAULT_RULES, batch_sharding
 from ipa_jax.objectives import ObjectiveConfig
-from ipa_jax.pipeline.config import ExperimentConfig, ModelConfig
+from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.train import (
     Checkpointer,
@@ -91,9 +91,9 @@ def check_batch_divisibility(train_cfg: TrainConfig, mesh: Mesh) -> None:
     dp = data_parallel_size(mesh)
     rows = train_cfg.batch_size // (train_cfg.minibatches * train_cfg.microbatches)
     if rows % dp:
-        raise ValueError(f"config key 'train.batch_size': {train_cfg.batch_size} trajectories / (train.minibatches="
-                         f"{train_cfg.minibatches} * train.microbatches={train_cfg.microbatches}) = {rows} rows per "
-                         f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}")
+        raise ConfigError("train.batch_size", f"{train_cfg.batch_size} trajectories / (train.minibatches="
+                          f"{train_cfg.minibatches} * train.microbatches={train_cfg.microbatches}) = {rows} rows per "
+                          f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}")
 
 
 def build_state(exp: ExperimentConfig, mesh: Mesh) -> TrainState:
@@ -132,7 +132,7 @@ def build_learner(exp: ExperimentConfig, source: TrajectorySource, *, run_dir: s
         warmup_step_fn=warmup,
         source=source,
         config=exp.train,
-        metrics_log=folder.metrics_log(exp.logging.tensorboard),
+        metrics_log=folder.metrics_log(exp.logging, exp.to_dict()),
         logging_config=exp.logging,
         checkpointer=Checkpointer(folder.checkpoints_dir, exp.checkpoint),
         vocab_size=arch.vocab_size,

@@ -6,7 +6,8 @@
 
 absl does not know the dotted override flags, so `ConfigFlags.parse` takes them out of argv before absl parses
 the rest (pass it as `app.run(main, flags_parser=...)`). A config problem (unknown key, bad type, bad value) prints
-one line naming the key and exits with status 2 (`exit_on_config_error`), without a traceback.
+one line naming the key and exits with status 2 (`exit_on_config_error`), without a traceback. Library INFO logs
+are off unless --verbosity=0 (or -v 0) asks for them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import flags
+from absl import flags, logging
 from ml_collections import ConfigDict
 
 from ipa_jax.pipeline.config import (
@@ -47,7 +48,9 @@ class ConfigFlags:
     def parse(self, argv: Sequence[str]) -> list[str]:
         """absl flags_parser: takes the --config.KEY=VALUE overrides out of argv, then lets absl parse the rest."""
         self.overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        return flags.FLAGS([a for a in argv if not a.startswith("--config.")])
+        rest = flags.FLAGS([a for a in argv if not a.startswith("--config.")])
+        quiet_library_logs()
+        return rest
 
     @property
     def path(self) -> str | None:
@@ -70,6 +73,13 @@ class ConfigFlags:
     def experiment(self) -> ExperimentConfig:
         """The validated, typed config."""
         return validate(self.config())
+
+
+def quiet_library_logs() -> None:
+    """Library INFO logs (Orbax's per-checkpoint lines, absl's) off unless --verbosity / -v was given: the console
+    shows the learner's progress, warnings and errors."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
 
 
 def exit_on_config_error(main: Callable[..., Any]) -> Callable[..., Any]:

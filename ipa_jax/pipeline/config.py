@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import glob
 import importlib.util
 import inspect
 import json
 import math
 import os
 import re
+import sys
 from ast import literal_eval
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from typing import Any
 
 from ml_collections import ConfigDict, config_dict
 
+from ipa_jax.envs import Env, list_envs, make_env
 from ipa_jax.models import MeshConfig
 from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
 from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_config, ipa_config
@@ -205,10 +208,54 @@ class EnvConfig:
 
     name: a registered environment (ipa_jax.envs.list_envs()), e.g. calculator or lookup.
     kwargs: the environment's own settings, passed to its constructor (free-form keys).
+    module: a module imported first that registers an environment of your own (ipa_jax.envs.register_env): a
+      dotted name (my_pkg.my_env, installed or on PYTHONPATH) or the path of a .py file.
     """
 
     name: str = ""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    module: str = ""
+
+    def __post_init__(self) -> None:
+        if self.module:
+            import_env_module(self.module)
+        if self.name and self.name not in list_envs():
+            close = difflib.get_close_matches(self.name, list_envs(), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError("env.name", f"{self.name!r} is not a registered environment; {hint}registered: "
+                                          f"{', '.join(list_envs())} (your own: set env.module to the module that "
+                                          "registers it)")
+        if self.name:  # the environment checks its own settings
+            try:
+                self.make()
+            except (TypeError, ValueError) as e:
+                raise ConfigError("env.kwargs", f"environment {self.name!r} rejects {dict(self.kwargs)}: {e}") from None
+
+    def make(self) -> Env:
+        """A fresh environment instance (one per concurrent episode)."""
+        return make_env(self.name, **self.kwargs)
+
+
+def import_env_module(module: str) -> None:
+    """Imports env.module once per process: a dotted module name, or a .py file (loaded under a name derived from
+    its path, so a second config naming it does not register its environments twice)."""
+    try:
+        if not module.endswith(".py"):
+            importlib.import_module(module)
+            return
+        path = os.path.abspath(module)
+        name = f"_ipa_env_{abs(hash(path))}"
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None or not os.path.isfile(path):
+            raise ImportError(f"no such file: {path}")
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        sys.modules[name] = loaded
+    except (ImportError, SyntaxError) as e:
+        raise ConfigError("env.module", f"cannot import {module!r} ({e}); install it, put its folder on PYTHONPATH, "
+                                        "or give the path of its .py file") from None
 
 
 # Objective presets (fields not named keep ObjectiveConfig's defaults).
@@ -258,6 +305,9 @@ class ExperimentConfig:
         if self.online:
             _require(self.objective.baseline != "group_mean" or self.rollout.group_size > 1, "objective.baseline",
                      "'group_mean' needs several samples per task: set rollout.group_size > 1")
+        else:
+            missing = [p for p in self.train.data if not glob.glob(os.path.expanduser(p))]
+            _require(not missing, "train.data", f"no file matches {missing[0]!r}" if missing else "")
 
     @property
     def online(self) -> bool:
@@ -277,6 +327,25 @@ class ExperimentConfig:
             objective["is_clip_max"] = math.inf
         values["objective"] = {"preset": "custom", **objective}
         return values
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config dict as {dotted key: value} (model.arch and env.kwargs stay whole dicts)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and f"{prefix}{key}" not in ("model.arch", "env.kwargs"):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} where two resolved configs (to_dict()) differ; a key missing on one side
+    has None there. train.allow_config_change is not a change of the experiment."""
+    old_flat, new_flat = flatten(old), flatten(new)
+    keys = sorted((old_flat.keys() | new_flat.keys()) - {"train.allow_config_change"})
+    return {k: (old_flat.get(k), new_flat.get(k)) for k in keys if old_flat.get(k) != new_flat.get(k)}
 
 
 # ---------------------------------------------------------------------------------------------- help text
@@ -386,10 +455,13 @@ def _load_py_config(path: str) -> ConfigDict:
     if spec is None or spec.loader is None:
         raise ConfigError("", f"cannot load config file {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError("", f"config file {path} defines no get_config()")
-    return module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError("", f"config file {path} defines no get_config()")
+        return module.get_config()
+    except (AttributeError, KeyError, TypeError) as e:  # a locked ConfigDict's unknown key or wrong type
+        raise ConfigError("", f"config file {path}: {e}") from None
 
 
 def config_from_dict(values: Mapping[str, Any]) -> ConfigDict:
@@ -422,6 +494,8 @@ def apply_overrides(config: ConfigDict, overrides: Iterable[str] | Mapping[str, 
             _check_key(node, part, ".".join(parents[: i + 1]))
             node = node[part]
         if dotted in ("env.kwargs", "model.arch"):
+            if isinstance(value, str):  # from the command line: --config.env.kwargs="{'hops': 3}"
+                value = _parse_value(value, dict, dotted)
             with config.unlocked():
                 if dotted == "env.kwargs":
                     node[leaf] = ConfigDict(dict(value))

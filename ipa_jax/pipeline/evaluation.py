@@ -1,13 +1,46 @@
-"""Held-out evaluation: the numbers reported for a set of finished episodes."""
+"""Held-out evaluation: the numbers of a set of finished episodes, and the evaluation of a trained policy.
+
+    python experiments/evaluate.py --run=runs/quickstart [--step=N] [--k=4] [--temperature=1.0]
+
+The held-out tasks are `env.tasks(split, episodes, seed=EVAL_SEED)`, the set the learner's evaluations play
+(`OnlineSource.evaluate`): at k = 1 and rollout.eval_temperature, `evaluate` measures what a run logs as
+eval/success. `load_run_policy` (a run folder's Orbax checkpoint) and `load_hf_policy` (a Hugging Face folder) give
+the policy; `evaluate` plays k episodes of every task with the embedded engine or SGLang servers
+(`evaluate_policy`) and returns an `EvalReport`: success (mean over episodes = pass@1), pass@k (tasks with at
+least one success among their k samples), reward, tool calls, tool errors, turns, and every task's and episode's
+outcome.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+from transformers import AutoTokenizer
+
+from ipa_jax.engines import Engine, SGLangEngine
+from ipa_jax.envs import Env, Task
+from ipa_jax.models import Qwen3ForCausalLM
+from ipa_jax.pipeline.build import build_mesh, build_model, build_state
+from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
+from ipa_jax.pipeline.run_folder import RunFolder
+from ipa_jax.rollout import AgentConfig, ChatFormat, run_episodes
+from ipa_jax.train import Checkpointer
 from ipa_jax.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 EVAL_SEED = 0  # the held-out task set is the same for every run (comparable across seeds and configs)
 SUCCESS_REWARD = 1.0  # an episode succeeds iff its reward reaches this
+DEFAULT_REPORT = "evaluation.json"  # where the report of an HF folder's evaluation goes
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -22,3 +55,253 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "turns": float(np.mean([t.info["num_turns"] for t in trajs])),
         "episodes": float(len(trajs)),
     }
+
+
+def pass_at_k(outcomes: Sequence[Sequence[bool]]) -> float:
+    """The fraction of tasks with at least one success among their samples (`outcomes[i]`: task i's k samples).
+    With n == k samples per task the unbiased estimator 1 - C(n-c, k) / C(n, k) is exactly this."""
+    if not outcomes:
+        raise ValueError("pass_at_k: no tasks")
+    return float(np.mean([any(samples) for samples in outcomes]))
+
+
+def eval_agent_config(exp: ExperimentConfig, temperature: float | None = None) -> AgentConfig:
+    """How held-out episodes are played: exp.rollout's budgets at `temperature` (default rollout.eval_temperature),
+    full support otherwise (no top-p / top-k), as in the learner's evaluations."""
+    r = exp.rollout
+    return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
+                       temperature=r.eval_temperature if temperature is None else temperature)
+
+
+# ---------------------------------------------------------------------------------------------- the report
+@dataclass(frozen=True)
+class EvalReport:
+    """The outcome of k episodes per task. `evaluate_policy` fills the numbers; `evaluate` adds what was evaluated
+    (policy, step, engine, split, seed).
+
+    success: mean over finished episodes (pass@1); pass_at_k: `pass_at_k` over tasks; reward, tool_calls,
+    tool_errors, turns: means over finished episodes; per_task: {task_id, successes, rewards} (the task's finished
+    samples, in order); per_episode: {task_id, sample, reward, success, tool_calls, tool_errors, turns,
+    finish_reason, generated_tokens}; aborted: episodes the engine aborted (left out of every number);
+    trajectories: the finished episodes (not written to JSON).
+    """
+
+    k: int
+    temperature: float
+    tasks: int
+    episodes: int
+    aborted: int
+    success: float
+    pass_at_k: float
+    reward: float
+    tool_calls: float
+    tool_errors: float
+    turns: float
+    time_s: float
+    per_task: tuple[dict[str, Any], ...]
+    per_episode: tuple[dict[str, Any], ...]
+    policy: str = ""
+    step: int | None = None
+    engine: str = ""
+    split: str = ""
+    seed: int | None = None  # the embedded engine's sampling seed
+    trajectories: tuple[Trajectory, ...] = field(default=(), repr=False, compare=False)
+
+    def scalars(self) -> dict[str, float]:
+        """The numbers a run logs as eval/<name> (pass_at_k with k > 1 only)."""
+        names = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s")
+        out = {name: float(getattr(self, name)) for name in names}
+        return {**out, "pass_at_k": self.pass_at_k} if self.k > 1 else out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON values: every field but the trajectories, what was evaluated first."""
+        names = [f.name for f in dataclasses.fields(self) if f.name != "trajectories"]
+        first = ["policy", "step", "engine", "split", "seed"]
+        out = {name: getattr(self, name) for name in first + [n for n in names if n not in first]}
+        return {**out, "per_task": list(self.per_task), "per_episode": list(self.per_episode)}
+
+
+def episode_record(traj: Trajectory, sample: int) -> dict[str, Any]:
+    """One episode's outcome as JSON values (`EvalReport.per_episode`); `sample` is its index among its task's."""
+    info = traj.info
+    return {"task_id": info["task_id"], "sample": sample, "reward": traj.reward,
+            "success": bool(traj.reward >= SUCCESS_REWARD), "tool_calls": info["num_tool_calls"],
+            "tool_errors": info["num_tool_errors"], "turns": info["num_turns"],
+            "finish_reason": info["finish_reason"], "generated_tokens": info["generated_tokens"]}
+
+
+async def evaluate_policy(engine: Engine, chat: ChatFormat, tasks: Sequence[Task], agent_config: AgentConfig,
+                          env_factory: Callable[[Task], Env], k: int, *,
+                          concurrency: int | None = None) -> EvalReport:
+    """Plays `k` episodes of every task with `engine`, all in flight at once (at most `concurrency`); returns the
+    report of their outcomes (EvalReport; policy, step, engine, split and seed left empty). Raises RuntimeError
+    when the engine aborted every episode."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not tasks:
+        raise ValueError("evaluate_policy: no tasks")
+    played = [task for task in tasks for _ in range(k)]  # a task's k samples side by side
+    t0 = time.perf_counter()
+    trajs = await run_episodes(engine, chat, played, agent_config, concurrency=concurrency or len(played),
+                               env_factory=env_factory)
+    time_s = time.perf_counter() - t0
+    slots = [trajs[i * k:(i + 1) * k] for i in range(len(tasks))]  # None: aborted
+    by_task = [[t for t in samples if t is not None] for samples in slots]
+    done = [t for samples in by_task for t in samples]
+    metrics = episode_metrics(done)
+    return EvalReport(
+        k=k, temperature=agent_config.temperature, tasks=len(tasks), episodes=len(done),
+        aborted=len(played) - len(done), success=metrics["success"],
+        pass_at_k=pass_at_k([[t.reward >= SUCCESS_REWARD for t in samples] for samples in by_task]),
+        reward=metrics["reward"], tool_calls=metrics["tool_calls"], tool_errors=metrics["tool_errors"],
+        turns=metrics["turns"], time_s=time_s,
+        per_task=tuple({"task_id": task.task_id, "successes": [bool(t.reward >= SUCCESS_REWARD) for t in samples],
+                        "rewards": [t.reward for t in samples]} for task, samples in zip(tasks, by_task)),
+        per_episode=tuple(episode_record(t, j) for samples in slots for j, t in enumerate(samples) if t is not None),
+        trajectories=tuple(done))
+
+
+# ---------------------------------------------------------------------------------------------- policies
+class PolicyError(ValueError):
+    """A policy that cannot be loaded as asked: no such folder, no checkpoint of that step, no tokenizer."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy to evaluate. name: its run folder or HF folder; step: the checkpoint's learner step (None for an HF
+    folder); model: its weights (None when SGLang servers serve them)."""
+
+    name: str
+    step: int | None
+    tokenizer: Any
+    model: Qwen3ForCausalLM | None = None
+
+
+def load_run_policy(run_dir: str, *, step: int | None = None, overrides: Iterable[str] | Mapping[str, Any] = (),
+                    load_model: bool = True) -> tuple[ExperimentConfig, Policy]:
+    """The run folder's config (config.json with `overrides` applied) and policy: the checkpoint of `step`
+    (default: the latest complete one) restored on the config's mesh, and the run's tokenizer (<run>/tokenizer,
+    else model.tokenizer, else model.path). Raises PolicyError naming the available steps when `step` has no
+    checkpoint."""
+    folder = RunFolder(run_dir)
+    if not folder.has_config():
+        raise PolicyError(f"{run_dir}: not a run folder (no config.json)")
+    exp = validate(load_config(folder.config_path, overrides))
+    if not os.path.isdir(folder.checkpoints_dir):  # (Checkpointer would create it)
+        raise PolicyError(f"{run_dir}: no checkpoints/ folder (the run saved no checkpoint)")
+    checkpointer = Checkpointer(folder.checkpoints_dir, exp.checkpoint)
+    try:
+        steps = sorted(checkpointer.all_steps())  # complete checkpoints only
+        if not steps:
+            raise PolicyError(f"{folder.checkpoints_dir}: no complete checkpoint")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise PolicyError(f"{folder.checkpoints_dir}: no checkpoint of step {step}; available steps: "
+                              f"{', '.join(map(str, steps))}")
+        model = None
+        if load_model:
+            state, _ = checkpointer.restore(build_state(exp, build_mesh(exp.mesh)), step)
+            model = state.model()
+    finally:
+        checkpointer.close()
+    tokenizer = _first_tokenizer(folder.tokenizer_dir, exp.model.tokenizer, exp.model.path)
+    if tokenizer is None:
+        raise PolicyError(f"{run_dir}: no tokenizer (no tokenizer/ folder, model.tokenizer or model.path)")
+    return exp, Policy(folder.path, step, tokenizer, model)
+
+
+def load_hf_policy(exp: ExperimentConfig, path: str, *, tokenizer: str = "", load_model: bool = True) -> Policy:
+    """The HF folder `path` (loaded as exp.model says, on exp.mesh) with the tokenizer `tokenizer`, else the
+    folder's, else exp.model.tokenizer."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise PolicyError(f"{path}: not a Hugging Face model folder (no config.json)")
+    if tokenizer and not os.path.isdir(tokenizer):
+        raise PolicyError(f"tokenizer {tokenizer}: no such folder")
+    tok = _first_tokenizer(tokenizer, path, exp.model.tokenizer)
+    if tok is None:
+        raise PolicyError(f"{path}: no tokenizer in the folder; pass one (--tokenizer) or set model.tokenizer")
+    model = None
+    if load_model:
+        model = build_model(dataclasses.replace(exp.model, path=path), build_mesh(exp.mesh), exp.train.seed)
+    return Policy(path, None, tok, model)
+
+
+def _first_tokenizer(*paths: str):
+    """The tokenizer of the first of `paths` that holds one, or None."""
+    for path in paths:
+        if path and os.path.exists(os.path.join(path, "tokenizer_config.json")):
+            return AutoTokenizer.from_pretrained(path)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = None, k: int = 1,
+             temperature: float | None = None, split: str = "eval", sglang_urls: Sequence[str] = (),
+             seed: int = 0) -> EvalReport:
+    """Plays `k` episodes of each of the first `episodes` (default train.eval_episodes) tasks of `split` (seed
+    EVAL_SEED) of exp.env with exp.rollout's budgets at `temperature` (default rollout.eval_temperature), on the
+    embedded engine (sampling seed `seed`) or on SGLang servers that already serve the policy; returns the report."""
+    if not exp.env.name:
+        raise ConfigError("env.name", "evaluation needs an environment (ipa_jax.envs.list_envs())")
+    agent = eval_agent_config(exp, temperature)
+    if k > 1 and agent.temperature == 0:
+        log.warning("k=%d samples per task at temperature 0 (greedy): the samples will be identical and pass@%d "
+                    "will equal success; sample with a temperature > 0", k, k)
+    tasks = exp.env.make().tasks(split, exp.train.eval_episodes if episodes is None else episodes, seed=EVAL_SEED)
+    if sglang_urls:
+        engine, kind = SGLangEngine(list(sglang_urls)), "sglang"
+    elif policy.model is None:
+        raise ValueError(f"policy {policy.name} has no weights loaded and no SGLang server serves it")
+    else:
+        from ipa_jax.engines import EmbeddedEngine
+
+        # The batch the learner's evaluations and rollouts already ran with (memory known to fit).
+        batch = min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency))
+        engine, kind = EmbeddedEngine(policy.model, seed=seed, max_len=exp.rollout.max_context, max_batch=batch,
+                                      tokenizer=policy.tokenizer), "embedded"
+
+    async def play() -> EvalReport:
+        try:
+            return await evaluate_policy(engine, ChatFormat(policy.tokenizer), tasks, agent,
+                                         lambda task: exp.env.make(), k)
+        finally:
+            await engine.close()
+
+    report = asyncio.run(play())
+    return dataclasses.replace(report, policy=policy.name, step=policy.step, engine=kind, split=split,
+                               seed=seed if kind == "embedded" else None)  # the servers sample with their own
+
+
+def report_path(run_dir: str | None, step: int | None) -> str:
+    """Where a report goes by default: <run>/eval/step_<8 digits>.json for a run folder, else DEFAULT_REPORT."""
+    if run_dir is None:
+        return DEFAULT_REPORT
+    return RunFolder(run_dir).eval_report_path(step)
+
+
+def write_report(report: EvalReport, path: str) -> None:
+    """The report as JSON (`EvalReport.to_dict`)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report.to_dict(), f, indent=1)
+
+
+def format_report(report: EvalReport) -> str:
+    """The report's numbers as an aligned two-column table."""
+    step = "" if report.step is None else f" (step {report.step})"
+    aborted = f", {report.aborted} aborted" if report.aborted else ""
+    rows = [
+        ("policy", f"{report.policy}{step}"),
+        ("engine", report.engine),
+        ("tasks", f"{report.tasks} {report.split} tasks x {report.k} samples = {report.episodes} episodes{aborted}"),
+        ("temperature", f"{report.temperature:g}" + ("  (greedy)" if report.temperature == 0 else "")),
+        ("success", f"{report.success:.4f}  (pass@1)"),
+        (f"pass@{report.k}", f"{report.pass_at_k:.4f}"),
+        ("reward", f"{report.reward:.4f}"),
+        ("tool calls", f"{report.tool_calls:.2f}"),
+        ("tool errors", f"{report.tool_errors:.2f}"),
+        ("turns", f"{report.turns:.2f}"),
+        ("time", f"{report.time_s:.1f} s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

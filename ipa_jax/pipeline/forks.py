@@ -12,7 +12,6 @@ import asyncio
 from transformers import AutoTokenizer
 
 from ipa_jax.engines import EmbeddedEngine
-from ipa_jax.envs import make_env
 from ipa_jax.models import from_pretrained
 from ipa_jax.pipeline.config import ExperimentConfig
 from ipa_jax.pipeline.online import sampling_agent_config
@@ -26,7 +25,7 @@ def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num
     experts; sampling as exp.rollout; the tokenizer from `tokenizer`, else exp.model.tokenizer, else `policy`)."""
     tok = AutoTokenizer.from_pretrained(tokenizer or exp.model.tokenizer or policy)
     chat = ChatFormat(tok)
-    tasks = make_env(exp.env.name, **dict(exp.env.kwargs)).tasks(split, num_tasks, seed=seed)
+    tasks = exp.env.make().tasks(split, num_tasks, seed=seed)
     experts = build_experts(exp.resample, tasks, chat)
     r = exp.rollout
     engine = EmbeddedEngine(from_pretrained(policy), seed=seed, max_len=r.max_context,

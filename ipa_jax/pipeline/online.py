@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,13 +33,13 @@ import jax
 from flax import nnx
 
 from ipa_jax.engines import SGLangEngine
-from ipa_jax.envs import Env, Task, make_env
+from ipa_jax.envs import Env, Task
 from ipa_jax.models import save_pretrained
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
-from ipa_jax.pipeline.evaluation import EVAL_SEED, episode_metrics
+from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
-from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue, run_episodes
+from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainState
@@ -115,7 +117,7 @@ class EngineHost:
             self.rollout.set_params_from_model(params, version)
             self.control.set_params_from_model(params, version)
         else:
-            path = self.folder.weights_dir(version)
+            path = os.path.abspath(self.folder.weights_dir(version))  # the servers may run in another directory
             save_pretrained(state.model(), path)
             self.loop.run_until_complete(self.control.update_weights(path, version))
         self.version = version
@@ -150,8 +152,7 @@ class OnlineSource:
         if not exp.env.name:
             raise ConfigError("env.name", "online training needs an environment (ipa_jax.envs.list_envs()), or "
                                           "offline trajectories in train.data")
-        env_kwargs = dict(exp.env.kwargs)
-        self.env_factory = lambda: make_env(exp.env.name, **env_kwargs)
+        self.env_factory = exp.env.make
         env = self.env_factory()
         self.tokenizer = load_or_build_tokenizer(exp.model, folder)
         self.chat = ChatFormat(self.tokenizer)
@@ -159,9 +160,7 @@ class OnlineSource:
         self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
         self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
-        self.eval_agent = AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
-                                      max_context=r.max_context, temperature=r.eval_temperature,
-                                      record_messages=True)
+        self.eval_agent = dataclasses.replace(eval_agent_config(exp), record_messages=True)  # for samples/
         source = r.source
         if source == "auto":
             source = "resample" if exp.resample.mode != "none" or exp.resample.il_fallback else "queue"
@@ -276,16 +275,13 @@ class OnlineSource:
         step = int(jax.device_get(state.step))
         if self.engines.kind == "embedded":
             self.engines.control.set_params_from_model(_engine_params(state), step)
-        t0 = time.perf_counter()
-        trajs = self.engines.loop.run_until_complete(run_episodes(
-            self.engines.control, self.chat, self.eval_tasks, self.eval_agent,
-            concurrency=len(self.eval_tasks), env_factory=lambda task: self.env_factory()))
-        done = [t for t in trajs if t is not None]
+        report = self.engines.loop.run_until_complete(evaluate_policy(
+            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(), k=1))
+        done = list(report.trajectories)
         for traj in done:
             traj.info["split"] = "eval"
-        metrics = episode_metrics(done)
         self.folder.write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
-        return {**metrics, "time_s": time.perf_counter() - t0}
+        return report.scalars()
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def rollout_stats(self) -> dict[str, float]:

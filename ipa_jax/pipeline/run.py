@@ -3,8 +3,10 @@
     config -> validate -> ExperimentConfig -> mesh, TrainState -> source (offline JSONL, or the online loop:
     engines, rollouts, queue, weight sync, evaluation) -> Learner.run() -> summary.json (+ hf/ export)
 
-Rerunning the same config resumes from the run folder's latest complete checkpoint. SIGINT / SIGTERM (Ctrl-C, a
-scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`).
+Rerunning the same config resumes from the run folder's latest complete checkpoint; rerunning a finished run says so
+and changes nothing; resuming with a different config is refused, naming the changed keys, unless
+train.allow_config_change is set (the change is then recorded in config_changes.jsonl). SIGINT / SIGTERM (Ctrl-C,
+a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`).
 """
 
 from __future__ import annotations
@@ -21,19 +23,33 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
-from ipa_jax.pipeline.config import ExperimentConfig, validate
+from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, config_changes, config_from_dict, validate
+from ipa_jax.pipeline.export import existing_tokenizer, export_policy
 from ipa_jax.pipeline.online import OnlineSource
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
-from ipa_jax.train import JsonlSource, Learner, TrainState, export_hf
+from ipa_jax.train import JsonlSource, Learner
 
 log = logging.getLogger(__name__)
 
 
-def run(config: ExperimentConfig | ConfigDict) -> TrainState:
-    """Trains `config` (validated first when given as a ConfigDict) into its run folder; returns the final state."""
+def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
+    """Trains `config` (validated first when given as a ConfigDict) into its run folder; returns the summary (also
+    summary.json)."""
     t_start = time.perf_counter()
     exp = validate(config) if isinstance(config, ConfigDict) else config
     folder = RunFolder(exp.run_dir)
+    if not exp.checkpoint.resume and folder.latest_checkpoint_step() is not None:
+        raise ConfigError("checkpoint.resume", f"False, but {folder.checkpoints_dir} holds checkpoints of an earlier "
+                                               "run: resume it or choose another train.run_dir")
+    if folder.has_config():
+        changes = check_resume(exp, folder)
+        if not changes and folder.has_summary():
+            summary = folder.read_summary()
+            if is_writer():
+                print(f"{folder.path} is finished: step {summary['steps']} of {summary['steps']}; nothing to do "
+                      "(summary.json unchanged). To train on, raise train.steps and set train.allow_config_change.",
+                      flush=True)
+            return summary
     folder.write_config(exp.to_dict())
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
@@ -53,9 +69,27 @@ def run(config: ExperimentConfig | ConfigDict) -> TrainState:
                             source if isinstance(source, OnlineSource) else None)
     if is_writer():
         print(format_summary(summary), flush=True)
-    if exp.checkpoint.export_hf and is_writer():
-        export_hf(state, folder.hf_dir)
-    return state
+    if exp.checkpoint.export_hf:  # every process: gathering the weights is collective; process 0 writes
+        tokenizer = source.tokenizer if isinstance(source, OnlineSource) else existing_tokenizer(exp.model, folder)
+        export_policy(state, tokenizer, folder.hf_dir)
+    return summary
+
+
+def check_resume(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[Any, Any]]:
+    """The keys where `exp` differs from the run folder's config.json. Raises ConfigError listing them unless
+    train.allow_config_change is set, in which case they are recorded in config_changes.jsonl."""
+    # Through the base config first: keys added to ipa_jax since the folder was written take their defaults.
+    changes = config_changes(validate(config_from_dict(folder.read_config())).to_dict(), exp.to_dict())
+    if not changes:
+        return changes
+    listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+    if not exp.train.allow_config_change:
+        raise ConfigError("train.allow_config_change", f"{folder.path} was trained with a different config ({listed}). "
+                          "Rerun it unchanged, choose another train.run_dir, or set train.allow_config_change=True to "
+                          "continue with the change")
+    log.warning("resuming %s with a changed config: %s", folder.path, listed)
+    folder.record_config_change(folder.latest_checkpoint_step(), changes)
+    return changes
 
 
 @contextlib.contextmanager

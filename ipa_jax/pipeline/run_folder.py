@@ -2,8 +2,10 @@
 
     <run_dir>/
       config.json                      the resolved config (ExperimentConfig.to_dict())
+      config_changes.jsonl             resumes with a changed config (train.allow_config_change): what changed
       metrics.jsonl                    one JSON object per logged step: {"step": s, name: value, ...}
-      tb/                              TensorBoard events of the same scalars
+      tb/                              TensorBoard events of the same scalars, grouped (`tensorboard_tag`)
+      wandb/, wandb_id.txt             logging.wandb: W&B's local files, and the W&B run id a resumed run reuses
       summary.json                     written when the run finishes (success before/after, timings, ...)
       checkpoints/<step>/              Orbax checkpoints (train state + host JSON)
       tokenizer/                       the tokenizer built for the run (when none was given)
@@ -11,6 +13,7 @@
       trajectories/train.jsonl         every trajectory the learner consumed
       trajectories/unconsumed.jsonl    finished rollouts still waiting when the run stopped
       forks.json                       resampling runs: success per expert anchor and crucial forks per task
+      eval/step_<8 digits>.json        experiments/evaluate.py's reports on a checkpoint of the run
       weights/v<8 digits>/             SGLang runs: the HF weights of each synced version
       hf/                              the final policy as a Hugging Face folder (checkpoint.export_hf)
 
@@ -25,11 +28,14 @@ import json
 import math
 import os
 import re
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
+from ipa_jax.train.metrics import LoggingConfig
 from ipa_jax.trajectory import Trajectory, read_jsonl, write_jsonl
 
 TRAJECTORY_FILES = ("train", "unconsumed")
@@ -81,11 +87,18 @@ class RunFolder:
         return self.file("tb")
 
     @property
+    def wandb_id_path(self) -> str:
+        return self.file("wandb_id.txt")
+
+    @property
     def forks_path(self) -> str:
         return self.file("forks.json")
 
     def weights_dir(self, version: int) -> str:
         return self.file("weights", f"v{version:08d}")
+
+    def eval_report_path(self, step: int) -> str:
+        return self.file("eval", f"step_{step:08d}.json")
 
     def samples_path(self, step: int) -> str:
         return self.file("samples", f"step_{step:08d}.jsonl")
@@ -106,6 +119,21 @@ class RunFolder:
     def has_config(self) -> bool:
         return os.path.exists(self.config_path)
 
+    def latest_checkpoint_step(self) -> int | None:
+        """The newest complete checkpoint's step (Orbax names a finished checkpoint by its step), or None."""
+        steps = [int(d) for d in os.listdir(self.checkpoints_dir) if d.isdigit()] \
+            if os.path.isdir(self.checkpoints_dir) else []
+        return max(steps, default=None)
+
+    def record_config_change(self, step: int | None, changes: dict[str, tuple[Any, Any]]) -> None:
+        """Appends {"time", "step" (the checkpoint resumed from), "changes": {key: [old, new]}} to
+        config_changes.jsonl."""
+        if is_writer():
+            record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
+                      "changes": {k: list(v) for k, v in changes.items()}}
+            with open(self.file("config_changes.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
     # ---- metrics.jsonl
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every complete line of metrics.jsonl, non-finite floats restored; a partial last line (a killed run)
@@ -124,8 +152,10 @@ class RunFolder:
                 rows.append({k: _restore_float(v) for k, v in row.items()})
         return rows
 
-    def metrics_log(self, tensorboard: bool = True) -> MetricsLog:
-        return MetricsLog(self, tensorboard)
+    def metrics_log(self, logging: LoggingConfig | None = None, config: dict[str, Any] | None = None) -> MetricsLog:
+        """The learner's metrics sink. logging: its settings (default LoggingConfig()); config: the resolved
+        config (ExperimentConfig.to_dict()), shown as the W&B run's config."""
+        return MetricsLog(self, logging or LoggingConfig(), config)
 
     # ---- summary.json
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -186,19 +216,47 @@ class RunFolder:
         return int(logged[-1]) if logged else int(self.read_config()["train"]["il_warmup_steps"])
 
 
+# TensorBoard and W&B group the flat metric names of metrics.jsonl by the tag's first path segment.
+# Exact names first, then the first matching prefix (replaced by its tag prefix); anything else is train/<name>.
+TAG_NAMES = {
+    "step_time_s": "perf/step_time_s",
+    "tokens_per_s": "perf/tokens_per_s",
+    "mfu": "perf/mfu",
+    "seq_len": "perf/seq_len",
+    "source/learner_idle_fraction": "queue/learner_idle_fraction",
+}
+TAG_PREFIXES = (
+    ("eval/", "eval/"),
+    ("source/queue_", "queue/"),
+    ("source/", "rollout/"),
+)
+
+
+def tensorboard_tag(name: str) -> str:
+    """The grouped TensorBoard / W&B tag of a metrics.jsonl name: train/, eval/, rollout/, queue/ or perf/."""
+    if name in TAG_NAMES:
+        return TAG_NAMES[name]
+    for prefix, tag in TAG_PREFIXES:
+        if name.startswith(prefix):
+            return tag + name[len(prefix):]
+    return "train/" + name
+
+
 class MetricsLog:
-    """Appends `{"step": s, **metrics}` lines to metrics.jsonl and the scalars to TensorBoard (the learner's
-    metrics sink).
+    """Appends `{"step": s, **metrics}` lines to metrics.jsonl (flat names) and the scalars, under their grouped
+    `tensorboard_tag`, to TensorBoard and (logging.wandb) Weights & Biases: the learner's metrics sink.
 
     `start(resume_step)`: resuming from step s removes the lines with step > s (written after the checkpoint by
-    a killed run) and the TensorBoard events after it, so the files read as one uninterrupted run; None = a
-    fresh start, which drops whatever a run killed before its first checkpoint wrote.
+    a killed run) and the TensorBoard events after it, so the files read as one uninterrupted run, and continues
+    the W&B run of wandb_id.txt; None = a fresh start, which drops whatever a run killed before its first
+    checkpoint wrote and starts a new W&B run. Non-finite values go to metrics.jsonl only.
     """
 
-    def __init__(self, folder: RunFolder, tensorboard: bool = True):
-        self.folder, self.tensorboard = folder, tensorboard
+    def __init__(self, folder: RunFolder, logging: LoggingConfig, config: dict[str, Any] | None = None):
+        self.folder, self.logging, self.config = folder, logging, config
         self._file = None
         self._tb = None
+        self._wandb = None
 
     def start(self, resume_step: int | None) -> None:
         if not is_writer():
@@ -206,11 +264,13 @@ class MetricsLog:
         os.makedirs(self.folder.path, exist_ok=True)
         self._truncate(-1 if resume_step is None else resume_step)
         self._file = open(self.folder.metrics_path, "a", encoding="utf-8")
-        if self.tensorboard:
+        if self.logging.tensorboard:
             from tensorboardX import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
             self._tb = SummaryWriter(self.folder.tensorboard_dir, purge_step=purge)
+        if self.logging.wandb:
+            self._wandb = self._start_wandb(resume_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if self._file is None:
@@ -218,10 +278,13 @@ class MetricsLog:
         row = {"step": int(step), **{k: _to_json_value(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        scalars = {tensorboard_tag(k): v for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+            for tag, value in scalars.items():
+                self._tb.add_scalar(tag, value, step)
+        if self._wandb is not None and scalars:
+            self._wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
         if self._file is not None:
@@ -230,6 +293,30 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+    def _start_wandb(self, resume_step: int | None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("logging.wandb needs the wandb package: pip install 'ipa_jax[wandb]'") from e
+        # One W&B run per run folder: a resumed run reuses the stored id; a fresh start (its metrics.jsonl just
+        # emptied) takes a new one, so the W&B run holds no steps that metrics.jsonl dropped.
+        path = self.folder.wandb_id_path
+        if resume_step is not None and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                run_id = f.read().strip()
+        else:
+            run_id = uuid.uuid4().hex[:16]
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(run_id + "\n")
+        return wandb.init(
+            project=self.logging.wandb_project, entity=self.logging.wandb_entity or None,
+            name=os.path.basename(os.path.abspath(self.folder.path)), dir=self.folder.path, config=self.config,
+            resume="allow", id=run_id,
+        )
 
     def _truncate(self, last_step: int) -> None:
         """Keeps only the complete lines with step <= last_step (atomic rewrite)."""

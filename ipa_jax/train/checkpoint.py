@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from ipa_jax.train.state import TrainState
 
@@ -93,10 +92,3 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
-
-
-def export_hf(state: TrainState, path: str) -> None:
-    """Writes the current policy as an HF folder (config.json + safetensors) via the model's save_pretrained."""
-    from ipa_jax.models import save_pretrained
-
-    save_pretrained(nnx.merge(state.graphdef, state.params, state.rest), path)

@@ -10,7 +10,6 @@ import collections
 import logging
 import operator
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 from ipa_jax.objectives import compute_advantages
 from ipa_jax.train.checkpoint import Checkpointer
 from ipa_jax.train.metrics import LoggingConfig
+from ipa_jax.train.progress import Progress
 from ipa_jax.train.sources import TrajectorySource
 from ipa_jax.train.state import TrainState
 from ipa_jax.train.step import TrainStep
@@ -52,6 +52,8 @@ class TrainConfig:
     il_warmup_window: batches averaged for il_warmup_target.
     data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
     buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
+    allow_config_change: resume a run folder whose config.json differs from this config (the changes are
+      recorded in config_changes.jsonl); off, such a resume is refused with the list of changed keys.
     """
 
     steps: int = 100
@@ -69,6 +71,7 @@ class TrainConfig:
     il_warmup_window: int = 10
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    allow_config_change: bool = False
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes"):
@@ -147,6 +150,7 @@ class Learner:
         self.stop_requested: str | None = None
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
+        self._progress = Progress(self.total_steps, 0, self.logging_config.console_every)  # replaced when run() starts
 
     @property
     def rl_start(self) -> int:
@@ -172,9 +176,10 @@ class Learner:
         rl_start = self.state.rl_start
         self.state = self.state.replace(rl_start=jax.device_put(np.int32(step), rl_start.sharding))
         self._rl_start = step
-        log.info("IL warm start ends at step %d: greedy match %.3f over the last %d batches >= %.3f; RL runs to "
-                 "step %d", step, float(np.mean(self._greedy_match)), len(self._greedy_match),
-                 self.config.il_warmup_target, self.total_steps)
+        self._progress.write(f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
+                             f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
+                             f"to step {self.total_steps}")
+        self._progress.set_total(self.total_steps)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -195,7 +200,7 @@ class Learner:
         self.extra.update(host["extra"])
         self.resumed_from = int(jax.device_get(self.state.step))
         self._rl_start = int(jax.device_get(self.state.rl_start))
-        log.info("resumed from step %d (%s)", self.resumed_from, self.checkpointer.directory)
+        log.warning("resumed from step %d (%s)", self.resumed_from, self.checkpointer.directory)
         return self.resumed_from
 
     def host_state(self) -> dict[str, Any]:
@@ -247,7 +252,7 @@ class Learner:
         self.eval_history.append({"step": step, **results})
         if self.metrics_log is not None:
             self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
-        log.info("eval at step %d: %s", step, results)
+        self._progress.evaluated(step, results)
 
     def _updates(self, batch: TrajectoryBatch, step: int):
         """(device batch, device advantages | None) for each update made from one batch."""
@@ -278,7 +283,7 @@ class Learner:
             self.metrics_log.start(self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
-        bar = _progress(self.total_steps, step)
+        self._progress = Progress(self.total_steps, step, self.logging_config.console_every)
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
@@ -298,15 +303,13 @@ class Learner:
                     step += 1
                     if self._warm_start_done(step, metrics):
                         self._end_warm_start(step)
-                        if bar is not None:
-                            bar.total = self.total_steps
                     if metrics["il_rows"] == 0:  # no imitation rows: nothing to match (not a match rate of 0)
                         del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
                     total = self.total_steps
                     if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
                         self.metrics_log.write(step, metrics)
-                    _report(bar, step, total, metrics, self.logging_config.every, step <= self.rl_start)
+                    self._progress.step(step, metrics, warm_start=step <= self.rl_start)
                     if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
                         self.after_update(self.state)
                     since_rl = step - self.rl_start
@@ -334,8 +337,7 @@ class Learner:
                 self.checkpointer.wait()
             if self.metrics_log is not None:
                 self.metrics_log.close()
-            if bar is not None:
-                bar.close()
+            self._progress.close()
         return self.state
 
     def _host_metrics(self, metrics: dict[str, Any], device_batch: TrajectoryBatch, dropped: int,
@@ -358,23 +360,3 @@ class Learner:
         if callable(source_metrics):
             out.update({f"source/{k}": float(v) for k, v in source_metrics().items()})
         return out
-
-
-def _progress(total: int, initial: int):
-    """tqdm on a terminal (process 0 only); None elsewhere (log lines instead)."""
-    if jax.process_index() != 0 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True)
-
-
-def _report(bar, step: int, total: int, metrics: dict[str, Any], every: int, warm_start: bool) -> None:
-    # During the warm start the batches are expert episodes: their reward says nothing, their greedy match does.
-    keys = ("loss", "il_greedy_match" if warm_start else "reward_mean", "grad_norm", "tokens_per_s")
-    summary = {k: metrics[k] for k in keys if k in metrics}
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix({k: f"{float(v):.4g}" for k, v in summary.items()})
-    elif jax.process_index() == 0 and (step % every == 0 or step == total):
-        log.info("step %d/%s %s", step, total, " ".join(f"{k}={float(v):.4g}" for k, v in summary.items()))

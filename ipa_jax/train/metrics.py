@@ -10,24 +10,35 @@ import jax
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """Metrics: metrics.jsonl and TensorBoard in the run folder.
+    """Metrics: metrics.jsonl, TensorBoard and optionally Weights & Biases.
 
     every: learner steps between metric lines.
-    tensorboard: also write TensorBoard events to <run_dir>/tb.
+    console_every: learner steps between progress lines when the output is not a terminal (a terminal gets a bar).
+    tensorboard: also write TensorBoard events to <run_dir>/tb (tags grouped as train/, eval/, rollout/, queue/, perf/).
     entropy: compute the policy's token entropy every step (one extra logsumexp pass).
     peak_tflops: peak TFLOP/s per device for MFU; 0 = detect from the device kind.
+    wandb: also log the grouped scalars to Weights & Biases (pip install 'ipa_jax[wandb]'; WANDB_MODE=offline works).
+    wandb_project: the W&B project.
+    wandb_entity: the W&B entity (user or team); "" = your default entity.
     """
 
     every: int = 1
+    console_every: int = 10
     tensorboard: bool = True
     entropy: bool = True
     peak_tflops: float = 0.0
+    wandb: bool = False
+    wandb_project: str = "ipa_jax"
+    wandb_entity: str = ""
 
     def __post_init__(self):
-        if self.every < 1:
-            raise ValueError(f"logging.every: must be >= 1, got {self.every}")
+        for name in ("every", "console_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"logging.{name}: must be >= 1, got {getattr(self, name)}")
         if self.peak_tflops < 0:
             raise ValueError(f"logging.peak_tflops: must be >= 0 (0 = detect), got {self.peak_tflops}")
+        if self.wandb and not self.wandb_project:
+            raise ValueError("logging.wandb_project: must be set when logging.wandb is on")
 
 
 def _is_moe_layer(config: Any, layer: int) -> bool:

@@ -22,6 +22,7 @@ import pytest
 from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
 from ipa_jax.pipeline import RunFolder, load_config, validate
+from ipa_jax.pipeline.config import flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(ROOT, "configs", "ablations")
@@ -121,7 +122,7 @@ ABLATIONS = {
 
 def _flat_resolved(name: str) -> dict:
     """The resolved config (objective preset expanded) of configs/ablations/<name>.py as {dotted key: value}."""
-    return ablate.flatten(validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"))).to_dict())
+    return flatten(validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"))).to_dict())
 
 
 def test_every_ablation_config_changes_one_thing():

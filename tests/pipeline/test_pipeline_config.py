@@ -111,6 +111,12 @@ def test_bad_values_raise_naming_the_key(override, key):
     assert error.value.key.endswith(key)
 
 
+def test_offline_data_that_does_not_exist_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no file matches") as error:
+        validate(load_config(TINY, [f"train.data=('{tmp_path}/missing*.jsonl',)"]))
+    assert error.value.key == "train.data"
+
+
 def test_two_free_mesh_axes_rejected():
     with pytest.raises(ConfigError, match="mesh"):
         validate(load_config(TINY, ["mesh.data=-1", "mesh.fsdp=-1"]))
@@ -128,14 +134,17 @@ def test_preset_then_explicit_fields():
     assert validate(c).objective == ObjectiveConfig()
 
 
-def test_override_parsing_and_env_kwargs():
+def test_override_parsing_and_env_kwargs(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("")
+    b.write_text("")
     c = load_config(TINY, ["objective.mismatch_range=(0.5, 2.0)", "objective.is_clip_max=inf",
-                           "train.data=('a.jsonl', 'b.jsonl')", "checkpoint.async_save=false",
+                           f"train.data=('{a}', '{b}')", "checkpoint.async_save=false",
                            "env.kwargs.num_hops=3", "env.kwargs.mode=hard", "objective.trust_region_delta=inf"])
     exp = validate(c)
     assert exp.objective.mismatch_range == (0.5, 2.0) and exp.objective.is_clip_max is None
     assert exp.objective.trust_region_delta == float("inf")
-    assert exp.train.data == ("a.jsonl", "b.jsonl") and exp.checkpoint.async_save is False
+    assert exp.train.data == (str(a), str(b)) and exp.checkpoint.async_save is False
     assert dict(exp.env.kwargs) == {"num_hops": 3, "mode": "hard"}
 
 

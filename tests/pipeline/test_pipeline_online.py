@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
@@ -211,3 +212,22 @@ def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):
     assert len(consumed) == 16 and {t.policy_version for t in consumed} == {0}
     rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert rows[1]["policy_lag_mean"] == 1.0
+
+
+def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, tokenizer_dir):
+    """The README's own-environment example, as written there, registered through env.module (a file path) and
+    trained for one IL and one RL step."""
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("## Your own environment"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
+    module = tmp_path / "my_envs.py"
+    module.write_text(code)
+    run_dir = tmp_path / "run"
+    summary = run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "env.module": str(module),
+                                          "env.name": "reverse", "env.kwargs": {}, "train.steps": 2,
+                                          "train.il_warmup_steps": 1}))
+    assert summary["env"] == "reverse" and summary["steps"] == 2
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    assert {t.info["task_id"].split("/")[0] for t in consumed} == {"reverse"}
+    expert = next(t for t in consumed if t.info.get("expert"))
+    assert "Reverse" in ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir)).decode(expert.tokens.tolist())

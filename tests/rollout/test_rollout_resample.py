@@ -457,7 +457,7 @@ def test_rollback_with_il_fallback_end_to_end(chat, tasks, experts):
     # The padded batch carries exactly those tokens as IL targets (the objective's NLL term).
     padded = pad_batch(batches[-1])
     assert padded.expert_mask.sum() == sum(b - a for a, b in replay.chunk_spans[:2])
-    assert res.metrics()["resample/il_groups"] == 2 and res.fork_estimate(tid).crucial_fork == 2
+    assert res.metrics()["il_groups"] == 2 and res.fork_estimate(tid).crucial_fork == 2
     # Without the fallback: same samples, no carriers, no expert tokens.
     off = Resampler(dataclasses.replace(cfg, il_fallback=False), experts[:1])
     off.load_state_dict(res.state_dict())
@@ -480,7 +480,7 @@ def test_il_fallback_from_start_and_at_last_anchor(chat, tasks, experts):
     assert not whole.action_mask.any() and whole.reward == 1.0 and whole.info["task_id"] == f"{tid}@{K + 1}"
     targets = chat.decode(whole.tokens[whole.expert_mask].tolist())
     assert targets.count("<|im_end|>") == K + 1 and targets.endswith(tasks[0].answer + "<|im_end|>")
-    assert res.metrics()["resample/episodes"] == 2  # the expert's row is not an outcome of the policy
+    assert res.metrics()["episodes"] == 2  # the expert's row is not an outcome of the policy
     # An expert without a final answer: the fallback imitates its K chunks (anchor K's prefix).
     no_answer = expert_from_messages(conversation[:-1], tasks[0])
     assert not no_answer.has_answer and experts[0].has_answer

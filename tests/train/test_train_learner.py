@@ -14,7 +14,8 @@ from train_helpers import MOE_ARCH, make_exp, synthetic_trajectories, tree_copy
 from ipa_jax.models import MeshConfig, Qwen3ForCausalLM, from_pretrained, make_mesh
 from ipa_jax.pipeline import RunFolder
 from ipa_jax.pipeline.build import build_learner, model_config
-from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, export_hf, make_schedule
+from ipa_jax.pipeline.export import export_policy
+from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, LoggingConfig, make_schedule
 from ipa_jax.train.metrics import active_params_per_token, train_flops_per_token
 from ipa_jax.trajectory import write_jsonl
 
@@ -150,7 +151,7 @@ def test_jsonl_source_resumes_at_its_position(tmp_path):
 def test_metrics_truncated_to_resume_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
-    log = RunFolder(tmp_path).metrics_log(tensorboard=False)
+    log = RunFolder(tmp_path).metrics_log(LoggingConfig(tensorboard=False))
     log.start(resume_step=3)
     log.write(4, {"loss": np.float32(4.5), "grad_norm": float("nan")})
     log.close()
@@ -177,9 +178,9 @@ def test_flop_count_matches_the_model_parameters(moe):
     assert train_flops_per_token(config, seq) == 6 * active + attention
 
 
-def test_export_hf_round_trip(offline_run, tmp_path):
+def test_exported_policy_round_trips(offline_run, tmp_path):
     state = offline_run["state"]
-    export_hf(state, str(tmp_path / "hf"))
+    export_policy(state, None, str(tmp_path / "hf"))
     loaded = nnx.state(from_pretrained(str(tmp_path / "hf")), nnx.Param)
     jax.tree.map(np.testing.assert_array_equal, tree_copy(loaded), tree_copy(state.params))
 

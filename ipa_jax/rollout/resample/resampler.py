@@ -217,12 +217,12 @@ class Resampler:
     def metrics(self) -> dict[str, float]:
         anchors = [self._anchor[t] / max(e.num_chunks, 1) for t, e in self.experts.items()]
         return {
-            "resample/episodes": float(self.totals["episodes"]),
-            "resample/success_rate": self.totals["successes"] / max(self.totals["episodes"], 1),
-            "resample/il_groups": float(self.totals["il_groups"]),
-            "resample/rollback_moves": float(self.totals["moves"]),
-            "resample/rollback_anchor_frac": float(np.mean(anchors)) if anchors else 0.0,
-            "resample/tasks_at_start": float(sum(a == 0 for a in self._anchor.values())),
+            "episodes": float(self.totals["episodes"]),
+            "success_rate": self.totals["successes"] / max(self.totals["episodes"], 1),
+            "il_groups": float(self.totals["il_groups"]),
+            "rollback_moves": float(self.totals["moves"]),
+            "rollback_anchor_frac": float(np.mean(anchors)) if anchors else 0.0,
+            "tasks_at_start": float(sum(a == 0 for a in self._anchor.values())),
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,68 @@
+"""run(): a finished run reruns as a no-op, a changed config is refused (or, when allowed, recorded and resumed),
+and keys added to the config since a folder was written do not count as changes."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run
+from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "configs", "offline_tiny.py")
+
+
+def trajectories(n: int) -> list[Trajectory]:
+    """n valid rows of 24 tokens: a prompt of 4, then one chunk of 20 sampled tokens."""
+    rng = np.random.default_rng(0)
+    action = np.arange(24) >= 4
+    return [Trajectory(uid=f"t{i}", tokens=rng.integers(0, 128, 24), action_mask=action,
+                       behavior_logprobs=np.where(action, -4.8, 0.0), chunk_ids=build_chunk_ids(action, [23]),
+                       expert_mask=np.zeros(24, bool), reward=float(i % 2), policy_version=0) for i in range(n)]
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, trajectories(16))
+    overrides = {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"), "train.steps": 2,
+                 "checkpoint.every": 1, "logging.tensorboard": False, "train.batch_size": 8}
+    run(load_config(TINY, overrides))
+    return overrides, RunFolder(tmp_path / "run")
+
+
+def test_rerunning_a_finished_run_changes_nothing(finished_run, capsys):
+    overrides, folder = finished_run
+    before = open(folder.summary_path, encoding="utf-8").read()
+    mtime = os.path.getmtime(folder.summary_path)
+    capsys.readouterr()
+    summary = run(load_config(TINY, overrides))
+    assert "is finished: step 2 of 2" in capsys.readouterr().out
+    assert summary == json.loads(before) and open(folder.summary_path, encoding="utf-8").read() == before
+    assert os.path.getmtime(folder.summary_path) == mtime
+    assert [r["step"] for r in folder.read_metrics() if "loss" in r] == [1, 2]
+
+
+def test_a_changed_config_is_refused_then_recorded_when_allowed(finished_run):
+    overrides, folder = finished_run
+    with pytest.raises(ConfigError, match=r"optimizer\.lr: 0\.003 -> 0\.001; train\.steps: 2 -> 3") as error:
+        run(load_config(TINY, {**overrides, "train.steps": 3, "optimizer.lr": 1e-3}))
+    assert error.value.key == "train.allow_config_change"
+    assert folder.read_config()["train"]["steps"] == 2  # untouched
+    summary = run(load_config(TINY, {**overrides, "train.steps": 3, "train.allow_config_change": True}))
+    assert summary["steps"] == 3 and folder.read_config()["train"]["steps"] == 3
+    (record,) = [json.loads(line) for line in open(folder.file("config_changes.jsonl"), encoding="utf-8")]
+    assert record["step"] == 2 and record["changes"] == {"train.steps": [2, 3]}
+    assert [r["step"] for r in folder.read_metrics() if "loss" in r] == [1, 2, 3]
+
+
+def test_keys_added_since_the_folder_was_written_are_not_changes(finished_run, capsys):
+    overrides, folder = finished_run
+    old = folder.read_config()
+    del old["env"]["module"], old["logging"]["console_every"]  # as written before these keys existed
+    with open(folder.config_path, "w", encoding="utf-8") as f:
+        json.dump(old, f)
+    run(load_config(TINY, overrides))
+    assert "is finished" in capsys.readouterr().out

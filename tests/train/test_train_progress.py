@@ -1,0 +1,51 @@
+"""The learner's console output: compact lines off a terminal, evaluation lines, and no library INFO noise."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+
+from train_helpers import REPO, TINY_CONFIG, synthetic_trajectories
+
+from ipa_jax.train.progress import Progress, format_duration
+from ipa_jax.trajectory import write_jsonl
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 12.4, 60, 185, 7300)] == ["0s", "12s", "1m00s", "3m05s", "2h01m"]
+
+
+def test_lines_every_n_steps_and_at_the_end_off_a_terminal():
+    out = io.StringIO()  # not a TTY: lines, no bar
+    progress = Progress(total=7, initial=0, every=3, stream=out)
+    progress.evaluated(0, {"success": 0.25, "reward": 0.25, "episodes": 8, "time_s": 3.0})
+    for step in range(1, 8):
+        progress.step(step, {"loss": 0.5, "il_greedy_match": 0.125, "reward_mean": 0.75, "tokens_per_s": 1234.5},
+                      warm_start=step <= 3)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "eval at step 0: success 0.25, reward 0.25 (8 episodes, 3s)"
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["3/7", "6/7", "7/7"]
+    assert "IL" in steps[0] and "greedy 0.125" in steps[0] and "reward" not in steps[0]
+    assert "RL" in steps[1] and "reward 0.75" in steps[1] and "success 0.25" in steps[1] and "tok/s 1234" in steps[1]
+    assert "ETA" in steps[-1]
+
+
+def test_training_console_is_progress_not_library_logs(tmp_path):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, synthetic_trajectories(16))
+    cmd = [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY_CONFIG}",
+           f"--config.train.data=('{data}',)", "--config.train.steps=2", "--config.checkpoint.every=1",
+           "--config.logging.console_every=1", f"--config.train.run_dir={tmp_path / 'run'}"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    info = re.compile(r"^I\d{4} ", re.M)  # absl's INFO prefix (Orbax logs every checkpoint step at INFO)
+    assert not info.search(quiet.stderr), quiet.stderr[:2000]
+    assert re.search(r"^step 1/2 RL .*loss", quiet.stderr, re.M) and re.search(r"^step 2/2 RL", quiet.stderr, re.M)
+    assert "steps: 2" in quiet.stdout  # the summary, on stdout
+    verbose = subprocess.run(cmd[:-1] + [f"--config.train.run_dir={tmp_path / 'run2'}", "--verbosity=0"],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert verbose.returncode == 0 and info.search(verbose.stderr)  # --verbosity=0 brings the INFO logs back
