@@ -5,9 +5,11 @@
     build.py        mesh, model, TrainState, train steps and Learner from an ExperimentConfig
     tokenizer.py    the run's tokenizer (given, the model's, or trained on the environments' expert episodes)
     online.py       the online loop: engines, expert stream, rollouts -> queue / resampling, weight sync, eval
-    evaluation.py   held-out evaluation numbers
+    evaluation.py   held-out evaluation (pass@k) of the learner's policy, a run folder's checkpoint or an HF folder
+    export.py       the policy as a self-contained Hugging Face folder (weights, tokenizer, generation config)
     forks.py        success per expert anchor of a policy (where its success is decided)
-    run.py          run(config): one training run, its summary
+    run.py          run(config): one training run, its summary; honest resume
+    cli.py          the entry points' config flags (--config, --config.KEY=VALUE, --config_help) and errors
 
 Dependency rule: experiments -> analysis -> pipeline -> {train, rollout, engines, envs, models, objectives,
 trajectory}; nothing below imports the pipeline.

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
 from ipa_jax.engines import EmbeddedEngine, Engine, GenerationResult
@@ -28,39 +29,17 @@ from ipa_jax.pipeline.evaluation import (
     pass_at_k,
     write_report,
 )
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import AgentConfig, ChatFormat
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
 SCRIPT = os.path.join(REPO, "experiments", "evaluate.py")
-TINY = {
-    "model.arch": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=32),
-    "rollout.max_new_tokens": 16,
-    "rollout.concurrency": 8,
-    "train.batch_size": 8,
-    "train.eval_episodes": 4,
-    "queue.max_size": 8,
-    "logging.tensorboard": False,
-}
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tok"))
-    build_corpus_tokenizer(640).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, tokenizer_dir):
     """A run folder: two IL steps, checkpoints 1 and 2, hf/, the tokenizer given (model.tokenizer)."""
     run_dir = str(tmp_path_factory.mktemp("runs") / "tiny")
-    run(load_config(QUICKSTART, {**TINY, "train.run_dir": run_dir, "model.tokenizer": tokenizer_dir,
-                                 "train.steps": 2, "train.il_warmup_steps": 2, "checkpoint.every": 1,
-                                 "checkpoint.export_hf": True}))
+    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 2, "train.il_warmup_steps": 2,
+                                "checkpoint.every": 1, "checkpoint.export_hf": True}))
     return run_dir
 
 

@@ -10,43 +10,18 @@ import os
 
 import numpy as np
 import pytest
+from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
-from ipa_jax.pipeline import RunFolder, load_config, run, validate
+from ipa_jax.pipeline import RunFolder, run, validate
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.forks import probe_policy
 from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import ChatFormat
 from ipa_jax.tokenizer import render_chat
 from ipa_jax.trajectory import read_jsonl
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
-TINY = {
-    "model.arch": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=32),
-    "rollout.max_new_tokens": 16,
-    "rollout.concurrency": 8,
-    "train.batch_size": 8,
-    "train.eval_episodes": 4,
-    "queue.max_size": 8,
-    "logging.tensorboard": False,
-}
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tok"))
-    build_corpus_tokenizer(640).save_pretrained(path)
-    return path
-
-
-def tiny_config(run_dir, **overrides):
-    return load_config(QUICKSTART, {**TINY, "train.run_dir": str(run_dir), **overrides})
 
 
 def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(tokenizer_dir):

@@ -1,0 +1,25 @@
+"""The tiny online setting the pipeline tests share: the quickstart's config with a 2-layer, hidden-32 MoE, batch 8
+over the 8 fake CPU devices, short turns and 4 held-out episodes (so compiled steps and engines are reused)."""
+
+import os
+
+from ipa_jax.pipeline import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
+TINY = {
+    "model.arch": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32),
+    "rollout.max_new_tokens": 16,
+    "rollout.concurrency": 8,
+    "train.batch_size": 8,
+    "train.eval_episodes": 4,
+    "queue.max_size": 8,
+    "logging.tensorboard": False,
+}
+
+
+def tiny_config(run_dir, **overrides):
+    """The quickstart config with TINY and `overrides` applied, writing into `run_dir`."""
+    return load_config(QUICKSTART, {**TINY, "train.run_dir": str(run_dir), **overrides})
