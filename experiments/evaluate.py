@@ -9,7 +9,7 @@ A run folder gives its config.json, its tokenizer and the policy of its latest c
 HF folder needs --config (environment, its kwargs, rollout budgets). The tasks are the held-out set a run's
 evaluations play, so at k=1 and the config's rollout.eval_temperature success is comparable with the run's
 eval/success (`ipa_jax.pipeline.evaluation`). Prints a table and writes the JSON report (per-task and per-episode
-outcomes) to --out (default <run>/eval/step_<8 digits>.json for a run folder, else ./evaluation.json).
+outcomes) to --out (default <run>/eval/step_<8 digits>_k<k>_t<T>.json for a run folder, else ./evaluation.json).
 """
 
 from absl import app, flags
@@ -37,7 +37,8 @@ flags.DEFINE_float("temperature", None, "Sampling temperature; default: the conf
                    "(0 = greedy).", lower_bound=0.0)
 flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split (eval: the held-out tasks runs evaluate on).")
 flags.DEFINE_list("sglang_urls", [], "SGLang servers already serving the policy; default: the embedded engine.")
-flags.DEFINE_string("out", None, "JSON report; default <run>/eval/step_<8 digits>.json, else ./evaluation.json.")
+flags.DEFINE_string("out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else "
+                    "./evaluation.json.")
 flags.DEFINE_integer("seed", 0, "Sampling seed of the embedded engine (the tasks do not depend on it).")
 FLAGS = flags.FLAGS
 
@@ -69,7 +70,7 @@ def main(argv):
     exp, policy = load_policy()
     report = evaluate(exp, policy, episodes=FLAGS.episodes, k=FLAGS.k, temperature=FLAGS.temperature,
                       split=FLAGS.split, sglang_urls=FLAGS.sglang_urls, seed=FLAGS.seed)
-    out = FLAGS.out or report_path(FLAGS.run, policy.step)
+    out = FLAGS.out or report_path(FLAGS.run, report)
     write_report(report, out)
     print(format_report(report))
     print(f"report: {out}")

@@ -272,11 +272,12 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
                                seed=seed if kind == "embedded" else None)  # the servers sample with their own
 
 
-def report_path(run_dir: str | None, step: int | None) -> str:
-    """Where a report goes by default: <run>/eval/step_<8 digits>.json for a run folder, else DEFAULT_REPORT."""
+def report_path(run_dir: str | None, report: EvalReport) -> str:
+    """Where a report goes by default: <run>/eval/step_<8 digits>_k<k>_t<temperature>.json for a run folder (one
+    file per setting), else DEFAULT_REPORT."""
     if run_dir is None:
         return DEFAULT_REPORT
-    return RunFolder(run_dir).eval_report_path(step)
+    return RunFolder(run_dir).eval_report_path(report.step, report.k, report.temperature)
 
 
 def write_report(report: EvalReport, path: str) -> None:

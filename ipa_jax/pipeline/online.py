@@ -127,13 +127,13 @@ class EngineHost:
         self.loop.close()
 
 
-def _engine_params(state) -> nnx.State:
+def _engine_params(state: TrainState) -> nnx.State:
     """The policy's parameters in their mesh placement (the model's sharding constraints name the mesh); the
     engine copies them."""
     return nnx.state(state.model())
 
 
-def _engine_model(state):
+def _engine_model(state: TrainState):
     graphdef, params = nnx.split(state.model())
     return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, params))
 
@@ -252,7 +252,7 @@ class OnlineSource:
         return out
 
     # ---- hooks --------------------------------------------------------------------------------------
-    def after_update(self, state) -> None:
+    def after_update(self, state: TrainState) -> None:
         """Weight sync. Runs before the first step (after any restore) and after every update."""
         self.step = int(jax.device_get(state.step))
         self.rl_start = int(jax.device_get(state.rl_start))

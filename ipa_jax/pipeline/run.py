@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -135,9 +136,9 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "steps": int(jax.device_get(learner.state.step)),
         "il_warmup_steps": warm,
         "wall_time_s": wall_time_s,
-        "run_dir": folder.path,
+        "run_dir": os.path.abspath(folder.path),
         "name": exp.train.name,
-        "config": folder.config_path,
+        "config": os.path.abspath(folder.config_path),
         "seed": exp.train.seed,
         "env": exp.env.name,
         "eval_episodes": exp.train.eval_episodes,

@@ -13,7 +13,7 @@
       trajectories/train.jsonl         every trajectory the learner consumed
       trajectories/unconsumed.jsonl    finished rollouts still waiting when the run stopped
       forks.json                       resampling runs: success per expert anchor and crucial forks per task
-      eval/step_<8 digits>.json        experiments/evaluate.py's reports on a checkpoint of the run
+      eval/step_<8 digits>_k<k>_t<T>.json  experiments/evaluate.py's reports on a checkpoint of the run
       weights/v<8 digits>/             SGLang runs: the HF weights of each synced version
       hf/                              the final policy as a Hugging Face folder (checkpoint.export_hf)
 
@@ -97,8 +97,8 @@ class RunFolder:
     def weights_dir(self, version: int) -> str:
         return self.file("weights", f"v{version:08d}")
 
-    def eval_report_path(self, step: int) -> str:
-        return self.file("eval", f"step_{step:08d}.json")
+    def eval_report_path(self, step: int, k: int, temperature: float) -> str:
+        return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")
 
     def samples_path(self, step: int) -> str:
         return self.file("samples", f"step_{step:08d}.jsonl")

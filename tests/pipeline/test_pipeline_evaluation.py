@@ -140,7 +140,7 @@ def test_cli_on_a_run_folder_prints_the_table_and_writes_the_report(trained_run)
     proc = subprocess.run([sys.executable, SCRIPT, f"--run={trained_run}", "--episodes=4", "--k=2",
                            "--temperature=1.0", "--step=1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    path = os.path.join(trained_run, "eval", "step_00000001.json")
+    path = os.path.join(trained_run, "eval", "step_00000001_k2_t1.json")
     assert f"report: {path}" in proc.stdout
     lines = proc.stdout.splitlines()
     assert any(line.split() == ["pass@2", f"{json.load(open(path))['pass_at_k']:.4f}"] for line in lines)
