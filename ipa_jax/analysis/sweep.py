@@ -134,9 +134,9 @@ def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
 def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
           overrides: Mapping[str, Any] = (), threshold: float = 0.5, train_command: Sequence[str] | None = None,
           rerun: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
-    """Trains every (config, seed) in order with `overrides` on every arm, then writes the tables (and prints the
-    Markdown one) and the plots into `out`. Returns the manifest (also <out>/ablation.json, rewritten after every
-    run so a partial sweep is readable)."""
+    """Trains every (config, seed) in order with `overrides` on every arm (a line per run as it starts), then writes
+    the tables (and prints the Markdown one) and the plots into `out`. Returns the manifest (also
+    <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
     names = [name for name, _ in configs]
@@ -169,7 +169,7 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                 shutil.rmtree(run_dir)
             if not RunFolder(run_dir).has_summary():
                 os.makedirs(run_dir, exist_ok=True)
-                log.info("training %s seed %d -> %s", name, seed, run_dir)
+                print(f"[{time.strftime('%H:%M:%S')}] training {name} seed {seed} -> {run_dir}", flush=True)
                 t0 = time.perf_counter()
                 try:
                     if name in shared and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
@@ -179,7 +179,8 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                             shutil.rmtree(warm_dir)
                         if not RunFolder(warm_dir).has_summary():
                             os.makedirs(warm_dir, exist_ok=True)
-                            log.info("IL warm start of %s seed %d -> %s", donor, seed, warm_dir)
+                            print(f"[{time.strftime('%H:%M:%S')}] IL warm start of {donor} seed {seed} -> {warm_dir}",
+                                  flush=True)
                             train_one(paths[donor], run_overrides(warm_dir, seed, overrides, steps=warm),
                                       os.path.join(warm_dir, "ablate.log"), train_command)
                         seed_from_warm_start(warm_dir, run_dir)
