@@ -205,7 +205,7 @@ def test_config_help_flag_lists_keys(tmp_path):
     assert "train.steps" in proc.stdout and "optimizer updates in all" in proc.stdout
 
 
-def test_config_files_load_without_the_repository_on_sys_path(tmp_path):
+def test_config_files_load_from_any_directory(tmp_path):
     # Config files load their bases by path, so any working directory works.
     code = f"from ipa_jax.pipeline import load_config, validate; print(validate(load_config({CREDIT!r})).objective)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
