@@ -47,6 +47,8 @@ def get_config():
 
     c.rollout.temperature = 1.0
     c.rollout.eval_temperature = 0.0
+    # Qwen3's non-thinking mode: the generation prompt closes an empty think block, the tiny policy writes the turn.
+    c.rollout.enable_thinking = False
     c.rollout.max_new_tokens = 32
     c.rollout.max_turns = 4
     c.rollout.max_context = 448

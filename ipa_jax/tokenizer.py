@@ -3,109 +3,26 @@
 Byte-level BPE exactly as Qwen2/Qwen3 build it (Qwen's pre-tokenizer regex: single digits, letter runs,
 punctuation runs; byte-level alphabet of all 256 bytes, so every string round-trips), trained on a small corpus
 (for a run: expert conversations of the environments rendered with the chat template), with Qwen's special tokens
-as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id) and a Qwen2.5-style chat template (tools block
-in the system turn, `<tool_call>` JSON in assistant turns, consecutive tool messages in one `<|im_start|>user` turn
-of `<tool_response>` blocks). The template is append-only at assistant turns: the history before an assistant
-turn, rendered with the generation
-prompt, is a prefix of the full rendering, so a trajectory is the prompt, the generated ids and the
-tool observations tokenized as template differences, appended in order.
+as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id) and Qwen3's chat template (the hybrid variant,
+`ipa_jax.chat_template`), so a policy trained here has a Qwen3 checkpoint's chat format.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-from transformers.utils.chat_template_utils import render_jinja_template
 
+from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
 from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
 
 # Qwen2's pre-tokenizer split (tokenizer.json of Qwen2.5 / Qwen3).
 QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
-
-# Qwen2.5's template with a short default system prompt (tiny models, short contexts).
-CHAT_TEMPLATE = (
-    "{%- if tools %}\n"
-    "    {{- '<|im_start|>system\\n' }}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- messages[0]['content'] }}\n"
-    "    {%- else %}\n"
-    "        {{- '" + DEFAULT_SYSTEM_PROMPT + "' }}\n"
-    "    {%- endif %}\n"
-    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
-    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
-    "    {%- for tool in tools %}\n"
-    '        {{- "\\n" }}\n'
-    "        {{- tool | tojson }}\n"
-    "    {%- endfor %}\n"
-    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
-    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
-    "{%- else %}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
-    "    {%- else %}\n"
-    "        {{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}\n"
-    "    {%- endif %}\n"
-    "{%- endif %}\n"
-    "{%- for message in messages %}\n"
-    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or '
-    '(message.role == "assistant" and not message.tool_calls) %}\n'
-    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    '    {%- elif message.role == "assistant" %}\n'
-    "        {{- '<|im_start|>' + message.role }}\n"
-    "        {%- if message.content %}\n"
-    "            {{- '\\n' + message.content }}\n"
-    "        {%- endif %}\n"
-    "        {%- for tool_call in message.tool_calls %}\n"
-    "            {%- if tool_call.function is defined %}\n"
-    "                {%- set tool_call = tool_call.function %}\n"
-    "            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
-    "            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n"
-    "            {%- if tool_call.arguments is string %}\n"
-    "                {{- tool_call.arguments }}\n"
-    "            {%- else %}\n"
-    "                {{- tool_call.arguments | tojson }}\n"
-    "            {%- endif %}\n"
-    "            {{- '}\\n</tool_call>' }}\n"
-    "        {%- endfor %}\n"
-    "        {{- '<|im_end|>\\n' }}\n"
-    '    {%- elif message.role == "tool" %}\n'
-    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
-    "            {{- '<|im_start|>user' }}\n"
-    "        {%- endif %}\n"
-    "        {{- '\\n<tool_response>\\n' }}\n"
-    "        {{- message.content }}\n"
-    "        {{- '\\n</tool_response>' }}\n"
-    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
-    "            {{- '<|im_end|>\\n' }}\n"
-    "        {%- endif %}\n"
-    "    {%- endif %}\n"
-    "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n"
-    "    {{- '<|im_start|>assistant\\n' }}\n"
-    "{%- endif %}\n"
-)
-
 _SPECIAL_SPLIT_RE = re.compile("|".join(re.escape(t) for t, _ in QWEN_TOKENS))
-
-
-def render_chat(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = False
-) -> str:
-    """The chat template applied to one conversation, as text (no tokenizer needed)."""
-    rendered, _ = render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=CHAT_TEMPLATE, add_generation_prompt=add_generation_prompt
-    )
-    return rendered[0]
 
 
 def build_tokenizer(
@@ -165,5 +82,5 @@ def build_tokenizer(
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = QWEN3_HYBRID_TEMPLATE
     return hf

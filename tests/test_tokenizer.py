@@ -9,10 +9,12 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
+from ipa_jax import chat_template
+from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
 from ipa_jax.chat_tokens import QWEN_TOKENS
 from ipa_jax.envs import ToolCall, format_tool_call, list_envs, make_env
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer, expert_corpus
-from ipa_jax.tokenizer import build_tokenizer, render_chat
+from ipa_jax.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def test_round_trip_on_task_text_and_arbitrary_text(tok):
         env = make_env(name)
         for task in env.tasks("eval", 20, 5):
             messages = env.expert(task)
-            texts.append(render_chat(messages, tools=task.tools))
+            texts.append(chat_template.render(messages, tools=task.tools))
             texts += [m["content"] for m in messages]
     for text in texts:
         assert tok.decode(_encode(tok, text)) == text
@@ -90,8 +92,9 @@ def test_save_and_load_with_auto_tokenizer(tok, tmp_path):
     task = env.tasks("train", 1, 0)[0]
     messages = env.expert(task)
     for t in (tok, loaded):
-        assert t.apply_chat_template(messages, tools=task.tools, tokenize=False) == render_chat(messages, task.tools)
-    text = render_chat(messages, task.tools)
+        rendered = t.apply_chat_template(messages, tools=task.tools, tokenize=False)
+        assert rendered == chat_template.render(messages, task.tools)
+    text = chat_template.render(messages, task.tools)
     assert _encode(loaded, text) == _encode(tok, text)
     assert len(loaded) == len(tok)
     assert (loaded.eos_token_id, loaded.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
@@ -102,8 +105,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "par
                                                                                         "properties": {}}}}]
 
 
-def test_chat_template_matches_qwen25_layout(tok):
-    """Expected text written out by hand from Qwen2.5's template (default system prompt shortened)."""
+def test_chat_template_is_qwen3s(tok):
+    """Expected text written out by hand from Qwen3's format: no default system prompt, the tools block as the
+    system turn, the final assistant turn (after the last user query) with its think block, empty here."""
     messages = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -115,7 +119,7 @@ def test_chat_template_matches_qwen25_layout(tok):
         {"role": "assistant", "content": "done"},
     ]
     expected = (
-        "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist "
+        "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist "
         "with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
         + json.dumps(TOOLS[0])
         + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
@@ -125,8 +129,9 @@ def test_chat_template_matches_qwen25_layout(tok):
         '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
         '<tool_call>\n{"name": "g", "arguments": {"y": 2}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\ndone<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\ndone<|im_end|>\n"
     )
+    assert tok.chat_template == QWEN3_HYBRID_TEMPLATE
     assert tok.apply_chat_template(messages, tools=TOOLS, tokenize=False) == expected
     assert tok.apply_chat_template(messages[:1], tools=TOOLS, tokenize=False, add_generation_prompt=True).endswith(
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
@@ -137,15 +142,14 @@ def test_chat_template_without_tools_and_custom_system(tok):
     expected = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
     assert tok.apply_chat_template(msgs, tokenize=False) == expected
     assert tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False).startswith("<|im_start|>system\nS\n\n# Tools\n")
-    assert tok.apply_chat_template(msgs[1:], tokenize=False).startswith(
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    assert tok.apply_chat_template(msgs[1:], tokenize=False) == "<|im_start|>user\nq<|im_end|>\n"  # no default
 
 
 def test_rendered_tool_call_equals_parser_format(tok):
     call = ToolCall("calc", {"a": 3, "op": "+", "b": 4})
-    text = render_chat([{"role": "user", "content": "q"},
+    text = chat_template.render([{"role": "user", "content": "q"},
                         {"role": "assistant", "content": "", "tool_calls": [call.to_message_dict()]}])
-    assert f"<|im_start|>assistant\n{format_tool_call(call)}<|im_end|>\n" in text
+    assert f"<|im_start|>assistant\n<think>\n\n</think>\n\n{format_tool_call(call)}<|im_end|>\n" in text
 
 
 @pytest.mark.parametrize("name", ["lookup", "calculator", "lookup_hard"])
@@ -155,11 +159,11 @@ def test_template_is_append_only_at_assistant_turns(tok, name):
     env = make_env(name)
     task = env.tasks("train", 1, 1)[0]
     messages = env.expert(task)
-    full = render_chat(messages, task.tools)
+    full = chat_template.render(messages, task.tools)
     full_ids = _encode(tok, full)
     for k, m in enumerate(messages):
         if m["role"] == "assistant":
-            prefix = render_chat(messages[:k], task.tools, add_generation_prompt=True)
+            prefix = chat_template.render(messages[:k], task.tools, add_generation_prompt=True)
             assert full.startswith(prefix)
             assert full_ids[: len(_encode(tok, prefix))] == _encode(tok, prefix)
 
@@ -167,5 +171,5 @@ def test_template_is_append_only_at_assistant_turns(tok, name):
 def test_easy_episodes_are_short(tok):
     for name in ("lookup", "calculator"):
         env = make_env(name)
-        lengths = [len(_encode(tok, render_chat(env.expert(t), t.tools))) for t in env.tasks("eval", 50, 0)]
+        lengths = [len(_encode(tok, chat_template.render(env.expert(t), t.tools))) for t in env.tasks("eval", 50, 0)]
         assert max(lengths) <= 300, (name, max(lengths))

@@ -10,6 +10,7 @@ from ipa_jax.envs.tool_calls import (
     ToolCallError,
     format_tool_call,
     parse_tool_calls,
+    split_reasoning,
     validate_tool_call,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "ToolCallError",
     "format_tool_call",
     "parse_tool_calls",
+    "split_reasoning",
     "validate_tool_call",
 ]

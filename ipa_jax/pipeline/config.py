@@ -149,6 +149,8 @@ class RolloutConfig:
     weight_sync_every: learner steps between weight syncs to the engines.
     source: auto (resample when resample.mode is not none or resample.il_fallback), queue or resample.
     eval_temperature: sampling temperature of held-out evaluations; 0 = greedy.
+    enable_thinking: Qwen3 thinking mode, passed to the chat template (the hybrid template's switch; a thinking-only
+      template ignores it): the policy reasons in <think>...</think> before each turn's content.
     """
 
     engine: str = "embedded"
@@ -164,6 +166,7 @@ class RolloutConfig:
     weight_sync_every: int = 1
     source: str = "auto"
     eval_temperature: float = 0.0
+    enable_thinking: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))

@@ -262,7 +262,8 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
 
     async def play() -> EvalReport:
         try:
-            return await evaluate_policy(engine, ChatFormat(policy.tokenizer), tasks, agent,
+            chat = ChatFormat(policy.tokenizer, enable_thinking=exp.rollout.enable_thinking)
+            return await evaluate_policy(engine, chat, tasks, agent,
                                          lambda task: exp.env.make(), k)
         finally:
             await engine.close()

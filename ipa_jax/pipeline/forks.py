@@ -24,7 +24,7 @@ def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num
     """Per-task success by anchor of the HF policy folder `policy` on `num_tasks` tasks of exp.env (scripted
     experts; sampling as exp.rollout; the tokenizer from `tokenizer`, else exp.model.tokenizer, else `policy`)."""
     tok = AutoTokenizer.from_pretrained(tokenizer or exp.model.tokenizer or policy)
-    chat = ChatFormat(tok)
+    chat = ChatFormat(tok, enable_thinking=exp.rollout.enable_thinking)
     tasks = exp.env.make().tasks(split, num_tasks, seed=seed)
     experts = build_experts(exp.resample, tasks, chat)
     r = exp.rollout

@@ -155,7 +155,7 @@ class OnlineSource:
         self.env_factory = exp.env.make
         env = self.env_factory()
         self.tokenizer = load_or_build_tokenizer(exp.model, folder)
-        self.chat = ChatFormat(self.tokenizer)
+        self.chat = ChatFormat(self.tokenizer, enable_thinking=exp.rollout.enable_thinking)
         self.engines = EngineHost(exp, state, folder, self.tokenizer)
         self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
         self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ipa_jax import chat_template
 from ipa_jax.envs import BUILTIN_ENVS, make_env
 from ipa_jax.pipeline.config import ConfigError, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
-from ipa_jax.tokenizer import build_tokenizer, render_chat
+from ipa_jax.tokenizer import build_tokenizer
 
 
 def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int = 64, seed: int = 0) -> list[str]:
@@ -20,8 +21,8 @@ def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int
     for name in env_names:
         env = make_env(name)
         for split in ("train", "eval"):
-            corpus += [render_chat(env.expert(task), tools=task.tools) for task in env.tasks(split, episodes_per_env,
-                                                                                              seed)]
+            tasks = env.tasks(split, episodes_per_env, seed)
+            corpus += [chat_template.render(env.expert(task), tools=task.tools) for task in tasks]
     return corpus
 
 

@@ -8,10 +8,16 @@ Token bookkeeping:
 A turn is generated until `<|im_end|>` (or `<|endoftext|>`, or the token budget). The observation
 tokens are the template difference: what the chat template renders after an assistant turn's `<|im_end|>`
 when the tool messages follow, through the next generation prompt (the `\n` that the template puts after
-`<|im_end|>` is not generated, so it starts the observation). For an append-only template (Qwen2.5, the
-tiny tokenizer) `tokens` then equals the tokenization of the final conversation rendered by the template,
-each assistant turn's text replaced by the engine's ids (`<|im_end|>` is an added token, so the
-tokenization splits there).
+`<|im_end|>` is not generated, so it starts the observation). `tokens` then equals the template's rendering of
+the finished conversation, each assistant turn's text replaced by the engine's ids, whenever the template renders
+earlier turns as they were generated (Qwen3 does when every turn's reasoning is non-empty; it drops an empty think
+block from earlier turns, which the policy did see).
+
+Qwen3 reasoning: a turn's text is split into reasoning and content first (`ChatFormat.split_turn`, as SGLang's
+Qwen3 reasoning parser does); tool calls and the final answer are read from the content only. The reasoning
+tokens stay action tokens of their chunk: they are trained and credited like the rest of the turn. Expert turns
+(prefill, expert episodes) are rendered with the same template and thinking mode (`ChatFormat.assistant_turn_ids`),
+so an imitation target is exactly what the policy would emit there.
 
 An optional `prefill` (expert messages after the initial ones) starts the episode at a later state: its
 assistant turns are expert-masked (imitation targets, never actions), its tool calls are replayed in the
@@ -30,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.chat_tokens import ENDOFTEXT, IM_END
+from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, IM_START, THINK_CLOSE, THINK_OPEN
 from ipa_jax.engines.base import Engine, SamplingParams
-from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
+from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls, split_reasoning
 from ipa_jax.trajectory import Trajectory
 
 _SENTINEL = "@@ipa_jax_assistant_turn@@"  # marks the dummy assistant turn when taking template differences
@@ -63,10 +69,17 @@ class AgentConfig:
 
 
 class ChatFormat:
-    """Token-level view of the tokenizer's chat template: prompt ids, observation ids, stop ids."""
+    """Token-level view of the tokenizer's own chat template (a checkpoint's, or the one ipa_jax builds): prompt ids,
+    observation ids, stop ids, and how an assistant turn's text splits into reasoning and content.
 
-    def __init__(self, tokenizer: Any) -> None:
+    enable_thinking: passed to the template (Qwen3's hybrid switch; None = the template's default).
+    `reasoning_forced`: the generation prompt itself opens a `<think>` block (Qwen3 thinking-2507 templates, which
+    end it with `<think>\n`), so a turn's text is reasoning until `</think>` even without an opening tag.
+    """
+
+    def __init__(self, tokenizer: Any, enable_thinking: bool | None = None) -> None:
         self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
         vocab = tokenizer.get_vocab()
         for t in (IM_END, ENDOFTEXT):
             if t not in vocab:
@@ -74,11 +87,32 @@ class ChatFormat:
         self.im_end_id = vocab[IM_END]
         self.endoftext_id = vocab[ENDOFTEXT]
         self.stop_token_ids = (self.im_end_id, self.endoftext_id)
+        prompt = self.render([{"role": "user", "content": "."}], None, add_generation_prompt=True)
+        opened = prompt[prompt.rfind(IM_START):]
+        self.reasoning_forced = THINK_OPEN in opened and THINK_CLOSE not in opened
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool = False) -> str:
+        thinking = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt, **thinking)
+
+    def split_turn(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) of a generated assistant turn, as the serving stack's Qwen3 reasoning parser splits
+        it; tool calls and the final answer are read from the content only."""
+        return split_reasoning(text, forced=self.reasoning_forced)
+
+    def assistant_turn_ids(self, history: list[dict[str, Any]], message: dict[str, Any],
+                           tools: list[dict[str, Any]] | None) -> list[int]:
+        """An assistant message's own tokens after the generation prompt of `history`, through its `<|im_end|>`:
+        the template's rendering of the conversation ending in `message`, minus the prompt. This is exactly what
+        the policy would generate there (a think block included where the template and mode put one)."""
+        prompt = self.render(history, tools, add_generation_prompt=True)
+        full = self.render(history + [message], tools)
+        if not full.startswith(prompt):
+            raise ValueError("the chat template's rendering of an assistant turn does not extend its generation "
+                             "prompt: token bookkeeping needs a template whose history is stable")
+        return self.encode(full[len(prompt): full.index(IM_END, len(prompt)) + len(IM_END)])
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -154,13 +188,7 @@ def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[st
             j += 1
         if len(tool_msgs) != len(msg["tool_calls"]):
             raise ValueError(f"prefill[{i}]: {len(msg['tool_calls'])} tool calls but {len(tool_msgs)} tool messages")
-        # The assistant turn's own tokens: everything after the generation prompt up to its <|im_end|>.
-        turn_text = chat.render(messages + [msg], task.tools)
-        prefix_text = chat.render(messages, task.tools, add_generation_prompt=True)
-        if not turn_text.startswith(prefix_text):
-            raise ValueError("the chat template is not append-only for the prefill")
-        body = turn_text[len(prefix_text): turn_text.rindex(IM_END) + len(IM_END)]
-        row.extend(chat.encode(body), expert=True)
+        row.extend(chat.assistant_turn_ids(messages, msg, task.tools), expert=True)
         for call_dict, tool_msg in zip(msg["tool_calls"], tool_msgs):
             fn = call_dict.get("function", call_dict)
             args = fn["arguments"]
@@ -193,10 +221,7 @@ def expert_episode(task: Task, messages: list[dict[str, Any]], env: Env, chat: C
     row = TokenRow()
     row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
     replay_prefill(env, task, chat, turns, row, history)
-    # The answer turn: its text after the generation prompt through its <|im_end|> (append-only template).
-    prefix = chat.render(history, task.tools, add_generation_prompt=True)
-    full = chat.render(history + [answer], task.tools)
-    row.extend(chat.encode(full[len(prefix): full.rindex(IM_END) + len(IM_END)]), expert=True)
+    row.extend(chat.assistant_turn_ids(history, answer, task.tools), expert=True)
     reward = env.final_answer(answer["content"])
     return Trajectory(
         uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
@@ -275,7 +300,7 @@ async def run_episode(
         if not stopped:
             finish = "length"
             break
-        parsed = parse_tool_calls(text)
+        parsed = parse_tool_calls(chat.split_turn(text)[1])  # reasoning first: calls and answer are in the content
         if not parsed.calls:
             reward, finish = env.final_answer(parsed.content), "answer"
             break

@@ -13,6 +13,7 @@ import pytest
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
+from ipa_jax import chat_template
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
 from ipa_jax.pipeline import RunFolder, run, validate
@@ -20,21 +21,26 @@ from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.forks import probe_policy
 from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
 from ipa_jax.rollout import ChatFormat
-from ipa_jax.tokenizer import render_chat
 from ipa_jax.trajectory import read_jsonl
 
 
 def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(tokenizer_dir):
+    """In Qwen3's non-thinking mode (the quickstart's): the template's rendering of the expert conversation, with
+    the empty think block every generation prompt carries (the template keeps it on the last turn only)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    chat = ChatFormat(tok)
+    chat = ChatFormat(tok, enable_thinking=False)
     env = make_env("lookup", hops=3)
     for task in env.tasks("train", 3, 0):
         traj = expert_trajectory(task, make_env("lookup", hops=3), chat, uid="e")
         traj.validate(vocab_size=len(tok))
-        messages = env.expert(task)
-        assert traj.tokens.tolist() == tok.encode(render_chat(messages, tools=task.tools).rstrip("\n"))
+        rendered = chat_template.render(env.expert(task), tools=task.tools).rstrip("\n")
+        head, last = rendered.rsplit("<|im_start|>assistant\n", 1)
+        think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        assert last.startswith("<think>\n\n</think>\n\n")
+        assert traj.tokens.tolist() == tok.encode(head.replace("<|im_start|>assistant\n", think)
+                                                  + "<|im_start|>assistant\n" + last)
         # Imitation targets: exactly the assistant turns (text through <|im_end|>), the final answer's
         # <|im_end|> included (without it the policy never learns to stop after answering); no action token.
         assert not traj.action_mask.any() and traj.expert_mask[-1] and (traj.chunk_ids == -1).all()

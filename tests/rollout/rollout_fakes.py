@@ -8,6 +8,86 @@ import numpy as np
 
 from ipa_jax.engines.base import Engine, GenerationResult, broadcast_params
 from ipa_jax.envs import ToolCall, format_tool_call, make_env
+from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
+from ipa_jax.rollout import ChatFormat
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# An append-only chat template (Qwen2.5's, with a short default system prompt): the history before an assistant turn,
+# rendered with the generation prompt, is a prefix of the full rendering, so a trajectory built by the agent loop
+# equals the template's rendering of the finished conversation. The bookkeeping tests use it for that check; Qwen3's
+# own template (not append-only for empty reasoning) is tested in test_rollout_qwen3.py.
+APPEND_ONLY_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n"
+    "        {{- '" + DEFAULT_SYSTEM_PROMPT + "' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
+    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    "{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or '
+    '(message.role == "assistant" and not message.tool_calls) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n"
+    "            {{- '\\n' + message.content }}\n"
+    "        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n"
+    "            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    "            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n"
+    "            {%- if tool_call.arguments is string %}\n"
+    "                {{- tool_call.arguments }}\n"
+    "            {%- else %}\n"
+    "                {{- tool_call.arguments | tojson }}\n"
+    "            {%- endif %}\n"
+    "            {{- '}\\n</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+
+def append_only_chat() -> ChatFormat:
+    """The corpus tokenizer with APPEND_ONLY_TEMPLATE as its chat template."""
+    tokenizer = build_corpus_tokenizer()
+    tokenizer.chat_template = APPEND_ONLY_TEMPLATE
+    return ChatFormat(tokenizer)
 
 
 def fake_logprob(token: int) -> float:

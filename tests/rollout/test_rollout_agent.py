@@ -8,17 +8,16 @@ import zlib
 
 import numpy as np
 import pytest
-from rollout_fakes import ScriptedEngine, check_token_invariants, expert_script, expert_turn_texts
+from rollout_fakes import ScriptedEngine, append_only_chat, check_token_invariants, expert_script, expert_turn_texts
 
 from ipa_jax.envs import StepResult, Task, ToolCall, format_tool_call, make_env
 from ipa_jax.envs.lookup import LookupEnv
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout.agent import FINISH_REASONS, AgentConfig, ChatFormat, close_event_loop, run_episode, run_episodes
+from ipa_jax.rollout.agent import FINISH_REASONS, AgentConfig, close_event_loop, run_episode, run_episodes
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_corpus_tokenizer())
+    return append_only_chat()
 
 
 def run(coro):
@@ -199,31 +198,6 @@ def test_run_episodes_concurrency_and_order(chat):
     assert all(t.reward == 1.0 for t in trajs) and len({t.uid for t in trajs}) == 12
     with pytest.raises(ValueError, match="concurrency"):
         run(run_episodes(engine, chat, tasks, concurrency=0))
-
-
-def test_template_that_rerenders_the_last_assistant_turn(chat):
-    """Qwen3-style templates add a think block to the last assistant turn only (not append-only); the
-    observation difference is taken inside one rendering, so episodes still work and observations are exact."""
-    tok = build_corpus_tokenizer()
-    marker = "{%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
-    assert marker in tok.chat_template
-    tok.chat_template = tok.chat_template.replace(
-        "(message.role == \"assistant\" and not message.tool_calls) %}\n",
-        "(message.role == \"assistant\" and not message.tool_calls and not loop.last) %}\n").replace(
-        marker, marker + "        {%- if loop.last %}{{- '\\n<think>\\n\\n</think>\\n' }}{%- endif %}\n")
-    qwen3ish = ChatFormat(tok)
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    assert "<think>" in qwen3ish.render(msgs, None)
-    assert "<think>" not in qwen3ish.render(msgs + [{"role": "tool", "content": "r"}], None)
-    env = make_env("lookup")
-    task = env.tasks("eval", 1, 0)[0]
-    engine = ScriptedEngine(qwen3ish, expert_script(qwen3ish, [task]))
-    traj = run(run_episode(engine, qwen3ish, task, AgentConfig(record_messages=True)))
-    assert traj.reward == 1.0
-    obs = traj.tokens[(~traj.action_mask) & (np.arange(len(traj.tokens)) > np.argmax(traj.action_mask))]
-    first_obs = qwen3ish.decode(obs.tolist()).split("<|im_start|>assistant\n")[0]
-    tool = [m for m in traj.info["messages"] if m["role"] == "tool"][0]["content"]
-    assert first_obs == f"\n<|im_start|>user\n<tool_response>\n{tool}\n</tool_response><|im_end|>\n"
 
 
 class SubmitEnv(LookupEnv):

@@ -12,15 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from rollout_fakes import RecordingEngine, check_token_invariants
+from rollout_fakes import RecordingEngine, append_only_chat, check_token_invariants
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.engines import EmbeddedEngine
 from ipa_jax.envs import make_env
 from ipa_jax.models import init_model, token_logprobs
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import RolloutWorker, TrajectoryQueue
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episodes
+from ipa_jax.rollout.agent import AgentConfig, run_episodes
 from ipa_jax.trajectory import pad_batch
 
 MAX_LEN = 512
@@ -28,7 +27,7 @@ MAX_LEN = 512
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_corpus_tokenizer())
+    return append_only_chat()
 
 
 @pytest.fixture(scope="module")

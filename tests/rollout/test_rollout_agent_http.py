@@ -4,18 +4,17 @@ import asyncio
 
 import numpy as np
 import pytest
-from rollout_fakes import ScriptedEngine, expert_script, fake_logprob
+from rollout_fakes import ScriptedEngine, append_only_chat, expert_script, fake_logprob
 
 from ipa_jax.engines import SGLangEngine
 from ipa_jax.engines.devserver import DevServer
 from ipa_jax.envs import make_env
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episodes
+from ipa_jax.rollout.agent import AgentConfig, run_episodes
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_corpus_tokenizer())
+    return append_only_chat()
 
 
 def test_episodes_through_sglang_client_and_dev_server(chat):

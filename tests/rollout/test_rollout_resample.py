@@ -12,11 +12,10 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from rollout_fakes import ScriptedEngine, expert_script, expert_turn_texts
+from rollout_fakes import ScriptedEngine, append_only_chat, expert_script, expert_turn_texts
 
 from ipa_jax.envs import Env, Task, ToolCall, ToolError, make_env, register_env, registry
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episode
+from ipa_jax.rollout.agent import AgentConfig, run_episode
 from ipa_jax.rollout.resample import (
     Planned,
     ResampleConfig,
@@ -89,7 +88,7 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_corpus_tokenizer())
+    return append_only_chat()
 
 
 @pytest.fixture(scope="module")

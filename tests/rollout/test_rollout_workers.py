@@ -5,18 +5,16 @@ import itertools
 import time
 
 import pytest
-from rollout_fakes import ScriptedEngine, expert_script
+from rollout_fakes import ScriptedEngine, append_only_chat, expert_script
 
 from ipa_jax.envs import make_env
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import QueueClosed, RolloutWorker, TrajectoryQueue
-from ipa_jax.rollout.agent import ChatFormat
 from ipa_jax.trajectory import pad_batch
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return ChatFormat(build_corpus_tokenizer())
+    return append_only_chat()
 
 
 @pytest.fixture(scope="module")

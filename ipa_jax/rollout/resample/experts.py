@@ -140,16 +140,18 @@ def expert_from_trajectory(traj: Trajectory, task: Task, chat: ChatFormat) -> Ex
         ids = traj.tokens[traj.chunk_ids == k].tolist()
         text = chat.decode(ids)
         text = text[: -len(IM_END)] if text.endswith(IM_END) else text
-        parsed = parse_tool_calls(text)
+        reasoning, content = chat.split_turn(text)
+        thought = {"reasoning_content": reasoning} if reasoning else {}  # re-rendered as the template shows it
+        parsed = parse_tool_calls(content)
         if not parsed.calls:
             if k != traj.num_chunks - 1:
                 raise ValueError(f"expert {traj.uid!r}: chunk {k} has no tool call but is not the last chunk")
-            messages.append({"role": "assistant", "content": text})
+            messages.append({"role": "assistant", "content": content, **thought})
             break
         errors = [c for c in parsed.calls if isinstance(c, ToolCallError)]
         if errors:
             raise ValueError(f"expert {traj.uid!r}: chunk {k} has a malformed tool call ({errors[0].message})")
-        messages.append({"role": "assistant", "content": parsed.content,
+        messages.append({"role": "assistant", "content": parsed.content, **thought,
                          "tool_calls": [c.to_message_dict() for c in parsed.calls]})
         for call in parsed.calls:
             messages.append({"role": "tool", "name": call.name, "content": env.step(call).observation})
