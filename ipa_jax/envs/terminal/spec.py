@@ -1,0 +1,160 @@
+"""A terminal task as data (`TerminalSpec`), and the Terminal-Bench / Harbor task folders it is read from.
+
+A terminal task is what the agent is told (`instruction`), the files its workspace starts with, the grader that
+runs in the same sandbox after the episode (`tests`, with `test.sh` as the entry point, mounted read-only at
+/tests only while grading, so the agent never sees it), and a reference solution: a list of bash commands, one
+per expert step (the scripted expert makes one `bash` call per step, then ends the episode).
+
+Reward: the grader's `/logs/verifier/reward.txt` (a number) or `reward.json` (`{"reward": x}`) when it writes
+one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1].
+
+Folder layouts read by `load_task_folder`:
+
+  Harbor / Terminal-Bench 2.0:  instruction.md, task.toml ([agent] timeout_sec, [verifier] timeout_sec),
+                                environment/ (copied into the workspace; Dockerfile and compose files skipped),
+                                tests/test.sh (+ any files it uses), solution/solve.sh
+  Terminal-Bench 1:             task.yaml (instruction, max_agent_timeout_sec, max_test_timeout_sec), solution.sh,
+                                run-tests.sh (the entry point; TEST_DIR=/tests), tests/
+
+A solution script is split into expert steps at lines that start with `# step` (the rest of the line is a
+comment); a script without such lines is one step. Lines before the first marker (a shebang, `set -e`) are
+prepended to every step.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ipa_jax.envs.sandbox.base import check_relative_path
+
+TEST_ENTRY = "test.sh"
+STEP_MARKER = "# step"
+SKIPPED_ENVIRONMENT_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore")
+
+
+@dataclass(frozen=True)
+class TerminalSpec:
+    """One terminal task instance (JSON-serialisable: it travels in `Task.data`).
+
+    name: a short identifier (a folder name, or `<family>` for generated tasks).
+    instruction: the user message.
+    files: workspace files the episode starts with (relative path -> text), written after `environment_dir`.
+    tests: grader files (relative path -> text) mounted at /tests while grading; `test.sh` is the entry point.
+    solution: the reference solution, one bash command (a script) per expert step.
+    executable: entries of `files` made executable.
+    environment_dir / tests_dir: host folders used instead of (or, for environment_dir, before) the inline
+      files: task folders are not copied into every Task.
+    agent_timeout_s: the wall-clock time the agent's commands may take in all (each command is also bounded by
+      the sandbox's per-command timeout). test_timeout_s: the grader's limit.
+    tier / family: where a generated task comes from ("" for folder tasks).
+    """
+
+    name: str
+    instruction: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    tests: Mapping[str, str] = field(default_factory=dict)
+    solution: tuple[str, ...] = ()
+    executable: tuple[str, ...] = ()
+    environment_dir: str = ""
+    tests_dir: str = ""
+    agent_timeout_s: float = 120.0
+    test_timeout_s: float = 60.0
+    tier: str = ""
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", dict(self.files))
+        object.__setattr__(self, "tests", dict(self.tests))
+        object.__setattr__(self, "solution", tuple(self.solution))
+        object.__setattr__(self, "executable", tuple(self.executable))
+        if not self.instruction.strip():
+            raise ValueError(f"terminal task {self.name!r}: empty instruction")
+        if TEST_ENTRY not in self.tests and not self.tests_dir:
+            raise ValueError(f"terminal task {self.name!r}: no tests/{TEST_ENTRY}")
+        if not self.solution:
+            raise ValueError(f"terminal task {self.name!r}: no reference solution")
+        for path in [*self.files, *self.tests]:
+            check_relative_path(path)
+        missing = set(self.executable) - set(self.files)
+        if missing:
+            raise ValueError(f"terminal task {self.name!r}: executable names files it does not have: {sorted(missing)}")
+        if self.agent_timeout_s <= 0 or self.test_timeout_s <= 0:
+            raise ValueError(f"terminal task {self.name!r}: timeouts must be > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["solution"], d["executable"] = list(self.solution), list(self.executable)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TerminalSpec:
+        return cls(**d)
+
+
+def split_solution(script: str) -> tuple[str, ...]:
+    """A solution script -> expert steps, split at `# step` lines; the preamble is prepended to every step."""
+    preamble: list[str] = []
+    steps: list[list[str]] = []
+    for line in script.splitlines():
+        if line.lstrip().startswith(STEP_MARKER):
+            steps.append([])
+        elif steps:
+            steps[-1].append(line)
+        elif not line.startswith("#!"):
+            preamble.append(line)
+    if not steps:
+        steps, preamble = [preamble], []
+    out = tuple("\n".join(preamble + s).strip() for s in steps)
+    return tuple(s for s in out if s)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def load_task_folder(path: str) -> TerminalSpec:
+    """A Harbor (instruction.md + task.toml) or Terminal-Bench 1 (task.yaml) task folder as a TerminalSpec."""
+    path = os.path.abspath(path)
+    name = os.path.basename(path.rstrip("/"))
+    if os.path.isfile(os.path.join(path, "instruction.md")):
+        meta: dict[str, Any] = {}
+        if os.path.isfile(os.path.join(path, "task.toml")):
+            with open(os.path.join(path, "task.toml"), "rb") as f:
+                meta = tomllib.load(f)
+        solution = os.path.join(path, "solution", "solve.sh")
+        env_dir = os.path.join(path, "environment")
+        return TerminalSpec(
+            name=name, instruction=_read(os.path.join(path, "instruction.md")).strip(),
+            solution=split_solution(_read(solution)) if os.path.isfile(solution) else (),
+            environment_dir=env_dir if os.path.isdir(env_dir) else "",
+            tests_dir=_require_dir(os.path.join(path, "tests"), TEST_ENTRY),
+            agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 120.0)),
+            test_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 60.0)))
+    if os.path.isfile(os.path.join(path, "task.yaml")):
+        import yaml  # transformers' dependency
+
+        with open(os.path.join(path, "task.yaml"), encoding="utf-8") as f:
+            meta = yaml.safe_load(f) or {}
+        if "instruction" not in meta:
+            raise ValueError(f"{path}/task.yaml has no 'instruction'")
+        tests_dir = os.path.join(path, "tests")
+        return TerminalSpec(
+            name=name, instruction=str(meta["instruction"]).strip(),
+            # Terminal-Bench 1's entry point sits beside tests/: the grader runs it with TEST_DIR=/tests.
+            tests={TEST_ENTRY: "export TEST_DIR=/tests\n" + _read(os.path.join(path, "run-tests.sh"))},
+            tests_dir=tests_dir if os.path.isdir(tests_dir) else "",
+            solution=split_solution(_read(os.path.join(path, "solution.sh"))),
+            agent_timeout_s=float(meta.get("max_agent_timeout_sec", 120.0)),
+            test_timeout_s=float(meta.get("max_test_timeout_sec", 60.0)))
+    raise ValueError(f"{path} is not a task folder: expected instruction.md (Harbor) or task.yaml (Terminal-Bench 1)")
+
+
+def _require_dir(path: str, entry: str) -> str:
+    if not os.path.isfile(os.path.join(path, entry)):
+        raise ValueError(f"task folder {os.path.dirname(path)} has no tests/{entry}")
+    return path

@@ -1,0 +1,271 @@
+"""The bubblewrap sandbox against real escape attempts: each is contained, reported to the policy as an error
+observation, and leaves no process, mount or folder behind."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+
+from ipa_jax.envs import ToolCall
+from ipa_jax.envs.sandbox import BubblewrapBackend, SandboxError, SandboxLimits
+from ipa_jax.envs.sandbox.bubblewrap import bwrap_binary, sweep_stale_workspaces
+from ipa_jax.envs.sandbox.tools import format_observation, run_tool, tool_specs, truncate
+from ipa_jax.envs.terminal.grader import grade
+from ipa_jax.envs.terminal.spec import TerminalSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, timeout_s=3.0, output_bytes=4096)
+
+
+def _bwrap_works() -> str:
+    try:
+        out = subprocess.run([bwrap_binary(), "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
+                              "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                              "/bin/true"], capture_output=True, timeout=20)
+    except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return "" if out.returncode == 0 else out.stderr.decode(errors="replace")
+
+
+pytestmark = pytest.mark.skipif(bool(_bwrap_works()), reason=f"bubblewrap cannot start here: {_bwrap_works()}")
+
+
+@pytest.fixture
+def sandbox_root():
+    """A fresh root under /tmp: the sandbox user must be able to enter it (pytest's tmp_path is private)."""
+    root = tempfile.mkdtemp(prefix="ipa_jax_test_sandboxes_")
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def backend(sandbox_root):
+    return BubblewrapBackend(LIMITS, root=sandbox_root)
+
+
+@pytest.fixture
+def sandbox(backend):
+    box = backend.create({"notes.txt": "hello\n"})
+    yield box
+    box.close()
+    assert os.listdir(backend.root) == []  # nothing left behind
+
+
+def bash(sandbox, command, **kw):
+    return run_tool(sandbox, ToolCall("bash", {"command": command}), **kw)
+
+
+def host_processes(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_commands_work_in_the_workspace(sandbox):
+    r = bash(sandbox, "cat notes.txt; pwd; id -un; echo oops >&2; exit 3")
+    assert r.error and r.observation == "exit code: 3\nstdout:\nhello\n/app\nagent\n\nstderr:\noops\n"
+    assert not bash(sandbox, "echo data > made.txt").error
+    assert bash(sandbox, "cat made.txt").observation == "exit code: 0\nstdout:\ndata\n"  # files persist
+    assert not bash(sandbox, "cd /tmp; export X=1").error
+    assert bash(sandbox, "pwd; echo ${X:-unset}").observation.endswith("/app\nunset\n")  # shell state does not
+    r = run_tool(sandbox, ToolCall("python", {"code": "import sys\nprint(sum(range(10)), sys.version_info[0])"}))
+    assert r.observation == "exit code: 0\nstdout:\n45 3\n"
+    r = run_tool(sandbox, ToolCall("write_file", {"path": "sub/dir/f.txt", "content": "a\nb\n"}))
+    assert not r.error and r.observation == "wrote 4 characters to sub/dir/f.txt"
+    assert run_tool(sandbox, ToolCall("read_file", {"path": "sub/dir/f.txt"})).observation == "a\nb\n"
+    r = run_tool(sandbox, ToolCall("read_file", {"path": "missing.txt"}))
+    assert r.error and "No such file" in r.observation
+
+
+def test_writing_outside_the_workspace_fails(sandbox):
+    name = f"ipa_escape_{uuid.uuid4().hex[:8]}"
+    for target in (f"/usr/{name}", f"/etc/{name}", f"/{name}", f"{REPO}/{name}"):
+        r = bash(sandbox, f"echo x > {target}")
+        assert r.error, target
+        assert not os.path.exists(target)
+    assert not bash(sandbox, f"echo x > /tmp/{name}").error  # the sandbox's own /tmp ...
+    assert not os.path.exists(f"/tmp/{name}")  # ... is not the host's
+    r = run_tool(sandbox, ToolCall("write_file", {"path": f"/usr/{name}", "content": "x"}))
+    assert r.error and not os.path.exists(f"/usr/{name}")
+
+
+def test_host_home_project_and_secrets_are_invisible(sandbox, monkeypatch):
+    monkeypatch.setenv("IPA_TEST_SECRET", "hunter2-secret")
+    for path in ("/root", "/home", REPO, os.path.expanduser("~"), os.path.join(REPO, "setup.py")):
+        r = bash(sandbox, f"ls -a {path}")
+        assert r.error and "No such file" in r.observation, path
+    r = bash(sandbox, "cat /proc/1/environ | tr '\\0' '\\n'; env; cat /etc/passwd")
+    assert "hunter2-secret" not in r.observation and "root:x:0:0" not in r.observation
+    r = bash(sandbox, "grep Cap /proc/self/status")
+    assert "CapEff:\t0000000000000000" in r.observation  # no capabilities: mount, nsenter etc. fail
+    assert bash(sandbox, "mount -t tmpfs none /app").error
+
+
+def test_no_network_not_even_host_loopback(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    r = run_tool(sandbox, ToolCall("python", {"code": code}))
+    assert r.error and "connected" not in r.observation and "Error" in r.observation
+    with pytest.raises(TimeoutError):
+        server.accept()  # nothing reached the host
+    server.close()
+    r = bash(sandbox, "python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\"")
+    assert r.error
+
+
+def test_fork_bomb_is_contained(sandbox):
+    before = len(os.listdir("/proc"))
+    r = bash(sandbox, ":(){ :|:& };:; sleep 1; echo done", timeout_s=3)
+    assert "exit code" in r.observation
+    time.sleep(0.2)
+    assert len(os.listdir("/proc")) < before + 10  # the bomb's processes died with the command
+    code = ("import os, time\nn = 0\ntry:\n    for _ in range(100):\n        if os.fork() == 0:\n"
+            "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
+            "    print('fork failed after', n, type(e).__name__)\n")
+    r = run_tool(sandbox, ToolCall("python", {"code": code}))
+    assert f"fork failed after {LIMITS.max_processes - 2} BlockingIOError" in r.observation  # max_processes
+
+
+def test_memory_limit(sandbox):
+    r = run_tool(sandbox, ToolCall("python", {"code": "x = bytearray(2 * 1024**3)\nprint('allocated')"}))
+    assert r.error and "MemoryError" in r.observation and "allocated" not in r.observation
+
+
+def test_infinite_loop_times_out(sandbox):
+    start = time.monotonic()
+    r = bash(sandbox, "while :; do :; done")
+    assert r.error and "timed out" in r.observation
+    assert time.monotonic() - start < LIMITS.timeout_s + 2
+    assert not bash(sandbox, "echo still usable").error
+
+
+def test_background_process_does_not_outlive_its_command(sandbox):
+    marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
+    r = bash(sandbox, f"(exec -a {marker} sleep 300 &); nohup bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 & "
+                      f"setsid bash -c 'exec -a {marker} sleep 300' & echo started")
+    assert r.observation.endswith("started\n")
+    time.sleep(0.2)
+    assert host_processes(marker) == []
+
+
+def test_huge_output_is_cut_and_the_command_killed(sandbox):
+    start = time.monotonic()
+    r = bash(sandbox, "head -c 100000000 /dev/zero | tr '\\0' 'a'; echo never")
+    assert time.monotonic() - start < 2.5
+    assert r.error and "too much output" in r.observation and "never" not in r.observation
+    assert "more characters truncated" in r.observation and len(r.observation) < 3 * 2000
+    r = bash(sandbox, "head -c 5000 /dev/zero | tr '\\0' 'b'", max_chars=100)  # under the kill limit: cut only
+    assert not r.error and r.observation.count("b") == 100 and "[... 4900 more characters truncated]" in r.observation
+
+
+def test_symlinks_resolve_inside_the_sandbox(sandbox):
+    assert not bash(sandbox, "ln -s /root r; ln -s /etc/shadow s; ln -s /etc/passwd p").error
+    assert run_tool(sandbox, ToolCall("read_file", {"path": "s"})).error
+    assert "root:x:0:0" not in run_tool(sandbox, ToolCall("read_file", {"path": "p"})).observation
+    r = run_tool(sandbox, ToolCall("write_file", {"path": "r/evil", "content": "x"}))
+    assert r.error and not os.path.exists("/root/evil")
+
+
+def test_symlinked_reward_file_is_not_followed(backend):
+    spec = TerminalSpec(name="t", instruction="x", solution=("true",),
+                        tests={"test.sh": "ln -s /etc/hostname /logs/verifier/reward.txt; exit 1"})
+    with backend.create() as box:
+        reward, result = grade(box, spec)
+    assert reward == 0.0 and result.exit_code == 1
+
+
+def test_hanging_tests_give_zero_reward(backend):
+    spec = TerminalSpec(name="t", instruction="x", solution=("true",), test_timeout_s=1.0,
+                        tests={"test.sh": "echo 1 > /logs/verifier/reward.txt; sleep 600"})
+    start = time.monotonic()
+    with backend.create() as box:
+        reward, result = grade(box, spec)
+    assert reward == 0.0 and result.timed_out and time.monotonic() - start < 4
+    assert os.listdir(backend.root) == []
+
+
+def test_reward_file_and_exit_status(backend):
+    cases = {"exit 0": 1.0, "exit 1": 0.0, "echo 0.25 > /logs/verifier/reward.txt; exit 1": 0.25,
+             'echo \'{"reward": 0.5}\' > /logs/verifier/reward.json': 0.5,
+             "echo 7 > /logs/verifier/reward.txt": 1.0, "echo nan > /logs/verifier/reward.txt; exit 1": 0.0,
+             "test -f /app/answer && grep -qx 42 /app/answer": 1.0, "test -w /tests/test.sh": 0.0}
+    for script, want in cases.items():
+        spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests={"test.sh": script})
+        with backend.create({"answer": "42\n"}) as box:
+            assert grade(box, spec)[0] == want, script
+
+
+def test_close_kills_a_running_command_and_deletes_the_workspace(backend):
+    marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
+    box = backend.create()
+    errors = []
+
+    def run():
+        try:
+            box.run(f"exec -a {marker} sleep 300")
+        except SandboxError as e:
+            errors.append(e)
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3)
+    box.close()
+    thread.join(5)
+    assert not thread.is_alive() and len(errors) == 1
+    assert host_processes(marker) == [] and os.listdir(backend.root) == []
+    with pytest.raises(SandboxError, match="closed"):
+        box.run("true")
+
+
+def test_a_killed_learner_takes_its_commands_along_and_its_workspace_is_swept(sandbox_root):
+    marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
+    root = sandbox_root
+    script = textwrap.dedent(f"""
+        from ipa_jax.envs.sandbox import BubblewrapBackend
+        box = BubblewrapBackend(root={root!r}).create()
+        print("ready", flush=True)
+        box.run("exec -a {marker} sleep 300", timeout_s=300)
+    """)
+    learner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert learner.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 10
+    while not host_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes(marker)
+    learner.send_signal(signal.SIGKILL)
+    learner.wait(10)
+    deadline = time.monotonic() + 5
+    while host_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes(marker) == []
+    assert len(os.listdir(root)) == 1  # SIGKILL runs no clean-up ...
+    assert sweep_stale_workspaces(root) == 1 and os.listdir(root) == []  # ... the next backend sweeps it
+
+
+def test_tool_specs_and_truncation():
+    assert [s["function"]["name"] for s in tool_specs(("bash", "python"))] == ["bash", "python"]
+    with pytest.raises(ValueError, match="subset"):
+        tool_specs(("bash", "curl"))
+    assert truncate("abcdef", 3) == "abc\n[... 3 more characters truncated]"
+    assert truncate("abc", 3, total_bytes=10) == "abc\n[... 7 more characters truncated]"
+    assert truncate("abc", 3) == "abc"
+    from ipa_jax.envs.sandbox import CommandResult
+    assert format_observation(CommandResult(0, "", "", 0.1), 10) == "exit code: 0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs bwrap as another user")
+def test_a_root_the_sandbox_user_cannot_enter_is_refused(tmp_path):
+    with pytest.raises(SandboxError, match="cannot enter"):
+        BubblewrapBackend(root=str(tmp_path / "sandboxes"))

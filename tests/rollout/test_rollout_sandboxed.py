@@ -1,0 +1,76 @@
+"""Sandboxed episodes through the agent loop: sixteen episodes' commands run at once off the event loop, a
+cancelled episode releases its sandbox, nothing is left behind."""
+
+import asyncio
+import os
+import re
+import subprocess
+import time
+
+import pytest
+from rollout_fakes import ScriptedEngine, append_only_chat
+
+from ipa_jax.envs import ToolCall, format_tool_call, make_env
+from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
+from ipa_jax.rollout import AgentConfig
+from ipa_jax.rollout.agent import run_episode, run_episodes
+
+
+def _own_workspaces() -> list[str]:
+    root = shared_backend("bubblewrap", SandboxLimits()).root
+    return [d for d in os.listdir(root) if d.startswith(f"{os.getpid()}-")]
+
+
+def _stamp_script(chat, seconds):
+    """Each episode: one bash call printing its start and end time around a sleep, then the final turn."""
+    call = format_tool_call(ToolCall("bash", {"command": f"date +%s.%N; sleep {seconds}; date +%s.%N"}))
+    return lambda prompt, index: call if index == 0 else "finished"
+
+
+def test_sixteen_episodes_run_their_commands_at_once_without_blocking_the_loop():
+    chat = append_only_chat()
+    engine = ScriptedEngine(chat, _stamp_script(chat, 1.0))
+    tasks = make_env("terminal").tasks("train", 16)
+    ticks = []
+
+    async def main():
+        async def heartbeat():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+        beat = asyncio.create_task(heartbeat())
+        out = await run_episodes(engine, chat, tasks, AgentConfig(max_new_tokens=64, record_messages=True),
+                                 concurrency=16)
+        beat.cancel()
+        return out
+
+    trajs = asyncio.run(main())
+    spans = []
+    for traj in trajs:
+        observation = next(m["content"] for m in traj.info["messages"] if m["role"] == "tool")
+        start, end = map(float, re.findall(r"\d+\.\d+", observation))
+        spans.append((start, end))
+        assert traj.reward == 0.0 and traj.info["finish_reason"] == "answer"  # the tests ran; nothing was solved
+    assert max(s for s, _ in spans) < min(e for _, e in spans)  # all sixteen commands were running together
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) < 0.5  # the event loop (and so the engine) kept running meanwhile
+    assert _own_workspaces() == []
+
+
+def test_a_cancelled_episode_releases_its_sandbox():
+    chat = append_only_chat()
+    engine = ScriptedEngine(chat, _stamp_script(chat, 300))
+    task = make_env("terminal").tasks("train", 1)[0]
+
+    async def main():
+        episode = asyncio.create_task(run_episode(engine, chat, task, AgentConfig(max_new_tokens=64)))
+        await asyncio.sleep(1.0)
+        assert len(_own_workspaces()) == 1
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    asyncio.run(main())
+    assert _own_workspaces() == []
+    time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True).stdout == b""
