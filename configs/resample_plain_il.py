@@ -10,5 +10,6 @@ def get_config():
     c = load_config(Path(__file__).with_name("resample_plain.py"))
     c.train.name = "resample_plain_il"
     c.resample.il_fallback = True
+    c.resample.il_whole_episode = True  # mode "none" sees no fork: whole expert episodes, as in the published results
     c.objective.il_weight = 0.5
     return c

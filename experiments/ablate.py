@@ -41,15 +41,17 @@ FLAGS = flags.FLAGS
 
 def print_listing() -> None:
     print("presets (--preset=NAME):")
+    width = max(map(len, PRESETS))
     for name, preset in PRESETS.items():
-        print(f"  {name:<12} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}\n"
-              f"  {'':<12} {preset.description}")
+        print(f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}\n"
+              f"  {'':<{width}} {preset.description}")
     print(f"configs (--configs=NAME,...; files in {os.path.relpath(CONFIG_DIR)}):")
-    for filename in sorted(os.listdir(CONFIG_DIR)):
-        if filename.endswith(".py"):
-            with open(os.path.join(CONFIG_DIR, filename), encoding="utf-8") as f:
-                first = f.read().split('"""')[1].strip().splitlines()[0]
-            print(f"  {filename[:-3]:<22} {first}")
+    names = sorted(filename[:-3] for filename in os.listdir(CONFIG_DIR) if filename.endswith(".py"))
+    width = max(map(len, names), default=0)
+    for name in names:
+        with open(os.path.join(CONFIG_DIR, name + ".py"), encoding="utf-8") as f:
+            first = f.read().split('"""')[1].strip().splitlines()[0]
+        print(f"  {name:<{width}} {first}")
 
 
 @exit_on_config_error

@@ -4,11 +4,13 @@
     python experiments/launch_sglang.py --model_path=/ckpt --ports=30000,30001 [--routed_experts]
     python experiments/launch_sglang.py ... --dry_run                      # print the commands only
 
-Keeps the servers in the foreground until Ctrl-C / SIGTERM (`ipa_jax.engines.sglang_launch`). Needs the `sglang`
-extra and a CUDA GPU; without them it exits with status 2 and says so (on a CPU machine use
-`python -m ipa_jax.engines.devserver`).
+Keeps the servers in the foreground until Ctrl-C / SIGTERM (`ipa_jax.engines.sglang_launch`). With the environment
+variable named by rollout.api_key_env (SGLANG_API_KEY by default) set, the servers require that key (SGLang's
+--api-key), which the trainer's client sends. Needs the `sglang` extra and a CUDA GPU; without them it exits with
+status 2 and says so (on a CPU machine use `python -m ipa_jax.engines.devserver`).
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -19,8 +21,10 @@ from ipa_jax.engines.sglang_launch import (
     build_commands,
     missing_requirements,
     serve,
+    shown,
 )
 from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
+from ipa_jax.pipeline.config import RolloutConfig
 
 CONFIG = ConfigFlags("Experiment config file (configs/*.py), optional: model.path, rollout.sglang_urls.",
                      required=False)
@@ -51,11 +55,12 @@ def launch_config() -> LaunchConfig:
     else:
         urls = (f"http://{FLAGS.host}:30000",)
     routed = FLAGS.routed_experts if FLAGS.routed_experts is not None else bool(exp and exp.model.routing_replay)
+    key_env = (exp.rollout if exp else RolloutConfig()).api_key_env
     return LaunchConfig(model_path=FLAGS.model_path or (exp.model.path if exp else ""), urls=urls,
                         weight_version=FLAGS.weight_version, routed_experts=routed,
                         mem_fraction_static=FLAGS.mem_fraction_static, tp_size=FLAGS.tp_size, dtype=FLAGS.dtype,
                         context_length=FLAGS.context_length, skip_tokenizer_init=FLAGS.skip_tokenizer_init,
-                        extra_args=tuple(FLAGS.extra_args))
+                        extra_args=tuple(FLAGS.extra_args), api_key=os.environ.get(key_env, ""))
 
 
 @exit_on_config_error
@@ -69,7 +74,7 @@ def main(argv) -> int:
         print(f"launch_sglang: {e}", file=sys.stderr)
         return 1
     if FLAGS.dry_run:
-        print("\n".join(" ".join(cmd) for cmd in commands))
+        print("\n".join(shown(cmd) for cmd in commands))
         return 0
     problem = missing_requirements()
     if problem is not None:

@@ -6,14 +6,16 @@
 
 Writes the run folder (runs/<train.name>/ unless train.run_dir is set; docs/run_folder.md); rerunning the same
 command resumes from the latest complete checkpoint. Ctrl-C or SIGTERM (a scheduler's preemption) stops with a
-checkpoint. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_* environment
+checkpoint (after SIGTERM the exit status is 143); a run that cannot go on (rollout servers gone past
+rollout.outage_budget_s, nothing admissible for queue.stall_timeout_s) stops with a checkpoint, prints why and exits
+with status 1. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_* environment
 variables, or nothing on TPU pods / SLURM) and run the same command on every host.
 """
 
 from absl import app, flags
 
 from ipa_jax.pipeline import run
-from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
+from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error, exit_on_stop
 from ipa_jax.train import distributed
 
 CONFIG = ConfigFlags()
@@ -24,6 +26,7 @@ FLAGS = flags.FLAGS
 
 
 @exit_on_config_error
+@exit_on_stop
 def main(argv):
     del argv
     exp = CONFIG.experiment()

@@ -12,9 +12,12 @@ expert tokens only (a scripted expert's episode) is a pure imitation row and tak
 from __future__ import annotations
 
 import base64
+import collections
 import json
-import math
+import logging
 import os
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,6 +25,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 DEFAULT_BUCKETS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 # Canonical dtype of each per-token field; the constructor casts to it when the kind already matches.
 _TOKEN_FIELDS: dict[str, np.dtype] = {
@@ -94,8 +99,11 @@ class Trajectory:
     def _error(self, name: str, problem: str) -> ValueError:
         return ValueError(f"trajectory {self.uid!r}: field {name!r}: {problem}")
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raises ValueError naming the field and the uid for the first problem found."""
+    def validate(self, vocab_size: int | None = None, *, reward_range: tuple[float, float] | None = None,
+                 max_version: int | None = None) -> None:
+        """Raises ValueError naming the field and the uid for the first problem found. Beyond the shapes and masks,
+        the bounds make every valid trajectory trainable: the reward finite in float32 (and within `reward_range`
+        when given), versions within int32 (and at most `max_version`, the learner's, when given)."""
         if not isinstance(self.uid, str) or not self.uid:
             raise self._error("uid", f"must be a non-empty string, got {self.uid!r}")
         tokens = self.tokens
@@ -131,18 +139,8 @@ class Trajectory:
         if (lp[~action] != 0).any():
             raise self._error("behavior_logprobs", "must be 0 outside action tokens")
         self._validate_chunks()
-        if not isinstance(self.reward, (int, float, np.floating, np.integer)) or not math.isfinite(self.reward):
-            raise self._error("reward", f"must be a finite number, got {self.reward!r}")
-        if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, (int, np.integer)) \
-                or self.policy_version < 0:
-            raise self._error("policy_version", f"must be an integer >= 0, got {self.policy_version!r}")
-        if self.chunk_versions is not None:
-            cv = self.chunk_versions
-            if cv.shape != (self.num_chunks,) or cv.dtype != np.int32:
-                raise self._error("chunk_versions", f"must be int32[{self.num_chunks}] (one per chunk), got "
-                                                    f"{cv.dtype}{list(cv.shape)}")
-            if (cv < 0).any():
-                raise self._error("chunk_versions", "versions must be >= 0")
+        self._validate_reward(reward_range)
+        self._validate_versions(max_version)
         if self.routed_experts is not None:
             re = self.routed_experts
             if re.ndim != 3 or re.shape[0] != T or re.dtype != np.int32:
@@ -151,6 +149,31 @@ class Trajectory:
                 raise self._error("routed_experts", "expert ids must be >= 0")
         if not isinstance(self.info, dict):
             raise self._error("info", f"must be a dict, got {type(self.info).__name__}")
+
+    def _validate_reward(self, reward_range: tuple[float, float] | None) -> None:
+        reward = self.reward
+        # Finite in float64 is not enough: the batch holds rewards as float32 (1e300 would become inf there).
+        if not isinstance(reward, (int, float, np.floating, np.integer)) or not abs(reward) <= _FLOAT32_MAX:
+            raise self._error("reward", f"must be a number that is finite in float32, got {reward!r}")
+        if reward_range is not None and not reward_range[0] <= reward <= reward_range[1]:
+            raise self._error("reward", f"{reward!r} is outside the accepted range {list(reward_range)} "
+                                        "(train.reward_range)")
+
+    def _validate_versions(self, max_version: int | None) -> None:
+        version = self.policy_version
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version <= _INT32_MAX:
+            raise self._error("policy_version", f"must be an integer in [0, 2**31 - 1], got {version!r}")
+        if max_version is not None and version > max_version:
+            raise self._error("policy_version", f"{version} is ahead of the learner's version {max_version}")
+        cv = self.chunk_versions
+        if cv is not None:
+            if cv.shape != (self.num_chunks,) or cv.dtype != np.int32:
+                raise self._error("chunk_versions", f"must be int32[{self.num_chunks}] (one per chunk), got "
+                                                    f"{cv.dtype}{list(cv.shape)}")
+            if (cv < 0).any():
+                raise self._error("chunk_versions", "versions must be >= 0")
+            if max_version is not None and cv.size and cv.max() > max_version:
+                raise self._error("chunk_versions", f"{int(cv.max())} is ahead of the learner's version {max_version}")
 
     def _validate_chunks(self) -> None:
         action, cid = self.action_mask, self.chunk_ids
@@ -221,6 +244,29 @@ class Trajectory:
             routed_experts=re,
             info=d.get("info") or {},
         )
+
+
+class DropLog:
+    """Logs dropped trajectories at most once every `interval_s` seconds: how many since the last line, by reason,
+    and the latest message (a poisoned source can drop thousands a second; a line each would flood the log, and
+    none would hide it). Thread-safe."""
+
+    def __init__(self, logger: logging.Logger, source: str, interval_s: float = 30.0):
+        self.logger, self.source, self.interval_s = logger, source, interval_s
+        self._pending: collections.Counter[str] = collections.Counter()
+        self._logged_at = -float("inf")
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, message: str) -> None:
+        with self._lock:
+            self._pending[reason] += 1
+            now = time.monotonic()
+            if now - self._logged_at < self.interval_s:
+                return
+            pending, self._pending, self._logged_at = self._pending, collections.Counter(), now
+        counts = ", ".join(f"{r} {n}" for r, n in pending.most_common())
+        self.logger.warning("%s dropped %d trajectories (%s) since its last report; latest (%s): %s", self.source,
+                            sum(pending.values()), counts, reason, message)
 
 
 def _short(a: np.ndarray, n: int = 12) -> str:

@@ -51,7 +51,7 @@ def test_constructor_canonicalises_dtypes_and_valid_record_passes():
     ("chunk_ids", np.array([-1, -1, -1, 1, 1, 1, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': the first action"),
     ("chunk_ids", np.array([-1, -1, -1, 0, 0, 0, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': must be 0..K-1"),
     ("chunk_ids", np.array([-1, -1, -1, 0, 1, 0, -1, -1, 1, 1, 1, 1]), "field 'chunk_ids': must be 0..K-1"),
-    ("reward", float("nan"), "field 'reward': must be a finite number"),
+    ("reward", float("nan"), "field 'reward': must be a number that is finite in float32"),
     ("reward", float("inf"), "field 'reward'"),
     ("policy_version", -1, "field 'policy_version'"),
     ("policy_version", 1.5, "field 'policy_version'"),
@@ -84,6 +84,26 @@ def test_validate_action_specific_cases():
         t.validate()
     with pytest.raises(ValueError, match="u4.*'tokens': token id .* outside the vocabulary of size 5"):
         make(uid="u4").validate(vocab_size=5)
+
+
+def test_bounds_make_every_valid_trajectory_trainable():
+    """What validates must pad and train: versions within int32 (and not ahead of the learner when it says where
+    it is), rewards finite in float32 (and within train.reward_range when given)."""
+    for version in (2**31, 2**40, True):
+        with pytest.raises(ValueError, match=r"'policy_version': must be an integer in \[0, 2\*\*31 - 1\]"):
+            make(policy_version=version).validate()
+    with pytest.raises(ValueError, match="'policy_version': 5 is ahead of the learner's version 4"):
+        make(policy_version=5).validate(max_version=4)
+    with pytest.raises(ValueError, match="'chunk_versions': 6 is ahead of the learner's version 4"):
+        make(policy_version=3, chunk_versions=np.array([3, 6])).validate(max_version=4)
+    with pytest.raises(ValueError, match="'reward': must be a number that is finite in float32, got 1e\\+300"):
+        make(reward=1e300).validate()
+    with pytest.raises(ValueError, match=r"'reward': 2.0 is outside the accepted range \[-1.0, 1.0\]"):
+        make(reward=2.0).validate(reward_range=(-1.0, 1.0))
+    edge = make(policy_version=2**31 - 1, reward=-3e38)
+    edge.validate(max_version=2**31 - 1)
+    batch = pad_batch([edge])
+    assert batch.policy_versions[0] == 2**31 - 1 and np.isfinite(batch.rewards).all()
 
 
 def test_jsonl_round_trip_is_lossless(tmp_path):

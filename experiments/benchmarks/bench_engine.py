@@ -3,11 +3,13 @@
 Both engines run the same random Qwen3 weights (transformers builds them and saves safetensors; ipa_jax loads
 them) in float32 on CPU, sampling at temperature 1 with no stop tokens, prompts of --prompt_len tokens.
 Decode tokens/s = B * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and the first token are
-excluded; each time is the median of --iters runs after a warm-up (compile) run. Weight-update latency:
+excluded; each time is the minimum of --iters interleaved rounds (embedded and transformers, N and 1 new
+tokens, one run each per round) after a warm-up (compile) run. Weight-update latency:
 EmbeddedEngine.update_weights (read safetensors + swap), set_params_from_model (in-process swap), and a full
 SGLangEngine sync (pause -> /update_weights_from_disk -> version read-back -> continue) on a dev server.
 
   python experiments/benchmarks/bench_engine.py                     # dense, 4 layers, hidden 256, batches 8, 32
+  python experiments/benchmarks/bench_engine.py --experts=16        # Qwen3-MoE: 16 experts top-4, width 128
   python experiments/benchmarks/bench_engine.py --new_tokens=64 --iters=1   # quicker on a busy machine
 
 On an oversubscribed machine pass --threads=1: torch's OpenMP workers spin-wait and a decode step becomes
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -28,6 +31,9 @@ flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
 flags.DEFINE_integer("vocab", 4096, "vocabulary size")
 flags.DEFINE_integer("experts", 0, "experts per layer (0 = dense Qwen3)")
+flags.DEFINE_integer("top_k", 4, "experts per token (MoE)")
+flags.DEFINE_integer("moe_width", 128, "moe_intermediate_size (MoE)")
+flags.DEFINE_string("moe_impl", "auto", "ipa_jax MoE path: auto | blocked | dense | ragged (models/moe.py)")
 flags.DEFINE_list("batches", ["8", "32"], "batch sizes")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens")
 flags.DEFINE_integer("new_tokens", 128, "generated tokens per row")
@@ -48,6 +54,20 @@ def median_time(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+def min_times_round_robin(fns: dict, rounds: int) -> dict[str, float]:
+    """{name: minimum seconds} over `rounds` rounds that call every fn once (interleaved, so a shared machine's
+    load spreads over all of them), after one warm-up call each; each fn must block until done."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(t) for name, t in times.items()}
+
+
 def main(_):
     import numpy as np
     import torch
@@ -66,7 +86,8 @@ def main(_):
                   head_dim=FLAGS.hidden // 4, max_position_embeddings=4096, tie_word_embeddings=False)
     if FLAGS.experts:
         hf_model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-            **common, num_experts=FLAGS.experts, num_experts_per_tok=2, moe_intermediate_size=FLAGS.hidden // 2))
+            **common, num_experts=FLAGS.experts, num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True,
+            moe_intermediate_size=FLAGS.moe_width))
     else:
         hf_model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
     hf_model.eval()
@@ -77,10 +98,11 @@ def main(_):
     n_new, p_len = FLAGS.new_tokens, FLAGS.prompt_len
     max_len = p_len + n_new
     rng = np.random.default_rng(0)
-    results = {"config": {k: FLAGS[k].value for k in ("layers", "hidden", "vocab", "experts", "prompt_len",
-                                                        "new_tokens", "iters")}}
+    results = {"config": {k: FLAGS[k].value for k in ("layers", "hidden", "vocab", "experts", "top_k", "moe_width",
+                                                        "moe_impl", "prompt_len", "new_tokens", "iters")},
+               "torch_threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg()[0]}
     loop = asyncio.new_event_loop()
-    model = from_pretrained(ckpt_a)
+    model = from_pretrained(ckpt_a, moe_impl=FLAGS.moe_impl)
     for b in (int(x) for x in FLAGS.batches):
         prompts = rng.integers(0, FLAGS.vocab, size=(b, p_len)).tolist()
         engine = EmbeddedEngine(model, max_len=max_len, max_batch=b, batch_buckets=(b,), decode_chunk=32)
@@ -89,7 +111,6 @@ def main(_):
             out = loop.run_until_complete(engine.generate(prompts, SamplingParams(n)))
             assert all(len(r.token_ids) == n for r in out)
 
-        t_jax = median_time(lambda: run_jax(n_new), FLAGS.iters) - median_time(lambda: run_jax(1), FLAGS.iters)
         ids = torch.tensor(prompts)
 
         def run_hf(n, ids=ids):
@@ -99,7 +120,9 @@ def main(_):
                                         pad_token_id=0)
             assert out.shape[1] == p_len + n
 
-        t_hf = median_time(lambda: run_hf(n_new), FLAGS.iters) - median_time(lambda: run_hf(1), FLAGS.iters)
+        t = min_times_round_robin({"jax_n": lambda: run_jax(n_new), "jax_1": lambda: run_jax(1),
+                                   "hf_n": lambda: run_hf(n_new), "hf_1": lambda: run_hf(1)}, FLAGS.iters)
+        t_jax, t_hf = t["jax_n"] - t["jax_1"], t["hf_n"] - t["hf_1"]
         jax_tps, hf_tps = b * (n_new - 1) / t_jax, b * (n_new - 1) / t_hf
         results[f"batch_{b}"] = {"embedded_tokens_per_s": jax_tps, "transformers_tokens_per_s": hf_tps,
                                  "ratio_embedded_over_transformers": jax_tps / hf_tps}

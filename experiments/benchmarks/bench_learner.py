@@ -31,7 +31,9 @@ flags.DEFINE_integer("vocab", 8192, "vocabulary size")
 flags.DEFINE_integer("batch", 4, "batch size (trajectories)")
 flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
 flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
-flags.DEFINE_string("moe_impl", "ragged", "ipa_jax MoE path: ragged | dense")
+flags.DEFINE_string("moe_impl", "auto", "ipa_jax MoE path: auto | blocked | ragged | dense (models/moe.py)")
+flags.DEFINE_string("attention_impl", "auto", "ipa_jax attention: auto | blocked | xla | cudnn | reference")
+flags.DEFINE_bool("scan_layers", False, "ipa_jax decoder layers under nnx.scan")
 flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
 flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
@@ -141,7 +143,8 @@ def main(_):
 
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl)
+        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl, attention_impl=FLAGS.attention_impl,
+                                scan_layers=FLAGS.scan_layers)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
@@ -190,8 +193,9 @@ def main(_):
 
     results = {"config": dict(layers=FLAGS.layers, hidden=FLAGS.hidden, experts=FLAGS.experts, top_k=FLAGS.top_k,
                               moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
-                              seq_len=FLAGS.seq_len, moe_impl=FLAGS.moe_impl, device=jax.devices()[0].device_kind,
-                              threads=len(os.sched_getaffinity(0)))}
+                              seq_len=FLAGS.seq_len, moe_impl=FLAGS.moe_impl, attention_impl=FLAGS.attention_impl,
+                              scan_layers=FLAGS.scan_layers, device=jax.devices()[0].device_kind,
+                              threads=len(os.sched_getaffinity(0)), load_average=os.getloadavg()[0])}
     timed = _time_round_robin({
         "ipa_jax_step": jax_step,
         "ipa_jax_nll_step": nll_step,

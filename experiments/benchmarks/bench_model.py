@@ -1,15 +1,20 @@
-"""Forward+backward time of a small Qwen3-MoE: ipa_jax dense-reference MoE, ipa_jax ragged MoE, transformers.
+"""Forward+backward time of a small Qwen3-MoE: ipa_jax's MoE / attention paths next to transformers.
 
-All three run the same random weights (transformers builds them, saves safetensors, ipa_jax loads them) on the
-same tokens and the same loss (mean next-token NLL), in float32 on CPU. Reports the median of --iters timed
-steps after one warm-up (compile) step, the losses (they must agree), and the time ratios.
+Every variant runs the same random weights (transformers builds them, saves safetensors, ipa_jax loads them) on
+the same tokens and the same loss (mean next-token NLL), in float32 on CPU. A variant is MOE_IMPL/ATTENTION_IMPL
+(models/moe.py, models/attention.py); "auto/auto" is the default the learner runs, "dense/reference" the
+reference paths. After one warm-up (compile) call each, --iters rounds time every variant once per round
+(interleaved, so a shared machine's load spreads over all of them); the ratios to transformers come from the
+minima (the least disturbed measurements). The losses must agree.
 
   python experiments/benchmarks/bench_model.py                       # 4 layers, hidden 256, 16 experts top-4, 4 x 512
+  python experiments/benchmarks/bench_model.py --variants=auto/auto,blocked/reference,dense/auto
   python experiments/benchmarks/bench_model.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -24,20 +29,24 @@ flags.DEFINE_integer("moe_width", 128, "moe_intermediate_size")
 flags.DEFINE_integer("vocab", 2048, "vocabulary size")
 flags.DEFINE_integer("batch", 4, "batch size")
 flags.DEFINE_integer("seq_len", 512, "sequence length")
-flags.DEFINE_integer("iters", 3, "timed iterations per implementation")
+flags.DEFINE_integer("iters", 5, "timed rounds (each variant once per round)")
+flags.DEFINE_list("variants", ["auto/auto", "dense/reference", "ragged/auto"],
+                  "ipa_jax variants MOE_IMPL/ATTENTION_IMPL")
 flags.DEFINE_integer("threads", 0, "torch intra-op threads (0 = torch default)")
 FLAGS = flags.FLAGS
 
 
-def _median_time(step, iters: int) -> tuple[float, float]:
-    """(loss of the warm-up call, median seconds of `iters` further calls); step() must block until done."""
-    loss = step()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
+def time_round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
+    """{name: seconds of each round}; one warm-up call of every step first; each step() blocks until done."""
+    for step in steps.values():
         step()
-        times.append(time.perf_counter() - t0)
-    return loss, statistics.median(times)
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def main(_):
@@ -64,32 +73,29 @@ def main(_):
         for layer in hf.model.layers:
             layer.mlp.gate.weight.mul_(20)
     tokens = np.random.RandomState(0).randint(0, FLAGS.vocab, (FLAGS.batch, FLAGS.seq_len))
-
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp)
-        model = from_pretrained(tmp)
-    graphdef, params = nnx.split(model, nnx.Param)
     ids = jnp.asarray(tokens, jnp.int32)
 
-    def loss_fn(p, moe_impl):
-        logits = nnx.merge(graphdef, p)(ids, moe_impl=moe_impl).logits
+    def loss_fn(params, graphdef, moe_impl):
+        logits = nnx.merge(graphdef, params)(ids, moe_impl=moe_impl).logits
         logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
         return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
 
-    results = {}
-    for impl in ("dense", "ragged"):
-        fn = jax.jit(jax.value_and_grad(loss_fn), static_argnums=1)
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(params, impl))
-        compile_s = time.perf_counter() - t0
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn), static_argnums=(1, 2))
+    steps, compile_s = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        for variant in FLAGS.variants:
+            moe_impl, attention_impl = variant.split("/")
+            graphdef, params = nnx.split(from_pretrained(tmp, attention_impl=attention_impl), nnx.Param)
+            t0 = time.perf_counter()
+            jax.block_until_ready(grad_fn(params, graphdef, moe_impl))
+            compile_s[variant] = time.perf_counter() - t0
 
-        def step(fn=fn, impl=impl):
-            loss, grads = jax.block_until_ready(fn(params, impl))
-            return float(loss)
+            def step(params=params, graphdef=graphdef, moe_impl=moe_impl):
+                loss, _ = jax.block_until_ready(grad_fn(params, graphdef, moe_impl))
+                return float(loss)
 
-        loss, seconds = _median_time(step, FLAGS.iters)
-        results[f"ipa_jax {impl}"] = (loss, seconds)
-        print(f"ipa_jax {impl:6s}: compile+first {compile_s:6.2f}s", flush=True)
+            steps[f"ipa_jax {variant}"] = step
 
     torch_ids = torch.tensor(tokens, dtype=torch.long)
 
@@ -101,19 +107,23 @@ def main(_):
         loss.backward()
         return loss.item()
 
-    results["transformers"] = _median_time(torch_step, FLAGS.iters)
-
-    print(f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, "
-          f"torch threads {torch.get_num_threads()}): "
+    steps["transformers"] = torch_step
+    losses = {name: step() for name, step in steps.items()}
+    load_before = os.getloadavg()[0]
+    times = time_round_robin(steps, FLAGS.iters)
+    print(f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, "
+          f"torch threads {torch.get_num_threads()}, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}): "
           f"{FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.experts} experts top-{FLAGS.top_k} "
           f"(width {FLAGS.moe_width}), vocab {FLAGS.vocab}, batch {FLAGS.batch} x {FLAGS.seq_len}; "
-          f"median of {FLAGS.iters}")
-    hf_time = results["transformers"][1]
-    for name, (loss, seconds) in results.items():
-        print(f"  {name:16s} loss {loss:.6f}  {seconds * 1e3:9.1f} ms  ratio to transformers {seconds / hf_time:5.2f}")
-    print(f"  ragged / dense: {results['ipa_jax ragged'][1] / results['ipa_jax dense'][1]:.2f}")
-    losses = [loss for loss, _ in results.values()]
-    if max(losses) - min(losses) > 1e-4 * abs(losses[0]):
+          f"{FLAGS.iters} interleaved rounds")
+    hf_time = min(times["transformers"])
+    for name, t in times.items():
+        variant = name.removeprefix("ipa_jax ")
+        compiled = f"  compile+first {compile_s[variant]:5.1f}s" if variant in compile_s else ""
+        print(f"  {name:28s} loss {losses[name]:.6f}  min {min(t) * 1e3:8.1f} ms  median "
+              f"{statistics.median(t) * 1e3:8.1f} ms  time / transformers {min(t) / hf_time:5.2f}{compiled}")
+    spread = max(losses.values()) - min(losses.values())
+    if spread > 1e-4 * abs(losses["transformers"]):
         raise SystemExit(f"losses disagree: {losses}")
 
 

@@ -65,6 +65,12 @@ PRESETS: dict[str, Preset] = {
                         "FlashREINFORCE's claim: the sequence trust region keeps stale updates stable"),
     "aggregation": Preset(("agg_sample_mean", "agg_token_mean", "agg_chunk_mean"), (0, 1, 2),
                           "FlashREINFORCE's claim: sample-mean beats token-mean aggregation"),
+    "staleness_offpolicy": Preset(
+        ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
+         "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",
+         "offpolicy_lag4_recompute", "offpolicy_lag4_recompute_nomismatch"), (0, 1, 2),
+        "policy lag 0 / 4 x mismatch correction on / off x old log-probs behaviour / recompute (issue 20), with "
+        "negatives (batch-mean baseline), shared warm starts"),
 }
 
 

@@ -13,9 +13,12 @@ servers stand in for a pool:
   GET /get_model_info, /model_info, /health, /health_generate
 
 Sampling keys SGLang knows but the dev server does not implement are accepted only at their default value
-(anything else is a 400 naming the key); unknown keys are a 400 in SGLang 0.5.23's schema-error shape.
+(anything else is a 400 naming the key); unknown keys are a 400 in SGLang 0.5.23's schema-error shape. Like
+SGLang's `--api-key`, `api_key` makes every route but /health* answer 401 unless the request carries
+`Authorization: Bearer <key>`. Weight versions are integers in [0, 2**31 - 1]; the embedded engine refuses
+checkpoints with non-finite values (400, old weights kept).
 
-    python -m ipa_jax.engines.devserver --model PATH --port P [--host H] [--weight-version 0]
+    python -m ipa_jax.engines.devserver --model PATH --port P [--host H] [--weight-version 0] [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import hmac
 import json
 import logging
 import os
@@ -77,6 +81,7 @@ _DEFAULT_ONLY_SAMPLING_KEYS: dict[str, Any] = {
 KNOWN_SAMPLING_KEYS: tuple[str, ...] = _SUPPORTED_SAMPLING_KEYS + tuple(_DEFAULT_ONLY_SAMPLING_KEYS)
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when the request omits it.
 PAUSE_MODES = ("abort", "retract", "in_place")
+MAX_WEIGHT_VERSION = 2**31 - 1  # the learner's versions are int32 steps
 
 
 class RequestError(ValueError):
@@ -167,6 +172,16 @@ def parse_sampling_params(
     return params, text_options
 
 
+def parse_weight_version(value: Any) -> int:
+    """An update's weight_version (an int, or a string of digits as SGLang's clients send it) -> int in
+    [0, MAX_WEIGHT_VERSION]; raises RequestError."""
+    digits = str(value) if _is_int(value) else value if isinstance(value, str) else ""
+    if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_WEIGHT_VERSION):
+        raise RequestError(f"weight_version must be an integer in [0, {MAX_WEIGHT_VERSION}] (as a string), got "
+                           f"{value!r}", schema=False)
+    return int(digits)
+
+
 def _per_item(value: Any, n: int, name: str, *, batch: bool) -> list[Any]:
     """A scalar or (for a batch) a list of n values -> list of n values."""
     if batch and isinstance(value, list):
@@ -194,6 +209,7 @@ class DevServer:
         eos_token_ids: Sequence[int] = (),
         enable_return_routed_experts: bool = False,
         health_timeout_s: float = 20.0,
+        api_key: str | None = None,
     ):
         self.engine = engine
         self.host = host
@@ -203,6 +219,7 @@ class DevServer:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.enable_return_routed_experts = enable_return_routed_experts
         self.health_timeout_s = health_timeout_s
+        self.api_key = api_key
         self.num_running = 0
         self.paused = False
         self._runner: web.AppRunner | None = None
@@ -215,8 +232,17 @@ class DevServer:
         return f"http://{self.host}:{self.port}"
 
     # ------------------------------------------------------------------ app
+    @web.middleware
+    async def _require_api_key(self, request: web.Request, handler) -> web.StreamResponse:
+        """SGLang's --api-key check: /health* stay open (probes and load balancers)."""
+        given = request.headers.get("Authorization", "")
+        if request.path.startswith("/health") or hmac.compare_digest(given, f"Bearer {self.api_key}"):
+            return await handler(request)
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024**2)
+        middlewares = [self._require_api_key] if self.api_key else []
+        app = web.Application(client_max_size=256 * 1024**2, middlewares=middlewares)
         app.router.add_route("POST", "/generate", self.handle_generate)
         app.router.add_route("PUT", "/generate", self.handle_generate)
         app.router.add_post("/update_weights_from_disk", self.handle_update_weights)
@@ -242,6 +268,8 @@ class DevServer:
             body = json.loads(raw)
         except json.JSONDecodeError as e:
             raise RequestError(f"JSON decode error: {e}", schema=True) from e
+        except RecursionError:
+            raise RequestError("JSON decode error: nested too deeply", schema=True) from None
         if not isinstance(body, dict):
             raise RequestError(f"request body must be a JSON object, got {type(body).__name__}", schema=True)
         return body
@@ -391,16 +419,7 @@ class DevServer:
             if not isinstance(model_path, str) or not model_path:
                 raise RequestError("model_path (a non-empty string) is required", schema=True)
             version = body.get("weight_version")
-            if version is None:
-                new_version = self.engine.weight_version
-            else:
-                try:
-                    new_version = int(version)
-                except (TypeError, ValueError):
-                    raise RequestError(
-                        f"weight_version must be an integer (as a string) for the dev server, got {version!r}",
-                        schema=False,
-                    ) from None
+            new_version = self.engine.weight_version if version is None else parse_weight_version(version)
             if body.get("load_format") not in (None, "auto", "safetensors"):
                 raise RequestError(
                     f"load_format {body['load_format']!r} is not supported by the dev server", schema=False
@@ -591,6 +610,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-buckets", default="", help="comma-separated padded batch sizes (default: powers of 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-return-routed-experts", action="store_true")
+    parser.add_argument("--api-key", default="", help="require `Authorization: Bearer KEY` (SGLang's --api-key)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -627,18 +647,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokenizer=tokenizer,
         eos_token_ids=_read_eos_token_ids(args.model),
         enable_return_routed_experts=args.enable_return_routed_experts,
+        api_key=args.api_key or None,
     )
 
-    async def serve() -> None:
-        stopping = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
-        await server.start()
-        print(f"dev server ready at {server.url}", flush=True)
-        await stopping.wait()
-        await server.stop()
+    asyncio.run(serve_until_signal(server))
 
-    asyncio.run(serve())
+
+async def serve_until_signal(server: DevServer) -> None:
+    """Serve until SIGINT or SIGTERM, then stop gracefully (the CLI's main loop)."""
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
+    await server.start()
+    print(f"dev server ready at {server.url}", flush=True)
+    await stopping.wait()
+    await server.stop()
 
 
 if __name__ == "__main__":

@@ -226,6 +226,12 @@ def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
         future.set_result(result)
 
 
+def _nonfinite_leaves(params: Any) -> list[str]:
+    """The paths of the parameters that hold a NaN or an infinity."""
+    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(params)
+            if not bool(jnp.isfinite(x).all())]
+
+
 class EmbeddedEngine(Engine):
     """The Engine interface on an in-process ipa_jax model.
 
@@ -304,13 +310,17 @@ class EmbeddedEngine(Engine):
     async def update_weights(self, path: str, version: int) -> None:
         """Reload HF safetensors from `path`. Unless paused, admits nothing new and waits for the running requests
         to finish (SGLang's update semantics); when paused, held requests continue on the new weights after
-        resume()."""
+        resume(). A checkpoint with non-finite values is refused (ValueError; the old weights stay): every sample
+        from it would be invalid."""
         self._setup()
         model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype)
         graphdef, params = nnx.split(model)
         if graphdef != self._graphdef:
             raise ValueError(f"checkpoint {path} has a different architecture than the engine's model")
         self._check_params(params, f"checkpoint {path}")
+        nonfinite = await asyncio.to_thread(_nonfinite_leaves, params)
+        if nonfinite:
+            raise ValueError(f"checkpoint {path} has non-finite values in {', '.join(nonfinite[:5])}")
         if self._paused:
             self._current = (params, int(version))
             return

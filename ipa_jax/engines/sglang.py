@@ -4,13 +4,18 @@
   `meta_info.output_token_logprobs` (the matched stop token is kept); only sampling keys SGLang knows are sent.
 * Routing: least in-flight requests, sticky per session id (multi-turn episodes reuse the server's prefix cache).
 * Failures: connection errors, timeouts and 5xx are retried with exponential backoff on another server; a server
-  with `down_after_failures` consecutive failures is marked down and probed on `/health_generate` until it
-  answers again (it is brought to the pool's weight version before it takes requests). 4xx are not retried:
-  they raise `SGLangHTTPError` naming the URL.
-* Weight sync: hold new submissions -> `/pause_generation` on every server (in-flight requests come back
-  aborted) -> `/update_weights_from_disk {model_path, weight_version}` -> version read back from
-  `/get_model_info` -> `/continue_generation`. Aborted partial generations are resubmitted as prompt + partial
-  output with the remaining budget, so callers see one result per prompt; only `abort()` surfaces "abort".
+  with `down_after_failures` consecutive failures is marked down and probed every `probe_interval_s` until it
+  answers again; before it takes requests it is brought to the pool's weights and resumed (it may have missed a
+  `/continue_generation` while away), then must pass `/health_generate`. While no server is up, requests wait
+  for one for up to `outage_budget_s`. 4xx are not retried: they raise `SGLangHTTPError` naming the URL.
+* Weight sync: hold new submissions -> per server `/pause_generation` (in-flight requests come back aborted) ->
+  `/update_weights_from_disk {model_path, weight_version}` -> version read back from `/get_model_info` ->
+  `/continue_generation` (for every server that acknowledged the pause, in a finally path: a cancelled sync leaves
+  no server paused). A server failing any step is marked down and skipped; the sync succeeds once
+  `min_sync_servers` servers serve the new version, else it retries with backoff within `outage_budget_s` and then
+  raises `PoolUnavailable`. Aborted partial generations are resubmitted as prompt + partial output with the
+  remaining budget, so callers see one result per prompt; only `abort()` surfaces "abort".
+* `api_key`: sent as `Authorization: Bearer <key>` on every call (SGLang's and the dev server's `--api-key`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -114,25 +121,38 @@ class _Transient(Exception):
     """A failure worth retrying on another server."""
 
 
+class PoolUnavailable(EngineError):
+    """Fewer servers than needed were up for longer than the outage budget."""
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A failure of the server rather than an answer from it: no connection, a timeout, a 5xx."""
+    return not isinstance(e, SGLangHTTPError) or e.status is None or e.status >= 500
+
+
 class SGLangEngine(Engine):
     """Client of one or more SGLang servers (base URLs like "http://host:30000").
 
-    Use it from one event loop (its HTTP session and events belong to the loop that first uses it).
-    routed_experts_layout=(num_moe_layers, experts_per_token) is needed to reshape routed experts.
+    Use it from one event loop (its HTTP session and events belong to the loop that first uses it; other loops
+    reach it through `ipa_jax.engines.threads.OnLoop`). routed_experts_layout=(num_moe_layers, experts_per_token)
+    is needed to reshape routed experts. The timeouts bound what a hung server costs (docs/sglang.md).
     """
 
     def __init__(
         self,
         urls: Sequence[str],
         *,
-        request_timeout_s: float = 1800.0,
+        api_key: str | None = None,
+        request_timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
-        control_timeout_s: float = 600.0,
+        control_timeout_s: float = 120.0,
         max_attempts: int = 5,
         backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         down_after_failures: int = 3,
         probe_interval_s: float = 5.0,
+        min_sync_servers: int = 1,
+        outage_budget_s: float = 600.0,
         max_resubmits: int = 100,
         max_sticky_sessions: int = 100_000,
         routed_experts_layout: tuple[int, int] | None = None,
@@ -148,6 +168,14 @@ class SGLangEngine(Engine):
                 raise ValueError(f"SGLangEngine url {u!r} must start with http:// or https://")
         if max_attempts < 1 or down_after_failures < 1:
             raise ValueError("max_attempts and down_after_failures must be >= 1")
+        if not 1 <= min_sync_servers <= len(urls):
+            raise ValueError(f"min_sync_servers must be in [1, {len(urls)}] (the pool), got {min_sync_servers}")
+        for name, value in (("request_timeout_s", request_timeout_s), ("connect_timeout_s", connect_timeout_s),
+                            ("control_timeout_s", control_timeout_s), ("probe_interval_s", probe_interval_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if outage_budget_s < 0:
+            raise ValueError(f"outage_budget_s must be >= 0, got {outage_budget_s}")
         self.servers = [_Server(u) for u in urls]
         self._by_url = {s.url: s for s in self.servers}
         self.request_timeout_s = request_timeout_s
@@ -158,6 +186,9 @@ class SGLangEngine(Engine):
         self.max_backoff_s = max_backoff_s
         self.down_after_failures = down_after_failures
         self.probe_interval_s = probe_interval_s
+        self.min_sync_servers = min_sync_servers
+        self.outage_budget_s = outage_budget_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.max_resubmits = max_resubmits
         self.max_sticky_sessions = max_sticky_sessions
         self.routed_experts_layout = routed_experts_layout
@@ -184,6 +215,7 @@ class SGLangEngine(Engine):
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=self.connect_timeout_s),
                 connector=aiohttp.TCPConnector(limit=0),
+                headers=self._headers,
             )
             self._gate = asyncio.Event()
             self._gate.set()
@@ -201,9 +233,12 @@ class SGLangEngine(Engine):
                 text = await resp.text()
                 if resp.status != 200:
                     raise SGLangHTTPError(url, resp.status, _error_message(text))
-                if resp.content_type == "application/json":
+                if resp.content_type != "application/json":
+                    return text
+                try:
                     return json.loads(text)
-                return text
+                except ValueError:
+                    raise SGLangHTTPError(url, resp.status, f"response is not JSON: {text[:200]!r}") from None
         except (TimeoutError, aiohttp.ClientError) as e:
             raise SGLangHTTPError(url, None, f"{type(e).__name__}: {e}") from e
 
@@ -233,36 +268,56 @@ class SGLangEngine(Engine):
 
     def _record_failure(self, server: _Server, error: str) -> None:
         server.consecutive_failures += 1
-        if not server.down and server.consecutive_failures >= self.down_after_failures:
+        if server.consecutive_failures >= self.down_after_failures:
+            self._mark_down(server, f"{server.consecutive_failures} failures in a row, the last: {error}")
+
+    def _mark_down(self, server: _Server, why: str) -> None:
+        """No more requests to `server` until its probe brings it back (`_bring_back`)."""
+        if not server.down:
             server.down = True
-            log.warning("%s marked down after %d failures (last: %s)", server.url, server.consecutive_failures, error)
+            log.warning("%s marked down (%s); probing it every %gs", server.url, why, self.probe_interval_s)
+        if server.probe_task is None or server.probe_task.done():
             server.probe_task = asyncio.get_running_loop().create_task(self._probe_until_up(server))
 
     async def _probe_until_up(self, server: _Server) -> None:
-        """Poll /health_generate; bring the server to the pool's weights; then route to it again."""
         while not self._closed:
             await asyncio.sleep(self.probe_interval_s)
             try:
-                await self._control(server, "GET", "/health_generate", timeout_s=max(self.probe_interval_s, 30.0))
-                assert self._sync_lock is not None
-                async with self._sync_lock:  # not while a weight sync runs on the others
-                    if self._weight_path is not None:
-                        version = await self._read_version(server)
-                        if version != self._weight_version:
-                            await self._update_one(server, self._weight_path, self._weight_version)
-                    server.consecutive_failures = 0
-                    server.down = False
-                log.warning("%s is back up", server.url)
-                return
+                await self._bring_back(server)
             except SGLangHTTPError as e:
                 log.info("probe of %s failed: %s", server.url, e)
+                continue
+            log.warning("%s is back up, at weight version %d", server.url, self._weight_version)
+            return
+
+    async def _bring_back(self, server: _Server) -> None:
+        """Route to a returning server again once it serves the pool's weights, generates, and is not paused: it
+        may have missed the /continue_generation of a sync while it was dead or hung."""
+        await self._read_version(server)  # alive? (before the lock: a hung server must not hold up a sync)
+        assert self._sync_lock is not None
+        async with self._sync_lock:  # no sync in between: it must not miss one again
+            if self._weight_path is not None and await self._read_version(server) != self._weight_version:
+                await self._update_one(server, self._weight_path, self._weight_version)
+            await self._control(server, "POST", "/continue_generation", {})
+            await self._control(server, "GET", "/health_generate")
+            server.consecutive_failures = 0
+            server.down = False
+
+    async def _wait_for_a_server(self) -> None:
+        """Returns once some server is up; raises PoolUnavailable after outage_budget_s without one."""
+        start = time.monotonic()
+        while all(s.down for s in self.servers):
+            if time.monotonic() - start > self.outage_budget_s:
+                raise PoolUnavailable(f"no server up for {self.outage_budget_s:g}s (outage budget): "
+                                      f"{[s.url for s in self.servers]}")
+            await asyncio.sleep(min(self.probe_interval_s, 1.0))
 
     async def health(self) -> bool:
         """True iff at least one server answers /health_generate."""
 
         async def ok(server: _Server) -> bool:
             try:
-                await self._control(server, "GET", "/health_generate", timeout_s=30.0)
+                await self._control(server, "GET", "/health_generate", timeout_s=min(30.0, self.control_timeout_s))
                 return True
             except SGLangHTTPError:
                 return False
@@ -275,12 +330,12 @@ class SGLangEngine(Engine):
         session = self._http()
         tried: set[str] = set()
         errors: list[str] = []
-        for attempt in range(self.max_attempts):
-            if attempt:
-                await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s))
+        while len(errors) < self.max_attempts:
+            if errors:
+                await asyncio.sleep(min(self.backoff_s * 2 ** (len(errors) - 1), self.max_backoff_s))
             server = self._pick(session_id, tried)
-            if server is None:
-                errors.append("no server up")
+            if server is None:  # every server is down: wait for a probe to bring one back (not an attempt)
+                await self._wait_for_a_server()
                 continue
             url = server.url + "/generate"
             server.in_flight += 1
@@ -458,69 +513,97 @@ class SGLangEngine(Engine):
             raise SGLangHTTPError(server.url, 200, f"weight_version is {got} after updating to {version}")
 
     async def update_weights(self, path: str, version: int) -> None:
-        """pause -> update_weights_from_disk(path, version) -> continue on every server that is up.
+        """Serve `path` as `version`: pause -> update_weights_from_disk -> continue on every server that is up.
 
-        A server that is unreachable is marked down and brought to (path, version) when it comes back; a server
-        that answers but fails to load raises (after every server is continued)."""
+        A server failing any step is marked down (its probe brings it to the pool's weights when it is back). Done
+        once min_sync_servers servers serve `version`; with fewer, the sync is retried with backoff (probes bring
+        servers back meanwhile) and PoolUnavailable is raised after outage_budget_s. When servers answer that they
+        cannot load the weights and none took them, EngineError is raised at once (waiting would not help)."""
         self._http()
+        deadline = time.monotonic() + self.outage_budget_s
+        for attempt in itertools.count():
+            took, rejections = await self._sync_once(path, version)
+            if len(took) >= self.min_sync_servers:
+                return
+            if rejections and not took:
+                raise EngineError(f"weight update to version {version} failed: " + "; ".join(rejections))
+            wait = min(self.backoff_s * 2 ** attempt, self.max_backoff_s)
+            left = deadline - time.monotonic()
+            down = [s.url for s in self.servers if s.down]
+            if wait > left:
+                raise PoolUnavailable(
+                    f"weight update to version {version}: {len(took)} server(s) took it, {self.min_sync_servers} "
+                    f"needed, for {self.outage_budget_s:g}s (outage budget); down: {down}")
+            log.warning("weight update to version %d: %d server(s) took it, %d needed (down: %s); retrying in %.1fs, "
+                        "%.0fs of the outage budget left", version, len(took), self.min_sync_servers, down, wait, left)
+            await asyncio.sleep(wait)
+
+    async def _sync_once(self, path: str, version: int) -> tuple[list[_Server], list[str]]:
+        """One pass over the servers that are up: (the servers now serving `version`, the errors of those that
+        answered that they cannot load it). The pool adopts `version` once enough servers took it; otherwise the
+        ones that did are marked down (their probes bring them back to the pool's version). Cancelling it resumes
+        every server that acknowledged the pause and marks the others down: none is left paused."""
         assert self._gate is not None and self._sync_lock is not None
         async with self._sync_lock:
             self._gate.clear()
             start = time.perf_counter()
-            up = [s for s in self.servers if not s.down]
-            paused: list[_Server] = []
-            failures: list[str] = []
+            targets = [s for s in self.servers if not s.down]
+            paused: list[_Server] = []  # acknowledged the pause: resumed whatever happens next
+            took: list[_Server] = []  # serve `version` now
             try:
                 results = await asyncio.gather(
-                    *(self._control(s, "POST", "/pause_generation", {}) for s in up), return_exceptions=True
-                )
-                for s, r in zip(up, results):
-                    if isinstance(r, SGLangHTTPError) and r.status is None:  # unreachable
-                        self._mark_down(s, str(r))
-                    elif isinstance(r, Exception):
-                        failures.append(str(r))
-                    else:
-                        paused.append(s)
-                results = await asyncio.gather(
-                    *(self._update_one(s, path, version) for s in paused), return_exceptions=True
-                )
-                for s, r in zip(paused, results):
-                    if isinstance(r, SGLangHTTPError) and r.status is None:
-                        self._mark_down(s, str(r))
-                    elif isinstance(r, Exception):
-                        failures.append(str(r))
+                    *(self._pause_and_update(s, path, version, paused, took) for s in targets), return_exceptions=True)
             finally:
-                results = await asyncio.gather(
-                    *(self._control(s, "POST", "/continue_generation", {}) for s in paused), return_exceptions=True
-                )
-                failures += [str(r) for r in results if isinstance(r, Exception)]
-                if not failures:
-                    self._weight_version, self._weight_path = version, path
-                self._gate.set()
-            if failures:
-                raise EngineError(f"weight update to version {version} failed: " + "; ".join(failures))
-            if all(s.down for s in self.servers):
-                urls = [s.url for s in self.servers]
-                raise EngineError(f"weight update to version {version}: no server reachable ({urls})")
-            log.info("weights %s (version %d) on %d servers in %.2fs", path, version, len(paused),
-                     time.perf_counter() - start)
+                try:
+                    if len(took) >= self.min_sync_servers:
+                        self._weight_version, self._weight_path = version, path
+                        log.info("weights %s (version %d) on %d servers in %.2fs", path, version, len(took),
+                                 time.perf_counter() - start)
+                    else:
+                        for s in took:
+                            self._mark_down(s, f"serves version {version}, which too few servers took")
+                        took.clear()
+                    await asyncio.shield(self._continue(paused))
+                finally:
+                    self._gate.set()
+            return took, [str(r) for r in results if isinstance(r, BaseException) and not _unreachable(r)]
 
-    def _mark_down(self, server: _Server, error: str) -> None:
-        server.consecutive_failures = max(server.consecutive_failures, self.down_after_failures - 1)
-        self._record_failure(server, error)
+    async def _pause_and_update(self, server: _Server, path: str, version: int, paused: list[_Server],
+                                took: list[_Server]) -> None:
+        try:
+            await self._control(server, "POST", "/pause_generation", {})
+            paused.append(server)
+            await self._update_one(server, path, version)
+            took.append(server)
+        except (Exception, asyncio.CancelledError) as e:  # its state is unknown: its probe resyncs it
+            self._mark_down(server, f"weight update to version {version}: {str(e) or type(e).__name__}")
+            raise
+
+    async def _continue(self, servers: list[_Server]) -> None:
+        """/continue_generation on `servers`; a server that fails it is marked down (its probe resumes it)."""
+        results = await asyncio.gather(*(self._control(s, "POST", "/continue_generation", {}) for s in servers),
+                                       return_exceptions=True)
+        for s, r in zip(servers, results):
+            if isinstance(r, Exception):
+                self._mark_down(s, f"continue_generation failed: {r}")
 
     async def pause(self) -> None:
-        """Hold new submissions and /pause_generation every server (in-flight requests are resubmitted later)."""
+        """Hold new submissions and /pause_generation every server that is up (in-flight requests are resubmitted
+        later); a server that fails it is marked down."""
         self._http()
         assert self._gate is not None
         self._gate.clear()
-        await asyncio.gather(*(self._control(s, "POST", "/pause_generation", {}) for s in self.servers if not s.down))
+        up = [s for s in self.servers if not s.down]
+        results = await asyncio.gather(*(self._control(s, "POST", "/pause_generation", {}) for s in up),
+                                       return_exceptions=True)
+        for s, r in zip(up, results):
+            if isinstance(r, Exception):
+                self._mark_down(s, f"pause_generation failed: {r}")
 
     async def resume(self) -> None:
         self._http()
         assert self._gate is not None
-        up = [s for s in self.servers if not s.down]
-        await asyncio.gather(*(self._control(s, "POST", "/continue_generation", {}) for s in up))
+        await self._continue([s for s in self.servers if not s.down])
         self._gate.set()
 
     async def close(self) -> None:
@@ -528,6 +611,10 @@ class SGLangEngine(Engine):
         for s in self.servers:
             if s.probe_task is not None:
                 s.probe_task.cancel()
+        if self._sync_lock is not None:  # a cancelled sync may still be resuming servers in its finally path
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sync_lock.acquire(), self.control_timeout_s)
+                self._sync_lock.release()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -2,7 +2,8 @@
 
 One `python -m sglang.launch_server` per URL (host:port), each on its own GPUs (`--base-gpu-id`), with the flags
 the trainer relies on: `--weight-version` (versions read back after every weight sync),
-`--enable-return-routed-experts` (MoE routing replay; SGLang >= 0.5.7), `--mem-fraction-static`. Readiness is
+`--enable-return-routed-experts` (MoE routing replay; SGLang >= 0.5.7), `--mem-fraction-static`, `--api-key` (every
+route but /health* then needs `Authorization: Bearer <key>`; printed commands show it as ***). Readiness is
 `GET /health_generate` (a real one-token generation) on every server. Needs the `sglang` extra and a CUDA GPU;
 `missing_requirements` says what is missing (on a CPU machine use `python -m ipa_jax.engines.devserver`).
 """
@@ -37,6 +38,7 @@ class LaunchConfig:
     context_length: int = 0  # 0: the model's own
     skip_tokenizer_init: bool = False  # token ids only (the client sends ids; stop strings then do not work)
     extra_args: tuple[str, ...] = ()
+    api_key: str = ""  # SGLang's --api-key; "" = none
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -81,8 +83,15 @@ def build_commands(cfg: LaunchConfig, python: str = sys.executable) -> list[list
             cmd.append("--skip-tokenizer-init")
         if cfg.context_length:
             cmd += ["--context-length", str(cfg.context_length)]
+        if cfg.api_key:
+            cmd += ["--api-key", cfg.api_key]
         commands.append(cmd + list(cfg.extra_args))
     return commands
+
+
+def shown(cmd: Sequence[str]) -> str:
+    """A command as printed: the API key masked."""
+    return " ".join("***" if i and cmd[i - 1] == "--api-key" else arg for i, arg in enumerate(cmd))
 
 
 def missing_requirements() -> str | None:
@@ -141,7 +150,7 @@ def serve(cfg: LaunchConfig, commands: Sequence[Sequence[str]], log_dir: str, wa
     try:
         for url, cmd in zip(cfg.urls, commands):
             log = os.path.join(log_dir, f"sglang_{parse_url(url)[1]}.log")
-            print("starting:", " ".join(cmd), flush=True)
+            print("starting:", shown(cmd), flush=True)
             with open(log, "w") as f:
                 procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
             logs.append(log)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("qwen3", "qwen2")
-MOE_IMPLS = ("dense", "ragged")
+MOE_IMPLS = ("auto", "dense", "ragged", "blocked")
+ATTENTION_IMPLS = ("auto", "reference", "blocked", "xla", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROPE_TYPES = ("default", "linear", "yarn")
 
@@ -37,10 +38,14 @@ class Qwen3Config:
     option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not
     in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted
     tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
-    Learner-side (not written to config.json): `moe_impl` ("ragged" grouped matmuls or the "dense" reference),
+    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "blocked" on CPU and
+    "ragged" on GPU/TPU; "dense" is the reference), `attention_impl` (models/attention.py: "auto" = "cudnn" on
+    NVIDIA GPUs in 16-bit dtypes, "blocked" on CPU, "xla" elsewhere; "reference" is the einsum reference),
     `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),
     `attention_query_block` (queries per attention block when a call has more; 0 = one block: bounds the
-    float32 attention scores held at once to [B, H, block, S]).
+    float32 attention scores held at once to [B, H, block, S]), `scan_layers` (the decoder layers' parameters
+    stacked on a leading axis and run under `nnx.scan`, so compile time does not grow with depth; every layer
+    must be of one kind, all MoE or all dense).
     """
 
     vocab_size: int
@@ -66,9 +71,11 @@ class Qwen3Config:
     pad_token_id: int | None = None
     family: str = "qwen3"
     attention_bias: bool = False
-    moe_impl: str = "ragged"
+    moe_impl: str = "auto"
+    attention_impl: str = "auto"
     remat_policy: str = "none"
-    attention_query_block: int = 1024
+    attention_query_block: int = 128
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -100,6 +107,12 @@ class Qwen3Config:
             raise ValueError(f"Qwen3Config.attention_query_block must be >= 0, got {self.attention_query_block}")
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(f"Qwen3Config.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
+                             f"got {self.attention_impl!r}")
+        if self.scan_layers and 0 < len(self.moe_layers) < self.num_hidden_layers:
+            raise ValueError(f"Qwen3Config.scan_layers needs layers of one kind, but layers {self.moe_layers} of "
+                             f"{self.num_hidden_layers} are MoE (mlp_only_layers / decoder_sparse_step)")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.rope_scaling is not None:

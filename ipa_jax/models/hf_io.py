@@ -101,6 +101,16 @@ def hf_name(path: tuple) -> str:
     return f"model.{dotted}" + ("" if path[-1] == "weight" else ".weight")
 
 
+def _is_stacked(var: nnx.Variable) -> bool:
+    """Whether the parameter is stacked over the decoder layers (scan_layers: logical axis "layers" first)."""
+    return var.get_metadata()["logical_axes"][:1] == ("layers",)
+
+
+def _layer_path(stacked_path: tuple, layer: int) -> tuple:
+    """('layers', 'self_attn', 'q_proj'), 3 -> ('layers', 3, 'self_attn', 'q_proj'): the unstacked parameter path."""
+    return stacked_path[:1] + (layer,) + stacked_path[1:]
+
+
 def _read_param(reader: SafetensorsReader, path: tuple, layout: str, used: set[str]) -> np.ndarray:
     """Host array of one parameter in our layout, assembled from its HF tensor(s)."""
     if layout != "experts":
@@ -133,8 +143,9 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
                     sharding_rules: Rules | None = None, **config_overrides) -> Qwen3ForCausalLM:
     """Loads a HF Qwen3 / Qwen3-MoE folder tensor by tensor, each placed directly in its sharding on `mesh`.
 
-    config_overrides: learner-side Qwen3Config fields (moe_impl, remat_policy). Extra checkpoint tensors
-    (other than a tied lm_head) and shape mismatches raise ValueError.
+    config_overrides: learner-side Qwen3Config fields (moe_impl, attention_impl, remat_policy, scan_layers; with
+    scan_layers each stacked parameter is read layer by layer). Extra checkpoint tensors (other than a tied
+    lm_head) and shape mismatches raise ValueError.
     """
     config = Qwen3Config.from_pretrained_dir(path, **config_overrides)
     rules = DEFAULT_RULES if sharding_rules is None else tuple(sharding_rules)
@@ -147,7 +158,11 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
 
     def load(path_, var: nnx.Variable, sharding) -> nnx.Variable:
         keys = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path_)
-        host = _read_param(reader, keys, var.get_metadata()["hf_layout"], used)
+        layout = var.get_metadata()["hf_layout"]
+        if _is_stacked(var):  # scan_layers: one HF tensor per layer
+            host = np.stack([_read_param(reader, _layer_path(keys, i), layout, used) for i in range(var.shape[0])])
+        else:
+            host = _read_param(reader, keys, layout, used)
         if tuple(host.shape) != tuple(var.shape):
             raise ValueError(f"{hf_name(keys)}: checkpoint shape {host.shape} != model shape {var.shape}")
         return var.replace(value=place(np.asarray(host, dtype=jnp.dtype(dtype)), sharding))
@@ -175,13 +190,20 @@ def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
             value = multihost_utils.process_allgather(value, tiled=True)
         arr = cast(np.asarray(jax.device_get(value)))
         layout = var.get_metadata()["hf_layout"]
-        if layout == "experts":
-            base = "model." + ".".join(str(p) for p in path[:-1])
-            for e in range(arr.shape[0]):
-                out[f"{base}.{e}.{path[-1]}.weight"] = np.ascontiguousarray(arr[e].T)
+        if _is_stacked(var):
+            for i, layer_arr in enumerate(arr):
+                out.update(_hf_entries(_layer_path(tuple(path), i), layer_arr, layout))
         else:
-            out[hf_name(tuple(path))] = np.ascontiguousarray(arr.T if layout == "linear" else arr)
+            out.update(_hf_entries(tuple(path), arr, layout))
     return out
+
+
+def _hf_entries(path: tuple, arr: np.ndarray, layout: str) -> dict[str, np.ndarray]:
+    """HF name -> array (HF layout) of one unstacked parameter; one entry per expert for experts."""
+    if layout == "experts":
+        base = "model." + ".".join(str(p) for p in path[:-1])
+        return {f"{base}.{e}.{path[-1]}.weight": np.ascontiguousarray(arr[e].T) for e in range(arr.shape[0])}
+    return {hf_name(path): np.ascontiguousarray(arr.T if layout == "linear" else arr)}
 
 
 def save_pretrained(model: Qwen3ForCausalLM, path: str | os.PathLike, *, dtype=None,

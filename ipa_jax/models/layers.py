@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ipa_jax.models.attention import attend, resolve_attention_impl
 from ipa_jax.models.cache import scatter_rows
 from ipa_jax.models.config import Qwen3Config
 
@@ -57,40 +58,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def _attend_all(q, k, v, q_pos, k_pos, k_valid, scale):
-    """`attend` for all queries at once (scores [B, Hkv, G, T, S])."""
-    b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    q = q.reshape(b, t, hkv, hq // hkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * jnp.asarray(scale, q.dtype)
-    visible = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])  # [B, T, S]
-    scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, hq * d)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array, k_valid: jax.Array,
-           scale: float, query_block: int = 0) -> jax.Array:
-    """GQA softmax(q k^T * scale) v over keys with k_valid and k_pos <= q_pos (softmax in float32).
-
-    q [B, T, Hq, D], k/v [B, S, Hkv, D], q_pos [B, T], k_pos/k_valid [B, S] -> [B, T, Hq * D].
-    A query with no visible key (a pad) gets a finite uniform average, never NaN. With 0 < query_block < T the
-    queries go in blocks (each rematerialised in the backward pass), so the float32 scores held at once are
-    [B, H, query_block, S] instead of [B, H, T, S]; every row's result is the same.
-    """
-    b, t = q_pos.shape
-    if not 0 < query_block < t:
-        return _attend_all(q, k, v, q_pos, k_pos, k_valid, scale)
-    num_blocks = -(-t // query_block)
-    pad = num_blocks * query_block - t
-    q_blocks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, num_blocks, query_block, *q.shape[2:])
-    p_blocks = jnp.pad(q_pos, ((0, 0), (0, pad))).reshape(b, num_blocks, query_block)
-    block_fn = jax.checkpoint(lambda qp: _attend_all(qp[0], k, v, qp[1], k_pos, k_valid, scale))
-    out = jax.lax.map(block_fn, (q_blocks.swapaxes(0, 1), p_blocks.swapaxes(0, 1)))  # [nb, B, qb, Hq * D]
-    return out.swapaxes(0, 1).reshape(b, num_blocks * query_block, -1)[:, :t]
-
-
 class Attention(nnx.Module):
     """Qwen3 self-attention: q/k/v projections (+ biases: Qwen2 family or attention_bias), per-head RMSNorm on q
     and k (Qwen3 family), RoPE, GQA, output projection (+ bias with attention_bias)."""
@@ -98,7 +65,7 @@ class Attention(nnx.Module):
     def __init__(self, config: Qwen3Config, dtype, rngs: nnx.Rngs):
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.query_block = config.attention_query_block
+        self.impl, self.query_block = config.attention_impl, config.attention_query_block
         self.q_proj = make_param(rngs, (h, self.num_heads * d), ("embed", "q_heads"), dtype, "linear")
         self.k_proj = make_param(rngs, (h, self.num_kv_heads * d), ("embed", "kv_heads"), dtype, "linear")
         self.v_proj = make_param(rngs, (h, self.num_kv_heads * d), ("embed", "kv_heads"), dtype, "linear")
@@ -114,13 +81,13 @@ class Attention(nnx.Module):
         if self.o_bias:
             self.o_proj_bias = make_param(None, (h,), ("embed",), dtype, "copy", init="zeros")
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array, key_valid: jax.Array,
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, visible: jax.Array,
                  kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None):
         """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None).
 
-        Without a cache, keys are this call's tokens (positions, validity key_valid [B, T]); with a cache, the new
-        keys are written at `slots` and the queries attend to all slots (slot index = key position, key_valid
-        [B, S] = slots written so far, including this call's).
+        Without a cache, keys are this call's tokens and visible is bool[B, T, T]; with a cache, the new keys are
+        written at `slots` and the queries attend to all slots (slot index = key position) with visible
+        bool[B, T, S] (models/attention.py).
         """
         b, t, _ = x.shape
         q, k, v = x @ self.q_proj[...], x @ self.k_proj[...], x @ self.v_proj[...]
@@ -132,14 +99,13 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv_cache is None:
-            new_cache, key_pos = None, positions
-        else:
+        new_cache = None
+        if kv_cache is not None:
             k_buf, v_buf = scatter_rows(kv_cache[0], slots, k), scatter_rows(kv_cache[1], slots, v)
             new_cache = (k_buf, v_buf)
             k, v = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
-            key_pos = jnp.broadcast_to(jnp.arange(k_buf.shape[1]), (b, k_buf.shape[1]))
-        out = attend(q, k, v, positions, key_pos, key_valid, self.head_dim**-0.5, self.query_block)
+        out = attend(q, k, v, visible, self.head_dim**-0.5, impl=resolve_attention_impl(self.impl, x.dtype),
+                     query_block=self.query_block, self_attention=kv_cache is None)
         out = out @ self.o_proj[...]
         return (out + self.o_proj_bias[...] if self.o_bias else out), new_cache
 

@@ -44,21 +44,26 @@ def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array
 
 
 def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = None,
-                   positions: jax.Array | None = None, *, return_entropy: bool = False, block_size: int = 128,
-                   routed_experts: jax.Array | None = None, moe_impl: str | None = None):
+                   positions: jax.Array | None = None, *, segment_ids: jax.Array | None = None,
+                   return_entropy: bool = False, block_size: int = 128, routed_experts: jax.Array | None = None,
+                   moe_impl: str | None = None):
     """Log-prob of every token given its prefix, aligned with `tokens`: out[:, t] = log pi(tokens[t] | tokens[:t]).
 
-    tokens int32[B, T], attention_mask bool[B, T] -> (logprobs float32[B, T], entropy float32[B, T] | None, aux).
-    Position 0, padding, and a token right after padding hold 0 (entropy too); entropy[:, t] is that of the
-    distribution tokens[t] was drawn from. aux: the model's aux dict (load-balancing / z losses, routed experts).
+    tokens int32[B, T], attention_mask bool[B, T], segment_ids int32[B, T] (packed rows: every segment is its
+    own sequence, positions restart in it unless given) -> (logprobs float32[B, T], entropy float32[B, T] | None,
+    aux). Position 0, padding, a token right after padding and the first token of a segment hold 0 (entropy
+    too); entropy[:, t] is that of the distribution tokens[t] was drawn from. aux: the model's aux dict
+    (load-balancing / z losses, routed experts).
     """
-    hidden, aux = model.hidden_states(tokens, positions, attention_mask, routed_experts=routed_experts,
-                                      moe_impl=moe_impl)
+    hidden, aux = model.hidden_states(tokens, positions, attention_mask, segment_ids=segment_ids,
+                                      routed_experts=routed_experts, moe_impl=moe_impl)
     logprobs, entropy = blockwise_logprobs(hidden[:, :-1], model.lm_head_weight(), tokens[:, 1:],
                                            block_size=block_size, return_entropy=return_entropy)
     real = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
-    # a token is scored only if it and its predecessor are real (the first token of a row never is)
+    # a token is scored only if it and its predecessor are real (the first token of a row never is) ...
     valid = real & jnp.pad(real[:, :-1], ((0, 0), (1, 0)))
+    if segment_ids is not None:  # ... and of one segment
+        valid &= jnp.pad(segment_ids[:, 1:] == segment_ids[:, :-1], ((0, 0), (1, 0)))
     logprobs = jnp.where(valid, jnp.pad(logprobs, ((0, 0), (1, 0))), 0.0)
     if entropy is not None:
         entropy = jnp.where(valid, jnp.pad(entropy, ((0, 0), (1, 0))), 0.0)

@@ -36,6 +36,7 @@ DEFAULT_RULES: Rules = (
     ("expert_mlp", "tensor"),
     ("router_experts", None),
     ("norm", None),
+    ("layers", None),  # the stacked layer axis of scan_layers: every device holds its slice of every layer
 )
 
 
@@ -120,6 +121,16 @@ def param_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
 def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES, ndim: int = 2) -> NamedSharding:
     """Sharding of a [B, ...] activation/batch array: B over the rule for "batch", the rest replicated."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
+
+
+def batch_shards(mesh: Mesh | None, rules: Rules, batch: int) -> int:
+    """How many ways the "batch" rule splits `batch` rows on `mesh`: 1 without a mesh or when the split does not
+    divide the rows (`constrain` leaves such a batch unsplit)."""
+    if mesh is None:
+        return 1
+    axes = logical_to_spec(("batch",), rules)[0]
+    parts = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else (axes or ())))
+    return parts if batch % parts == 0 else 1
 
 
 def place(host: np.ndarray, sharding: NamedSharding | None) -> jax.Array:

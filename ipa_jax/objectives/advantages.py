@@ -1,4 +1,5 @@
-"""Advantages A_i = R_i - baseline, computed once on the FULL batch (before any microbatching)."""
+"""Advantages A_i = R_i - baseline, computed once on the FULL batch (before any microbatching), and the rows that
+count as negatives."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from ipa_jax.objectives.chunks import compute_dtype
-from ipa_jax.objectives.config import BASELINES
+from ipa_jax.objectives.config import BASELINES, SIGN_BY
 
 
 def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array | None = None,
@@ -31,3 +32,18 @@ def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array |
     # [B, B] same-group indicator: B is a batch of trajectories, so this is small and needs no id range.
     same = (group_ids[:, None] == group_ids[None, :]).astype(r.dtype) * w[None, :]
     return (r - (same @ r) / jnp.maximum(same.sum(axis=1), 1)) * w
+
+
+def negative_rows(advantages: jax.Array, rewards: jax.Array | None, sign_by: str) -> jax.Array:
+    """advantages [B], rewards [B] -> bool[B]: the rows TOPR treats as negatives.
+
+    advantage: A_i < 0; reward: R_i <= 0 (the raw score: the ROME paper's pseudo-code and ROLL's TOPR count a
+    trajectory positive iff its reward is > 0). The two agree for 0/1 rewards without a baseline.
+    """
+    if sign_by not in SIGN_BY:
+        raise ValueError(f"sign_by: {sign_by!r} is not one of {SIGN_BY}")
+    if sign_by == "advantage":
+        return advantages < 0
+    if rewards is None:
+        raise ValueError("rewards: required for sign_by='reward'")
+    return rewards <= 0

@@ -2,7 +2,8 @@
 
 Denominators depend only on the masks (counts of rows with actions, of action tokens), so they ADD across
 microbatches: the full-batch value is sum(numerators) / sum(denominators). A row without actions (padding
-row) contributes nothing to either.
+row) contributes nothing to either. A per-row divisor that depends on the kept tokens (kept_row_scale) is part
+of the numerator's scale: rows are never split across microbatches, so it is exact in each of them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def aggregation_weights(action_mask: jax.Array, chunk_ids: jax.Array | None, agg
     chunk_size = chunk_sum(mask, action_mask, chunk_ids)
     k = num_chunks(action_mask, chunk_ids).astype(dtype)[:, None]
     return jnp.where(action_mask, 1 / jnp.maximum(chunk_size * k, 1), 0), rows
+
+
+def kept_row_scale(keep: jax.Array, dtype: jnp.dtype = jnp.float32) -> jax.Array:
+    """sample_mean's scale with row_denominator="kept": 1/|kept_i| on the kept tokens of row i, 0 elsewhere.
+    keep bool[B, T] -> [B, T].
+
+    Agg(v) = (1/B) sum_i (1/|kept_i|) sum_{t kept} v with B from aggregation_weights (rows with actions, masks
+    only): a row without kept tokens adds 0 and still counts in B (ROLL's seq-mean-token-mean over its filtered
+    loss mask)."""
+    kept = keep.astype(dtype)
+    return kept / jnp.maximum(kept.sum(axis=1), 1)[:, None]
 
 
 def aggregate(values: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array | None,

@@ -1,24 +1,34 @@
-"""The composed objective: advantages -> credit -> masks -> importance ratio -> aggregation, plus imitation.
+"""The composed objective: advantages -> credit -> masks -> importance ratios -> aggregation, plus imitation.
 
-Notation (docs/design.md, "The objective"): l = current log-prob (differentiated), b = behaviour log-prob, A_i
-advantage, G credit, rho importance ratio, all weights stop-gradient:
-L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),  w_{i,t} = keep_{i,t} * rho_{i,t} * G_{i,t}.
+Notation (docs/design.md, "The objective"; docs/off_policy.md): l = current log-prob (differentiated), b =
+behaviour log-prob (the sampler's), o = old log-prob (the learner's own at the start of the update, when
+recomputed), A_i advantage, G credit, rho policy ratio, c mismatch weight, all weights stop-gradient:
+L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),  w_{i,t} = keep_{i,t} * rho_{i,t} * c_{i,t} * G_{i,t}.
+
+Two ratios. The policy ratio l / p, p = o (old_logprobs="recompute") or b ("behavior"), drives rho (TOPR's
+truncation) and the trust region. The mismatch ratio q / b, q = o ("recompute") or l ("behavior"), drives the
+mismatch range mask, the probability-difference filter and the capped weight c. With "behavior" both are l / b.
 
 Microbatching: compute advantages on the FULL batch, then objective_terms per microbatch; every term is a
 (numerator, denominator) pair whose denominator depends only on masks, so summing both over microbatches and
 calling combine_terms gives the full-batch loss; with full_dens = term_denominators(full-batch masks),
 combine_terms(terms_mb, config, denominators=full_dens) is a per-microbatch loss whose sum over microbatches
-(and so whose summed gradient) equals the full-batch one.
+(and so whose summed gradient) equals the full-batch one. Rows are never split, so per-row quantities (the kept
+row denominator, sequence ratios) are exact in every microbatch.
 
 Diagnostics (dict), by shape:
   scalars: acceptance_rate (admitted rows, or admitted chunks at chunk level, among rows/chunks with actions),
     kept_fraction (chunks with >= 1 kept token / chunks), kept_token_fraction, mean_is_ratio / max_is_ratio
-    (level ratio before truncation, over kept tokens; 1 at level none), clip_fraction (kept tokens truncated),
-    mean_abs_log_ratio (mean |l - b| over action tokens), mean_kl (mean Bernoulli-KL proxy over action
-    tokens), nonfinite_weights (kept tokens whose weight is inf/NaN: an overflowing admitted ratio);
-    policy_loss adds rl_loss, il_loss, loss.
-  per row [B]: advantages, sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk
-    admitted), num_chunks (int32), policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
+    (the policy ratio at is_level before truncation, over kept tokens; 1 at level none), clip_fraction (kept
+    tokens whose policy ratio was truncated), mismatch_ratio_mean (the mismatch ratio at its level over action
+    tokens; 1 at level none; inf if one overflows), mismatch_masked_fraction (action tokens dropped by the
+    mismatch range mask or the probability-difference filter), mismatch_capped_fraction (kept tokens whose
+    mismatch weight was capped), mean_abs_log_ratio (mean |l - b| over action tokens: the whole drift),
+    mean_kl (mean Bernoulli-KL proxy of p vs l over action tokens: the trust region's), nonfinite_weights (kept
+    tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds rl_loss, il_loss, loss.
+  per row [B]: advantages, negatives (bool: the rows sign_by marks negative), sequence_kl (D_i, clamped at 0),
+    admitted (bool; at chunk level: every chunk admitted), num_chunks (int32), policy_tokens (T_i, int32),
+    retained_tokens (kept action tokens, int32).
   per token [B, T]: chunk_returns (G), chunk_ratios (exp of the chunk-mean l - b, 0 outside actions),
     weights (w, before aggregation scaling).
 Scalars are over the arrays given (microbatch-local); per-row arrays concatenate across microbatches.
@@ -27,18 +37,19 @@ Scalars are over the arrays given (microbatch-local); per-row arrays concatenate
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.advantages import compute_advantages
-from ipa_jax.objectives.aggregation import aggregation_weights
+from ipa_jax.objectives.advantages import compute_advantages, negative_rows
+from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.objectives.imitation import imitation_term
-from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask
-from ipa_jax.objectives.ratios import importance_weights, level_log_ratio
+from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
+from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_if_concrete
 
@@ -49,62 +60,101 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
     return num / jnp.maximum(den, 1)
 
 
+def _trust_region(kl: jax.Array, action: jax.Array, chunk_ids: jax.Array, starts: jax.Array,
+                  config: ObjectiveConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """kl [B, T] (Bernoulli-KL of p vs l per action token) -> (admitted bool[B], admitted tokens bool[B, T],
+    acceptance rate): admit a sequence (chunk) iff its mean KL D <= delta."""
+    has_actions = action.any(axis=1)
+    if config.trust_region_level == "sequence":
+        admitted = sequence_divergence(kl, action) <= config.trust_region_delta
+        return admitted, action & admitted[:, None], _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions))
+    if config.trust_region_level == "chunk":
+        admit_tok = action & (chunk_divergence(kl, action, chunk_ids) <= config.trust_region_delta)
+        admitted = ~jnp.any(action & ~admit_tok, axis=1)
+        return admitted, admit_tok, _ratio(jnp.sum(starts & admit_tok), jnp.sum(starts))
+    return jnp.ones_like(has_actions), action, jnp.asarray(1.0, kl.dtype)
+
+
+def _mismatch_correction(learner: jax.Array, behavior: jax.Array, action: jax.Array, chunk_ids: jax.Array,
+                         config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
+    """learner q, behaviour b [B, T] -> (kept bool[B, T], log of the mismatch ratio q / b at mismatch_level [B, T]):
+    the range mask and the probability-difference filter; everything kept (log-ratio 0) at level none."""
+    if config.mismatch_level == "none":
+        return action, jnp.zeros_like(learner)
+    log_mismatch = level_log_ratio(jnp.where(action, learner - behavior, 0), action, chunk_ids, config.mismatch_level)
+    keep = mismatch_mask(log_mismatch, action, config.mismatch_range)
+    if math.isfinite(config.mismatch_prob_diff):
+        # keep iff |level mean of exp(q) - exp(b)| <= threshold
+        prob_diff = jnp.exp(jnp.where(action, learner, 0)) - jnp.exp(jnp.where(action, behavior, 0))
+        keep &= probability_difference_mask(level_mean(prob_diff, action, chunk_ids, config.mismatch_level), action,
+                                            config.mismatch_prob_diff)
+    return keep, log_mismatch
+
+
 def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advantages: jax.Array,
                     action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
                     config: ObjectiveConfig, entropies: jax.Array | None = None, *,
-                    failures: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
+                    failures: jax.Array | None = None, old_log_probs: jax.Array | None = None,
+                    rewards: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
 
-    Inputs are assumed valid (validate_objective_inputs on the host). chunk_ids may be None unless the config
-    uses chunks (then each row counts as one chunk). entropies [B, T] are needed when
-    negative_token_fraction < 1; failures bool[B] (default A_i < 0) selects the rows it filters.
-    Computes in float32 (float64 if log_probs is float64); only log_probs carries gradient.
+    What the caller passes (inputs are assumed valid: validate_objective_inputs on the host):
+      log_probs l: the current policy's; the only input that carries gradient.
+      behavior_log_probs b: the log-probs the sampler drew each action with (Trajectory.behavior_logprobs).
+      old_log_probs o: required iff config.old_logprobs == "recompute", None otherwise: the learner's own log-probs
+        of the same tokens under the parameters at the start of this update (one no-gradient forward of the same
+        model, dtype and routing as l, before the first optimizer step on the batch; with several minibatches or
+        epochs per batch, computed once per batch and reused). With old_log_probs == l the policy ratio is 1.
+      advantages A [B]: computed on the FULL batch (compute_advantages).
+      chunk_ids: may be None unless the config uses chunks (then each row counts as one chunk).
+      entropies [B, T]: needed when negative_token_fraction < 1.
+      failures bool[B]: the rows the entropy filter treats as failed (default: the negative rows); the train step
+        passes reward < the task's success threshold.
+      rewards R [B]: needed when config.sign_by == "reward" (negatives are R_i <= 0).
+    Computes in float32 (float64 if log_probs is float64).
     """
     if chunk_ids is None:
         if config.uses_chunks:
             raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
         chunk_ids = jnp.where(action_mask, 0, -1)
+    config.check_old_log_probs(old_log_probs is not None)
     dtype = compute_dtype(log_probs)
     action = action_mask.astype(bool)
     l = log_probs.astype(dtype)
     l_sg = jax.lax.stop_gradient(l)
     b = behavior_log_probs.astype(dtype)
     adv = jax.lax.stop_gradient(advantages.astype(dtype))
-    log_ratio = jnp.where(action, l_sg - b, 0)
+    # Policy ratio l / p and mismatch ratio q / b: p = o, q = o with old log-probs; p = b, q = l without.
+    proximal = b if old_log_probs is None else jax.lax.stop_gradient(old_log_probs.astype(dtype))
+    learner = l_sg if old_log_probs is None else proximal
+    policy_log_ratio = jnp.where(action, l_sg - proximal, 0)
 
     returns = credit_returns(adv, action, chunk_ids, config.credit, config.gamma)
 
-    # Trust region: D = mean Bernoulli KL over the sequence (or chunk), admit iff D <= delta.
-    kl = jnp.where(action, bernoulli_kl(b, l_sg), 0)
-    seq_kl = sequence_divergence(kl, action)
+    # Trust region: D = mean Bernoulli KL of p vs l over the sequence (or chunk), admit iff D <= delta.
+    kl = jnp.where(action, bernoulli_kl(proximal, l_sg), 0)
     starts = chunk_starts(action, chunk_ids)
-    has_actions = action.any(axis=1)
-    if config.trust_region_level == "sequence":
-        admitted = seq_kl <= config.trust_region_delta
-        admit_tok = action & admitted[:, None]
-        acceptance = _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions))
-    elif config.trust_region_level == "chunk":
-        admit_tok = action & (chunk_divergence(kl, action, chunk_ids) <= config.trust_region_delta)
-        admitted = ~jnp.any(action & ~admit_tok, axis=1)
-        acceptance = _ratio(jnp.sum(starts & admit_tok), jnp.sum(starts))
-    else:
-        admitted, admit_tok, acceptance = jnp.ones_like(has_actions), action, jnp.asarray(1.0, dtype)
+    admitted, keep, acceptance = _trust_region(kl, action, chunk_ids, starts, config)
 
-    keep = admit_tok
-    if config.mismatch_level != "none":
-        keep &= mismatch_mask(level_log_ratio(log_ratio, action, chunk_ids, config.mismatch_level), action,
-                              config.mismatch_range)
+    mismatch_kept, log_mismatch = _mismatch_correction(learner, b, action, chunk_ids, config)
+    keep &= mismatch_kept
+    negatives = negative_rows(adv, rewards, config.sign_by)
     if config.negative_token_fraction < 1.0:
         if entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")
-        fail = adv < 0 if failures is None else failures.astype(bool)
-        keep &= entropy_filter_mask(entropies, action, fail, config.negative_token_fraction)
+        failed = negatives if failures is None else failures.astype(bool)
+        keep &= entropy_filter_mask(entropies, action, failed, config.negative_token_fraction)
 
-    log_rho = level_log_ratio(log_ratio, action, chunk_ids, config.is_level)
-    rho, clipped = importance_weights(log_rho, keep, adv, config.is_apply_to, config.is_clip_max)
-    weights = jnp.where(keep, rho * returns, 0)
+    log_rho = level_log_ratio(policy_log_ratio, action, chunk_ids, config.is_level)
+    rho, clipped = importance_weights(log_rho, keep, negatives, config.is_apply_to, config.is_clip_max)
+    # c = min(mismatch ratio, cap) on kept tokens of every row; 1 when the cap is off
+    mismatch_weight, capped = (importance_weights(log_mismatch, keep, negatives, "all", config.mismatch_is_cap)
+                               if math.isfinite(config.mismatch_is_cap) else (1.0, jnp.zeros_like(keep)))
+    weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
 
     scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype)
+    if config.row_denominator == "kept":
+        scale = kept_row_scale(keep, dtype)
     num_rl = -jnp.sum(jnp.where(keep, weights * scale * l, 0))
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
     terms = {"rl": (num_rl, den_rl), "il": imitation_term(l, expert)}
@@ -113,6 +163,7 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
     n_action = jnp.sum(action)
     raw_rho = jnp.exp(jnp.where(keep, log_rho, 0))
     kept_chunks = jnp.sum(starts & (chunk_sum(keep.astype(dtype), action, chunk_ids) > 0))
+    total_log_ratio = jnp.where(action, l_sg - b, 0)
     diagnostics = {
         "acceptance_rate": acceptance.astype(dtype),
         "kept_fraction": _ratio(kept_chunks, jnp.sum(starts)).astype(dtype),
@@ -120,17 +171,21 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
         "mean_is_ratio": _ratio(jnp.sum(jnp.where(keep, raw_rho, 0)), n_keep).astype(dtype),
         "max_is_ratio": jnp.max(jnp.where(keep, raw_rho, 0)),
         "clip_fraction": _ratio(jnp.sum(clipped), n_keep).astype(dtype),
-        "mean_abs_log_ratio": _ratio(jnp.sum(jnp.abs(log_ratio)), n_action).astype(dtype),
+        "mismatch_ratio_mean": _ratio(jnp.sum(jnp.where(action, jnp.exp(log_mismatch), 0)), n_action).astype(dtype),
+        "mismatch_masked_fraction": _ratio(jnp.sum(action & ~mismatch_kept), n_action).astype(dtype),
+        "mismatch_capped_fraction": _ratio(jnp.sum(capped), n_keep).astype(dtype),
+        "mean_abs_log_ratio": _ratio(jnp.sum(jnp.abs(total_log_ratio)), n_action).astype(dtype),
         "mean_kl": _ratio(jnp.sum(kl), n_action).astype(dtype),
         "nonfinite_weights": jnp.sum(keep & ~jnp.isfinite(weights)),
         "advantages": adv,
-        "sequence_kl": seq_kl,
+        "negatives": negatives,
+        "sequence_kl": sequence_divergence(kl, action),
         "admitted": admitted,
         "num_chunks": num_chunks(action, chunk_ids),
         "policy_tokens": action.sum(axis=1, dtype=jnp.int32),
         "retained_tokens": keep.sum(axis=1, dtype=jnp.int32),
         "chunk_returns": returns,
-        "chunk_ratios": jnp.exp(jnp.where(action, chunk_mean(log_ratio, action, chunk_ids), -jnp.inf)),
+        "chunk_ratios": jnp.exp(jnp.where(action, chunk_mean(total_log_ratio, action, chunk_ids), -jnp.inf)),
         "weights": jax.lax.stop_gradient(weights),
     }
     return terms, diagnostics
@@ -167,24 +222,26 @@ def combine_terms(terms: Terms, config: ObjectiveConfig,
 def policy_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array, action_mask: jax.Array,
                 chunk_ids: jax.Array | None = None, expert_mask: jax.Array | None = None,
                 group_ids: jax.Array | None = None, entropies: jax.Array | None = None,
-                config: ObjectiveConfig = ObjectiveConfig(), *,
-                failures: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+                config: ObjectiveConfig = ObjectiveConfig(), *, failures: jax.Array | None = None,
+                old_log_probs: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
 
+    old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
     validate_if_concrete(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                         entropies, config, failures=failures)
+                         entropies, config, failures=failures, old_log_probs=old_log_probs)
     return _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                        entropies, config, failures)
+                        entropies, config, failures, old_log_probs)
 
 
 @functools.partial(jax.jit, static_argnames="config")
 def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
-                 config, failures):
+                 config, failures, old_log_probs):
     adv = compute_advantages(rewards, config.baseline, group_ids, action_mask.any(axis=1))
     terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
-                                         config, entropies, failures=failures)
+                                         config, entropies, failures=failures, old_log_probs=old_log_probs,
+                                         rewards=rewards)
     loss = combine_terms(terms, config)
     diagnostics["rl_loss"] = _ratio(*terms["rl"])
     diagnostics["il_loss"] = _ratio(*terms["il"])

@@ -2,7 +2,8 @@
 
 Frozen and hashable, so it can be a static argument of jax.jit. Defaults are IPA as published (chunk credit
 gamma 0.95, no baseline, chunk ratio applied to negatives truncated at 1, chunk mismatch mask [0, 5], no trust
-region, sample-mean); the FlashREINFORCE preset is ``flash_reinforce_config()`` in presets.py.
+region, sample-mean, one ratio against the behaviour log-probs); the published settings are the presets in
+presets.py (docs/off_policy.md says which source each reproduces).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ BASELINES = ("none", "batch_mean", "group_mean")
 CREDITS = ("chunk", "token", "trajectory")
 IS_LEVELS = ("none", "token", "chunk", "sequence")
 IS_APPLY_TO = ("all", "negatives")
-MISMATCH_LEVELS = ("none", "token", "chunk")
+MISMATCH_LEVELS = ("none", "token", "chunk", "sequence")
 TRUST_REGION_LEVELS = ("none", "sequence", "chunk")
 AGGREGATIONS = ("sample_mean", "token_mean", "chunk_mean", "sequence_sum")
+OLD_LOGPROBS = ("behavior", "recompute")
+SIGN_BY = ("advantage", "reward")
+ROW_DENOMINATORS = ("action", "kept")
 
 
 def _number(value: object) -> bool:
@@ -31,15 +35,23 @@ class ObjectiveConfig:
     baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE) or "group_mean".
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE).
     gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
+    old_logprobs: the policy ratio's denominator: "behavior" (the sampler's) or "recompute" (the learner's).
+      "recompute": the caller passes old_log_probs, the learner's log-probs at the start of the update; the
+      policy ratio (rho, trust region) is then current vs old and the mismatch ratio old vs behaviour.
     is_level: level of the stop-gradient importance ratio rho: "none", "token", "chunk" or "sequence".
-    is_apply_to: which samples rho weights: "all", or "negatives" (negative advantages only, TOPR/IPA).
-    is_clip_max: truncate rho at this value (TOPR: 1); None (inf in a config file) = never.
-    mismatch_level: train/inference mismatch mask: "none", "token" or "chunk".
+    is_apply_to: which samples rho weights: "all", or "negatives" (TOPR/IPA; the rows sign_by says are negative).
+    sign_by: which rows are negatives: "advantage" (A_i < 0) or "reward" (R_i <= 0, the ROME paper's and ROLL's).
+    is_clip_max: truncate rho at this value (TOPR and ROLL: 1; the ROME paper's pseudo-code: 10); None (inf) = never.
+    mismatch_level: level of the mismatch ratio (old vs behaviour): "none", "token", "chunk" or "sequence".
+      "none" turns off every mismatch correction (range mask, probability-difference filter, capped weight).
     mismatch_range: (low, high): keep tokens whose mismatch ratio lies in [low, high].
+    mismatch_is_cap: weight kept tokens by min(mismatch ratio, cap) (ROLL: 1.2); inf (or None) = no weight.
+    mismatch_prob_diff: drop tokens whose level mean of exp(old) - exp(b) exceeds this in absolute value; inf = off.
     trust_region_level: Bernoulli-KL trust region: "none", "sequence" (FlashREINFORCE) or "chunk".
     trust_region_delta: admit a sequence (chunk) iff its mean Bernoulli-KL D <= delta; inf disables it.
     negative_token_fraction: q in [0, 1]: failed trajectories keep their ceil(q T_i) highest-entropy tokens.
     aggregation: how token terms are averaged: "sample_mean", "token_mean", "chunk_mean" or "sequence_sum".
+    row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
     """
@@ -47,22 +59,28 @@ class ObjectiveConfig:
     baseline: str = "none"
     credit: str = "chunk"
     gamma: float = 0.95
+    old_logprobs: str = "behavior"
     is_level: str = "chunk"
     is_apply_to: str = "negatives"
+    sign_by: str = "advantage"
     is_clip_max: float | None = 1.0
     mismatch_level: str = "chunk"
     mismatch_range: tuple[float, float] = (0.0, 5.0)
+    mismatch_is_cap: float = math.inf
+    mismatch_prob_diff: float = math.inf
     trust_region_level: str = "none"
     trust_region_delta: float = 3e-3
     negative_token_fraction: float = 1.0
     aggregation: str = "sample_mean"
+    row_denominator: str = "action"
     rl_weight: float = 1.0
     il_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, choices in (("baseline", BASELINES), ("credit", CREDITS), ("is_level", IS_LEVELS),
-                              ("is_apply_to", IS_APPLY_TO), ("mismatch_level", MISMATCH_LEVELS),
-                              ("trust_region_level", TRUST_REGION_LEVELS), ("aggregation", AGGREGATIONS)):
+        for name, choices in (("baseline", BASELINES), ("credit", CREDITS), ("old_logprobs", OLD_LOGPROBS),
+                              ("is_level", IS_LEVELS), ("is_apply_to", IS_APPLY_TO), ("sign_by", SIGN_BY),
+                              ("mismatch_level", MISMATCH_LEVELS), ("trust_region_level", TRUST_REGION_LEVELS),
+                              ("aggregation", AGGREGATIONS), ("row_denominator", ROW_DENOMINATORS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
         if not _number(self.gamma) or not 0.0 < self.gamma <= 1.0:
@@ -75,6 +93,17 @@ class ObjectiveConfig:
             raise ValueError(f"ObjectiveConfig.mismatch_range: must be (low, high) with 0 <= low <= high, "
                              f"got {self.mismatch_range!r}")
         object.__setattr__(self, "mismatch_range", (float(rng[0]), float(rng[1])))
+        # None is the Python spelling of "off"; the stored value is inf, so that the field stays a float.
+        for name, lowest in (("mismatch_is_cap", "> 0"), ("mismatch_prob_diff", ">= 0")):
+            value = math.inf if getattr(self, name) is None else getattr(self, name)
+            if not _number(value) or not (value > 0 if lowest == "> 0" else value >= 0):  # also rejects NaN
+                raise ValueError(f"ObjectiveConfig.{name}: must be {lowest} (inf or None = off), got {value!r}")
+            if math.isfinite(value) and self.mismatch_level == "none":
+                raise ValueError(f"ObjectiveConfig.{name}: a mismatch correction needs mismatch_level != 'none'")
+            object.__setattr__(self, name, float(value))
+        if self.row_denominator == "kept" and self.aggregation != "sample_mean":
+            raise ValueError(f"ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean by its kept "
+                             f"tokens; aggregation {self.aggregation!r} has no per-row token count")
         if not _number(self.trust_region_delta) or not self.trust_region_delta >= 0:  # also rejects NaN
             raise ValueError(f"ObjectiveConfig.trust_region_delta: must be >= 0 (inf disables the trust region), "
                              f"got {self.trust_region_delta!r}")
@@ -84,6 +113,22 @@ class ObjectiveConfig:
         for name in ("rl_weight", "il_weight"):
             if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
+
+    @property
+    def needs_old_log_probs(self) -> bool:
+        """Whether the caller must pass old_log_probs (the learner's log-probs at the start of the update)."""
+        return self.old_logprobs == "recompute"
+
+    def check_old_log_probs(self, given: bool) -> None:
+        """Raises ValueError unless old_log_probs are given exactly when old_logprobs == "recompute"."""
+        if given != self.needs_old_log_probs:
+            raise ValueError(f"old_log_probs: {'required' if self.needs_old_log_probs else 'must be None'} for "
+                             f"old_logprobs={self.old_logprobs!r}")
+
+    @property
+    def needs_rewards(self) -> bool:
+        """Whether the caller must pass rewards (negatives are R_i <= 0)."""
+        return self.sign_by == "reward"
 
     @property
     def uses_chunks(self) -> bool:

@@ -1,4 +1,5 @@
-"""Token masks: the train/inference mismatch mask and the failure-token entropy filter."""
+"""Token masks: the train/inference mismatch masks (ratio range, probability difference) and the failure-token
+entropy filter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def mismatch_mask(log_rho: jax.Array, action_mask: jax.Array, ratio_range: tuple
     low, high = ratio_range
     ratio = jnp.exp(jnp.where(action_mask, log_rho, 0))
     return action_mask & (ratio >= low) & (ratio <= high)
+
+
+def probability_difference_mask(prob_diff: jax.Array, action_mask: jax.Array, threshold: float) -> jax.Array:
+    """keep = |prob_diff| <= threshold on action tokens; prob_diff [B, T] is the token, chunk or sequence mean of
+    exp(old) - exp(b) (ratios.level_mean). A token whose learner and sampler probabilities differ by more than
+    the threshold is dropped (ROLL's diff filter with diff_low = -threshold, diff_high = threshold)."""
+    return action_mask & (jnp.abs(prob_diff) <= threshold)
 
 
 def entropy_filter_mask(entropies: jax.Array, action_mask: jax.Array, failures: jax.Array,

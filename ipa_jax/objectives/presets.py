@@ -1,4 +1,5 @@
-"""The two published algorithms as thin wrappers over the composed loss (numeric arguments are static)."""
+"""The published settings as ObjectiveConfigs (PRESETS, by name) and the two algorithms as thin wrappers over the
+composed loss (numeric arguments are static). docs/off_policy.md says which source each setting reproduces."""
 
 from __future__ import annotations
 
@@ -30,6 +31,28 @@ def ipa_config(gamma: float = 0.95, baseline: str = "none", negative_is_clip: fl
                            negative_token_fraction=1.0, aggregation=aggregation, rl_weight=1.0, il_weight=0.0)
 
 
+def ipa_seed_config() -> ObjectiveConfig:
+    """IPA as the ROME paper's pseudo-code step writes it: chunk returns discounted by 0.95 of the raw reward, the
+    chunk's geometric-mean ratio truncated at 10 on negatives (positive iff the reward is > 0), a token mismatch
+    mask with threshold 5, log-probs summed over each trajectory's tokens and averaged over trajectories
+    (sequence_sum), one ratio against the sampler's log-probs, no IL."""
+    return ObjectiveConfig(baseline="none", credit="chunk", gamma=0.95, old_logprobs="behavior", is_level="chunk",
+                           is_apply_to="negatives", sign_by="reward", is_clip_max=10.0, mismatch_level="token",
+                           mismatch_range=(0.0, 5.0), trust_region_level="none", aggregation="sequence_sum",
+                           rl_weight=1.0, il_weight=0.0)
+
+
+def ipa_roll_config() -> ObjectiveConfig:
+    """IPA as ROLL's agentic pipeline wires it: discounted segment returns (gamma 0.95) of the raw score, TOPR on
+    the segment ratio current / old (old = the learner's recomputed log-probs) clipped to [0, 1] on rows with
+    score <= 0, the segment train/inference filter keeping old / infer ratios in [0, 5], no train/inference IS
+    weight, seq-mean-token-mean over the kept (filtered) tokens, no IL."""
+    return ObjectiveConfig(baseline="none", credit="chunk", gamma=0.95, old_logprobs="recompute", is_level="chunk",
+                           is_apply_to="negatives", sign_by="reward", is_clip_max=1.0, mismatch_level="chunk",
+                           mismatch_range=(0.0, 5.0), trust_region_level="none", aggregation="sample_mean",
+                           row_denominator="kept", rl_weight=1.0, il_weight=0.0)
+
+
 def flash_reinforce_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array,
                          action_mask: jax.Array, *, delta: float = 3e-3, negative_token_fraction: float = 1.0,
                          entropies: jax.Array | None = None,
@@ -57,3 +80,11 @@ def ipa_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.A
     """
     config = ipa_config(gamma, baseline, negative_is_clip, chunk_ratio_range, aggregation)
     return policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, config=config)
+
+
+PRESETS: dict[str, ObjectiveConfig] = {
+    "ipa": ipa_config(),
+    "ipa_seed": ipa_seed_config(),
+    "ipa_roll": ipa_roll_config(),
+    "flash_reinforce": flash_reinforce_config(),
+}

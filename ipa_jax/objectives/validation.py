@@ -25,19 +25,20 @@ def _first_bad_row(bad: np.ndarray) -> int:
 def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: Any, action_mask: Any,
                               chunk_ids: Any = None, expert_mask: Any = None, group_ids: Any = None,
                               entropies: Any = None, config: ObjectiveConfig | None = None, *,
-                              failures: Any = None, tokens: Any = None, vocab_size: int | None = None) -> None:
+                              failures: Any = None, tokens: Any = None, vocab_size: int | None = None,
+                              old_log_probs: Any = None) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
-    no action and no expert token; action log-probs (current or behaviour) NaN, inf or > 0; non-finite
+    no action and no expert token; action log-probs (current, behaviour or old) NaN, inf or > 0; non-finite
     rewards; chunk ids not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty)
     inside; expert tokens overlapping actions; token ids outside [0, vocab_size); inputs the config needs but
-    lacks (chunk_ids, group_ids, entropies). Config values (delta < 0 or NaN, fractions outside [0, 1]) are
-    checked by ObjectiveConfig itself."""
+    lacks (chunk_ids, group_ids, entropies, old_log_probs) and old_log_probs it does not use. Config values
+    (delta < 0 or NaN, fractions outside [0, 1]) are checked by ObjectiveConfig itself."""
     lp = _host("log_probs", log_probs)
     if lp.ndim != 2 or lp.size == 0:
         raise ValueError(f"log_probs: must be a non-empty [B, T] array, got shape {lp.shape}")
     B, T = lp.shape
     per_token = {"behavior_log_probs": behavior_log_probs, "action_mask": action_mask, "chunk_ids": chunk_ids,
-                 "expert_mask": expert_mask, "entropies": entropies, "tokens": tokens}
+                 "expert_mask": expert_mask, "entropies": entropies, "tokens": tokens, "old_log_probs": old_log_probs}
     arrays = {name: _host(name, x) for name, x in per_token.items() if x is not None}
     for name, arr in arrays.items():
         if arr.shape != (B, T):
@@ -60,7 +61,9 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
         empty &= ~arrays["expert_mask"].any(axis=1)
     if empty.any():
         raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token (and no expert token)")
-    for name, arr in (("log_probs", lp), ("behavior_log_probs", arrays["behavior_log_probs"])):
+    log_prob_arrays = {"log_probs": lp, **{k: arrays[k] for k in ("behavior_log_probs", "old_log_probs")
+                                           if k in arrays}}
+    for name, arr in log_prob_arrays.items():
         a = arr.astype(np.float64)
         bad = action & ~(np.isfinite(a) & (a <= 0))
         if bad.any():
@@ -94,6 +97,7 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
             raise ValueError("group_ids: required for baseline='group_mean'")
         if config.negative_token_fraction < 1.0 and entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")
+        config.check_old_log_probs(old_log_probs is not None)
 
 
 def _check_chunk_ids(cid: np.ndarray, action: np.ndarray) -> None:

@@ -42,26 +42,30 @@ def build_mesh(mesh_config: MeshConfig) -> Mesh:
     return make_mesh(mesh_config)
 
 
+def learner_side(model_cfg: ModelConfig) -> dict[str, Any]:
+    """The Qwen3Config fields that are the learner's choice, not the checkpoint's."""
+    return dict(moe_impl=model_cfg.moe_impl, attention_impl=model_cfg.attention_impl, remat_policy=model_cfg.remat,
+                scan_layers=model_cfg.scan_layers)
+
+
 def model_config(model_cfg: ModelConfig) -> Qwen3Config:
     """Qwen3Config of an HF folder (model.path) or of the inline `model.arch` fields."""
-    learner_side = dict(moe_impl=model_cfg.moe_impl, remat_policy=model_cfg.remat)
     if model_cfg.path:
-        return Qwen3Config.from_pretrained_dir(model_cfg.path, **learner_side)
+        return Qwen3Config.from_pretrained_dir(model_cfg.path, **learner_side(model_cfg))
     arch = dict(model_cfg.arch)
     arch["model_type"] = "qwen3_moe" if arch.get("num_experts", 0) > 0 else "qwen3"
     if arch["model_type"] == "qwen3":  # a dense config.json carries no MoE fields
         for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                     "decoder_sparse_step", "mlp_only_layers"):
             arch.pop(key)
-    return Qwen3Config.from_hf_dict(arch, **learner_side)
+    return Qwen3Config.from_hf_dict(arch, **learner_side(model_cfg))
 
 
 def build_model(model_cfg: ModelConfig, mesh: Mesh, seed: int):
     """The policy (master weights in model.param_dtype), each parameter placed in its sharding."""
     dtype = jnp.dtype(model_cfg.param_dtype)
     if model_cfg.path:
-        return from_pretrained(model_cfg.path, dtype=dtype, mesh=mesh, moe_impl=model_cfg.moe_impl,
-                               remat_policy=model_cfg.remat)
+        return from_pretrained(model_cfg.path, dtype=dtype, mesh=mesh, **learner_side(model_cfg))
     return init_model(model_config(model_cfg), seed=seed, dtype=dtype, mesh=mesh)
 
 
@@ -76,6 +80,7 @@ def step_options(exp: ExperimentConfig, objective: ObjectiveConfig | None = None
         load_balancing_coef=m.load_balancing_coef,
         router_z_coef=m.router_z_coef,
         compute_dtype=None if m.dtype == m.param_dtype else m.dtype,
+        success_reward=exp.resample.success_reward,  # the one definition of a successful episode
     )
 
 

@@ -6,8 +6,9 @@
 
 absl does not know the dotted override flags, so `ConfigFlags.parse` takes them out of argv before absl parses
 the rest (pass it as `app.run(main, flags_parser=...)`). A config problem (unknown key, bad type, bad value) prints
-one line naming the key and exits with status 2 (`exit_on_config_error`), without a traceback. Library INFO logs
-are off unless --verbosity=0 (or -v 0) asks for them.
+one line naming the key and exits with status 2 (`exit_on_config_error`), without a traceback; so does a run that
+stopped itself with a checkpoint, with status 1 (`exit_on_stop`). Library INFO logs are off unless --verbosity=0
+(or -v 0) asks for them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from ipa_jax.pipeline.config import (
     load_config,
     validate,
 )
+from ipa_jax.train import TrainingStopped
 
 EXIT_CONFIG_ERROR = 2
+EXIT_STOPPED = 1
 
 
 class ConfigFlags:
@@ -92,5 +95,21 @@ def exit_on_config_error(main: Callable[..., Any]) -> Callable[..., Any]:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(EXIT_CONFIG_ERROR)
+
+    return wrapped
+
+
+def exit_on_stop(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps an absl main: a run that stopped itself with a checkpoint (`TrainingStopped`: its rollout servers gone
+    past the outage budget, nothing admissible for too long) prints `stopped: <why>` on one line and exits with status
+    1; rerunning the command resumes from that checkpoint."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except TrainingStopped as e:
+            print(f"stopped: {e}", file=sys.stderr)
+            sys.exit(EXIT_STOPPED)
 
     return wrapped

@@ -34,8 +34,8 @@ from ml_collections import ConfigDict, config_dict
 
 from ipa_jax.envs import Env, list_envs, make_env
 from ipa_jax.models import MeshConfig
-from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
-from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_config, ipa_config
+from ipa_jax.models.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
+from ipa_jax.objectives import PRESETS, ObjectiveConfig, ipa_config
 from ipa_jax.rollout.resample import ResampleConfig
 from ipa_jax.train.checkpoint import CheckpointConfig
 from ipa_jax.train.learner import TrainConfig
@@ -80,7 +80,12 @@ class ModelConfig:
     dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
     param_dtype: dtype of the master weights and the optimizer state.
     remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
-    moe_impl: MoE dispatch: ragged (grouped lax.ragged_dot) or dense (the reference).
+    moe_impl: MoE dispatch: auto (blocked on CPU, ragged elsewhere), blocked (sorted tokens in per-expert blocks,
+      batched matmuls), ragged (grouped lax.ragged_dot) or dense (the reference).
+    attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, blocked elsewhere), blocked (causal query
+      blocks), xla (jax.nn.dot_product_attention per block), cudnn or reference (the einsum reference).
+    scan_layers: decoder layers stacked and run under nnx.scan (compile time independent of depth; layers of one
+      kind only).
     routing_replay: use the experts the rollout engine chose in the learner's forward (MoE).
     load_balancing_coef: weight of the Switch load-balancing loss (MoE).
     router_z_coef: weight of the router z-loss (MoE).
@@ -93,7 +98,9 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
-    moe_impl: str = "ragged"
+    moe_impl: str = "auto"
+    attention_impl: str = "auto"
+    scan_layers: bool = False
     routing_replay: bool = False
     load_balancing_coef: float = 0.0
     router_z_coef: float = 0.0
@@ -106,6 +113,8 @@ class ModelConfig:
         _require(self.remat in REMAT_POLICIES, "model.remat", f"must be one of {REMAT_POLICIES}, got {self.remat!r}")
         _require(self.moe_impl in MOE_IMPLS, "model.moe_impl",
                  f"must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        _require(self.attention_impl in ATTENTION_IMPLS, "model.attention_impl",
+                 f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
         _require(self.load_balancing_coef >= 0, "model.load_balancing_coef", "must be >= 0")
         _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
         _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
@@ -151,6 +160,18 @@ class RolloutConfig:
     eval_temperature: sampling temperature of held-out evaluations; 0 = greedy.
     enable_thinking: Qwen3 thinking mode, passed to the chat template (the hybrid template's switch; a thinking-only
       template ignores it): the policy reasons in <think>...</think> before each turn's content.
+    request_timeout_s: sglang: seconds one /generate call (one turn) may take before it is retried on another server;
+      bounds what a hung server costs (raise it for turns that legitimately take longer).
+    control_timeout_s: sglang: seconds one control call may take (pause, update_weights_from_disk, continue, probe);
+      a server that exceeds it is marked down and skipped.
+    max_attempts: sglang: attempts of one /generate call (on different servers) before its episode fails.
+    probe_interval_s: sglang: seconds between probes of a server marked down.
+    min_sync_servers: sglang: a weight sync succeeds once this many servers serve the new version.
+    outage_budget_s: sglang: how long requests and weight syncs wait for enough servers to come back before the run
+      stops (with a checkpoint).
+    api_key_env: environment variable holding the servers' API key (SGLang's --api-key), sent as a bearer token; unset
+      or empty = no key. The key itself stays out of the config and the run folder.
+    keep_weight_folders: sglang: the newest weights/v* folders kept in the run folder (older ones are deleted).
     """
 
     engine: str = "embedded"
@@ -167,6 +188,14 @@ class RolloutConfig:
     source: str = "auto"
     eval_temperature: float = 0.0
     enable_thinking: bool = True
+    request_timeout_s: float = 300.0
+    control_timeout_s: float = 120.0
+    max_attempts: int = 5
+    probe_interval_s: float = 5.0
+    min_sync_servers: int = 1
+    outage_budget_s: float = 600.0
+    api_key_env: str = "SGLANG_API_KEY"
+    keep_weight_folders: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
@@ -183,6 +212,21 @@ class RolloutConfig:
                  f"must be one of {ONLINE_SOURCES}, got {self.source!r}")
         _require(self.eval_temperature >= 0, "rollout.eval_temperature",
                  f"must be >= 0 (0 = greedy), got {self.eval_temperature}")
+        for key in ("request_timeout_s", "control_timeout_s", "probe_interval_s"):
+            _require(0 < getattr(self, key) < math.inf, f"rollout.{key}", f"must be > 0, got {getattr(self, key)}")
+        _require(0 <= self.outage_budget_s < math.inf, "rollout.outage_budget_s",
+                 f"must be >= 0, got {self.outage_budget_s}")
+        for key in ("max_attempts", "keep_weight_folders"):
+            _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(1 <= self.min_sync_servers <= max(len(self.sglang_urls), 1), "rollout.min_sync_servers",
+                 f"must be in [1, len(rollout.sglang_urls)], got {self.min_sync_servers}")
+
+    def sglang_client_options(self) -> dict[str, Any]:
+        """SGLangEngine's keyword arguments: timeouts, retries, and the API key read from api_key_env."""
+        return dict(api_key=os.environ.get(self.api_key_env) or None, request_timeout_s=self.request_timeout_s,
+                    control_timeout_s=self.control_timeout_s, max_attempts=self.max_attempts,
+                    probe_interval_s=self.probe_interval_s, min_sync_servers=self.min_sync_servers,
+                    outage_budget_s=self.outage_budget_s)
 
 
 @dataclass(frozen=True)
@@ -192,17 +236,22 @@ class QueueConfig:
     max_size: trajectories the queue holds (at least train.batch_size).
     max_policy_lag: admit a trajectory only if (current version - its sampling version) <= this.
     forced_lag: staleness experiments: the engines serve the weights of step - forced_lag.
+    stall_timeout_s: stop the run (with a checkpoint, naming why trajectories were dropped) when the learner has
+      waited this long without the queue admitting one; 0 = wait forever.
     """
 
     max_size: int = 8
     max_policy_lag: int = 4
     forced_lag: int = 0
+    stall_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         _require(self.max_size >= 1, "queue.max_size", f"must be >= 1, got {self.max_size}")
         _require(self.max_policy_lag >= 0, "queue.max_policy_lag", f"must be >= 0, got {self.max_policy_lag}")
         _require(0 <= self.forced_lag <= self.max_policy_lag, "queue.forced_lag",
                  f"must be in [0, queue.max_policy_lag={self.max_policy_lag}], got {self.forced_lag}")
+        _require(0 <= self.stall_timeout_s < math.inf, "queue.stall_timeout_s",
+                 f"must be >= 0 (0 = off), got {self.stall_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -261,12 +310,9 @@ def import_env_module(module: str) -> None:
                                         "or give the path of its .py file") from None
 
 
-# Objective presets (fields not named keep ObjectiveConfig's defaults).
-OBJECTIVE_PRESETS: dict[str, ObjectiveConfig] = {
-    "ipa": ipa_config(),  # chunk credit 0.95, chunk mismatch mask [0, 5], TOPR negatives, no baseline, no IL
-    "flash_reinforce": flash_reinforce_config(),  # batch baseline, token IS, sequence trust region 3e-3
-    "custom": ObjectiveConfig(),
-}
+# Objective presets: the published settings (ipa_jax.objectives.PRESETS; docs/off_policy.md says which source each
+# reproduces) and "custom", ObjectiveConfig's defaults.
+OBJECTIVE_PRESETS: dict[str, ObjectiveConfig] = {**PRESETS, "custom": ObjectiveConfig()}
 OBJECTIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
 
 # Section name -> its dataclass, in the order of the ConfigDict and of config.json.
@@ -371,8 +417,10 @@ def field_help(cls: type) -> dict[str, str]:
 
 
 _EXTRA_HELP = {
-    "objective.preset": "ipa, flash_reinforce or custom (ObjectiveConfig's defaults); the objective fields left "
-                        "at None take the preset's value.",
+    "objective.preset": "ipa (the ROME paper's text), ipa_seed (its pseudo-code: IS clip 10, sign by reward, token "
+                        "mismatch mask 5, sum / B), ipa_roll (ROLL: recomputed old log-probs, sign by reward, "
+                        "kept-token row mean), flash_reinforce, or custom (ObjectiveConfig's defaults); the objective "
+                        "fields left at None take the preset's value (docs/off_policy.md).",
 }
 
 

@@ -249,7 +249,8 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
                     "will equal success; sample with a temperature > 0", k, k)
     tasks = exp.env.make().tasks(split, exp.train.eval_episodes if episodes is None else episodes, seed=EVAL_SEED)
     if sglang_urls:
-        engine, kind = SGLangEngine(list(sglang_urls)), "sglang"
+        options = {**exp.rollout.sglang_client_options(), "min_sync_servers": 1}  # no weight sync here
+        engine, kind = SGLangEngine(list(sglang_urls), **options), "sglang"
     elif policy.model is None:
         raise ValueError(f"policy {policy.name} has no weights loaded and no SGLang server serves it")
     else:

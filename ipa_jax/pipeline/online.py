@@ -14,13 +14,18 @@ bookkeeping as the agent loop): every assistant turn, the final answer and its `
 imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).
 
 What it writes into the run folder (`RunFolder`): tokenizer/ (when built), samples/, trajectories/train.jsonl
-(every trajectory the learner consumed), trajectories/unconsumed.jsonl (finished ones still waiting at exit or
-Ctrl-C), weights/v<version>/ (SGLang weight sync) and, with resampling, forks.json.
+(every trajectory the learner consumed; on resume cut back to what the restored checkpoint had consumed),
+trajectories/unconsumed.jsonl (finished ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight
+sync; the newest rollout.keep_weight_folders are kept) and, with resampling, forks.json.
+
+The run stops with a checkpoint (`TrainingStopped`) when the SGLang pool stays below rollout.min_sync_servers for
+longer than rollout.outage_budget_s (a weight sync or a resampling round fails), when the rollout worker gives up,
+and when the learner has waited queue.stall_timeout_s without the queue admitting a trajectory (the message names
+the drop reasons).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import logging
@@ -32,7 +37,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ipa_jax.engines import SGLangEngine
+from ipa_jax.engines import EngineError, SGLangEngine
+from ipa_jax.engines.threads import LoopThread, OnLoop
 from ipa_jax.envs import Env, Task
 from ipa_jax.models import save_pretrained
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
@@ -41,8 +47,9 @@ from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
+from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
-from ipa_jax.train import TrainState
+from ipa_jax.train import TrainingStopped, TrainState
 from ipa_jax.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -88,15 +95,16 @@ class ExpertStream:
 
 # ---------------------------------------------------------------------------------------------- engines
 class EngineHost:
-    """Engines built from exp.rollout, and weight sync. The rollout engine lives on the rollout worker's
-    event loop (or the ResampleSource's); the control engine (evaluation; SGLang weight updates) on a private
-    loop driven from the learner thread. Embedded: two in-process engines sharing compiled functions;
-    SGLang: two clients of the same servers (weights are a server-side state)."""
+    """Engines built from exp.rollout, and weight sync. The control engine (evaluation, weight updates) lives on a
+    loop in a background thread, driven from the learner thread with `run`. Embedded: two in-process engines
+    sharing compiled functions, the rollout one on the rollout worker's loop (or the ResampleSource's). SGLang: one
+    client of the pool, whose view `OnLoop` the rollout worker uses from its loop: one state of the pool's health
+    and weights, and its probes go on while the learner computes."""
 
     def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder, tokenizer):
         r = exp.rollout
-        self.kind, self.folder = r.engine, folder
-        self.loop = asyncio.new_event_loop()
+        self.kind, self.folder, self.keep_weight_folders = r.engine, folder, r.keep_weight_folders
+        self.thread = LoopThread("engines")
         if r.engine == "embedded":
             from ipa_jax.engines import EmbeddedEngine
 
@@ -106,9 +114,13 @@ class EngineHost:
             self.control = EmbeddedEngine(model, seed=exp.train.seed + 1,
                                           **{**kw, "max_batch": max(exp.train.eval_episodes, 1)})
         else:
-            self.rollout = SGLangEngine(list(r.sglang_urls))
-            self.control = SGLangEngine(list(r.sglang_urls))
+            self.control = SGLangEngine(list(r.sglang_urls), **r.sglang_client_options())
+            self.rollout = OnLoop(self.control, self.thread)
         self.version = -1
+
+    def run(self, coro):
+        """`await coro` on the control engine's loop, from the learner thread."""
+        return self.thread.run(coro)
 
     def push(self, state, version: int) -> None:
         """Serve `state`'s weights as `version` on every engine (copies: the state's buffers are donated)."""
@@ -119,12 +131,16 @@ class EngineHost:
         else:
             path = os.path.abspath(self.folder.weights_dir(version))  # the servers may run in another directory
             save_pretrained(state.model(), path)
-            self.loop.run_until_complete(self.control.update_weights(path, version))
+            try:
+                self.run(self.control.update_weights(path, version))
+            except EngineError as e:  # the pool stayed down past its outage budget, or refused the weights
+                raise TrainingStopped(f"weight sync to version {version} failed: {e}") from e
+            self.folder.prune_weights(keep=self.keep_weight_folders, current=version)
         self.version = version
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.control.close())
-        self.loop.close()
+        self.run(self.control.close())
+        self.thread.close()
 
 
 def _engine_params(state: TrainState) -> nnx.State:
@@ -154,7 +170,7 @@ class OnlineSource:
                                           "offline trajectories in train.data")
         self.env_factory = exp.env.make
         env = self.env_factory()
-        self.tokenizer = load_or_build_tokenizer(exp.model, folder)
+        self.tokenizer = load_or_build_tokenizer(exp.model, folder, exp.env)
         self.chat = ChatFormat(self.tokenizer, enable_thinking=exp.rollout.enable_thinking)
         self.engines = EngineHost(exp, state, folder, self.tokenizer)
         self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
@@ -169,7 +185,8 @@ class OnlineSource:
         self.worker: RolloutWorker | None = None
         self.resample: ResampleSource | None = None
         if source == "queue":
-            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size)
+            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
+                                         reward_range=t.reward_range)
             self.train_tasks = env.task_stream("train", seed=t.seed)
         else:
             tasks = env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=t.seed)
@@ -179,6 +196,8 @@ class OnlineSource:
         self.rl_start = t.il_warmup_steps  # the learner's state.rl_start, read in after_update
         self.history: collections.deque = collections.deque(maxlen=exp.queue.forced_lag + 1)
         self.last_train: list[Trajectory] = []
+        self.train_logged = 0  # lines of trajectories/train.jsonl (checkpointed: a resume cuts the file back to it)
+        self._train_log_checked = False
         self.wait_s = 0.0
         self.rl_started_at: float | None = None
         self.closed = False
@@ -191,15 +210,25 @@ class OnlineSource:
         elif self.resample is not None:  # synchronous: the learner waits while a round is sampled
             t0 = time.perf_counter()
             self.rl_started_at = self.rl_started_at or t0
-            out = self.resample.next_trajectories(n)
+            try:
+                out = self.resample.next_trajectories(n)
+            except EngineError as e:  # e.g. the SGLang pool down past its outage budget
+                raise TrainingStopped(f"resampling round failed: {e}") from e
             self.wait_s += time.perf_counter() - t0
         else:
             out = self._take(n)
         for traj in out:
             traj.info.setdefault("split", "train")
         self.last_train = out[:SAMPLES_PER_SPLIT]
-        self.folder.append_trajectories("train", out)
+        self._log_train(out)
         return out
+
+    def _log_train(self, trajs: list[Trajectory]) -> None:
+        if not self._train_log_checked:  # first batch after any restore: drop what a killed run logged after it
+            self.folder.truncate_trajectories("train", self.train_logged)
+            self._train_log_checked = True
+        self.folder.append_trajectories("train", trajs)
+        self.train_logged += len(trajs)
 
     def _take(self, n: int) -> list[Trajectory]:
         if self.worker is None:  # rollouts start with the first RL batch, from the warmed-up weights
@@ -209,26 +238,51 @@ class OnlineSource:
                                         group_size=self.exp.rollout.group_size,
                                         env_factory=lambda task: self.env_factory(), name="rollout").start()
         t0 = time.perf_counter()
+        admitted, admitted_at = self.queue.stats()["admitted"], t0
         try:
             while True:
-                self.worker.check()
-                if not self.worker.running:
-                    raise RuntimeError("rollout worker stopped: no more training tasks")
+                self._check_worker()
                 try:
                     return self.queue.take(n, timeout=WAIT_POLL_S)
                 except TimeoutError:
-                    continue
+                    pass
+                stats = self.queue.stats()
+                if stats["admitted"] != admitted:
+                    admitted, admitted_at = stats["admitted"], time.perf_counter()
+                stall = self.exp.queue.stall_timeout_s
+                if stall and time.perf_counter() - admitted_at > stall:
+                    raise TrainingStopped(self._stall_message(stall, stats))
         finally:
             self.wait_s += time.perf_counter() - t0
 
+    def _check_worker(self) -> None:
+        try:
+            self.worker.check()
+        except RuntimeError as e:
+            raise TrainingStopped(f"{e}; the last: {e.__cause__}") from e
+        if not self.worker.running:
+            raise TrainingStopped("rollout worker stopped: no more training tasks")
+
+    def _stall_message(self, stall_s: float, queue_stats: dict[str, Any]) -> str:
+        w = self.worker.stats()
+        reasons = ", ".join(f"{r} {queue_stats[f'dropped_{r}']}" for r in DROP_REASONS)
+        message = (f"no trajectory admitted for {stall_s:g}s (queue.stall_timeout_s) while the learner waited: "
+                   f"{w['finished']} rollouts finished, {w['failed']} failed, {w['in_flight']} in flight; dropped "
+                   f"{queue_stats['dropped_total']} ({reasons})")
+        if queue_stats["last_invalid"]:
+            message += f"; the last invalid: {queue_stats['last_invalid']}"
+        return message
+
     def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"experts_taken": self.experts.count}
+        out: dict[str, Any] = {"experts_taken": self.experts.count, "train_logged": self.train_logged}
         if self.resample is not None:
             out["resample"] = self.resample.state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.experts.skip_to(int(state["experts_taken"]))
+        # A checkpoint written before the count was kept: the file as it is.
+        self.train_logged = int(state.get("train_logged", self.folder.count_trajectories("train")))
         if self.resample is not None:
             self.resample.load_state_dict(state["resample"])
 
@@ -240,6 +294,7 @@ class OnlineSource:
         if self.queue is not None:
             q = self.queue.stats()
             out.update({f"queue_{k}": float(q[k]) for k in ("depth", "dropped_total", "dropped_stale",
+                                                             "dropped_invalid", "dropped_duplicate",
                                                              "lag_taken_mean", "put_per_s")})
         if self.worker is not None:
             w = self.worker.stats()
@@ -275,7 +330,7 @@ class OnlineSource:
         step = int(jax.device_get(state.step))
         if self.engines.kind == "embedded":
             self.engines.control.set_params_from_model(_engine_params(state), step)
-        report = self.engines.loop.run_until_complete(evaluate_policy(
+        report = self.engines.run(evaluate_policy(
             self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(), k=1))
         done = list(report.trajectories)
         for traj in done:

@@ -6,7 +6,10 @@
 Rerunning the same config resumes from the run folder's latest complete checkpoint; rerunning a finished run says so
 and changes nothing; resuming with a different config is refused, naming the changed keys, unless
 train.allow_config_change is set (the change is then recorded in config_changes.jsonl). SIGINT / SIGTERM (Ctrl-C,
-a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`).
+a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`); after
+SIGTERM the process then exits with status 143, as one killed by it would. A run that cannot go on (the rollout
+servers gone past their outage budget, no admissible trajectory for too long) stops with a checkpoint and raises
+`TrainingStopped` naming why.
 """
 
 from __future__ import annotations
@@ -97,9 +100,13 @@ def check_resume(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[An
 def stop_on_signals(learner: Learner) -> Iterator[None]:
     """SIGINT / SIGTERM ask `learner` to stop at its next batch boundary with a checkpoint; a second signal
     interrupts at once. Installed explicitly: a shell starts background jobs with SIGINT ignored (Python then never
-    raises KeyboardInterrupt), and SIGTERM would kill the process without the checkpoint."""
+    raises KeyboardInterrupt), and SIGTERM would kill the process without the checkpoint. After SIGTERM the
+    learner's KeyboardInterrupt becomes SystemExit(143) (128 + SIGTERM: what a scheduler expects of a preempted
+    job); after SIGINT it stays a KeyboardInterrupt."""
+    received: list[int] = []
 
     def stop(signum, frame) -> None:
+        received.append(signum)
         name = signal.Signals(signum).name
         if learner.stop_requested:
             raise KeyboardInterrupt(name)
@@ -108,6 +115,10 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+    except KeyboardInterrupt:
+        if signal.SIGTERM in received:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

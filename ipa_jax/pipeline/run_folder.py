@@ -10,11 +10,11 @@
       checkpoints/<step>/              Orbax checkpoints (train state + host JSON)
       tokenizer/                       the tokenizer built for the run (when none was given)
       samples/step_<8 digits>.jsonl    a few train and held-out episodes at every evaluation
-      trajectories/train.jsonl         every trajectory the learner consumed
+      trajectories/train.jsonl         every trajectory the learner consumed (up to its latest checkpoint, on resume)
       trajectories/unconsumed.jsonl    finished rollouts still waiting when the run stopped
       forks.json                       resampling runs: success per expert anchor and crucial forks per task
       eval/step_<8 digits>_k<k>_t<T>.json  experiments/evaluate.py's reports on a checkpoint of the run
-      weights/v<8 digits>/             SGLang runs: the HF weights of each synced version
+      weights/v<8 digits>/             SGLang runs: the HF weights of the last synced versions
       hf/                              the final policy as a Hugging Face folder (checkpoint.export_hf)
 
 Only process 0 of a multi-host run writes. metrics.jsonl stores non-finite floats as the strings "nan", "inf",
@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -96,6 +97,17 @@ class RunFolder:
 
     def weights_dir(self, version: int) -> str:
         return self.file("weights", f"v{version:08d}")
+
+    def prune_weights(self, keep: int, current: int) -> None:
+        """Deletes the weights/v* folders but `current` and the `keep - 1` newest older ones (a version newer than
+        `current` is what a killed run synced after its last checkpoint)."""
+        if not is_writer():
+            return
+        versions = sorted((int(m.group(1)) for d in os.listdir(self.file("weights"))
+                           if (m := re.fullmatch(r"v(\d+)", d))), reverse=True)
+        kept = [current] + [v for v in versions if v < current][:keep - 1]
+        for version in set(versions) - set(kept):
+            shutil.rmtree(self.weights_dir(version), ignore_errors=True)
 
     def eval_report_path(self, step: int, k: int, temperature: float) -> str:
         return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")
@@ -196,6 +208,25 @@ class RunFolder:
     def read_trajectories(self, kind: str) -> list[Trajectory]:
         path = self.trajectories_path(kind)
         return read_jsonl(path) if os.path.exists(path) else []
+
+    def count_trajectories(self, kind: str) -> int:
+        """Complete lines of trajectories/<kind>.jsonl (a line cut short by a kill does not count)."""
+        path = self.trajectories_path(kind)
+        if not os.path.exists(path):
+            return 0
+        with open(path, encoding="utf-8") as f:
+            return sum(line.endswith("\n") for line in f)
+
+    def truncate_trajectories(self, kind: str, count: int) -> None:
+        """Keeps the first `count` lines of trajectories/<kind>.jsonl: on resume, what the restored checkpoint
+        had consumed (a killed run may have logged a batch after it)."""
+        path = self.trajectories_path(kind)
+        if not is_writer() or not os.path.exists(path):
+            return
+        with open(path, "rb+") as f:
+            for _ in range(count):
+                f.readline()
+            f.truncate()
 
     # ---- forks.json
     def write_forks(self, report: dict[str, Any]) -> None:

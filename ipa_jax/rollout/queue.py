@@ -4,21 +4,28 @@ Bounded and thread-safe. Admission by policy lag: a trajectory sampled by weight
 while `current_version - v <= max_policy_lag`; when the learner advances the version (`set_version`),
 trajectories already waiting that became too stale are evicted. Every admitted trajectory is delivered
 exactly once (by `take` or, at shutdown, by `drain`); a uid is admitted at most once. Drops (stale,
-duplicate, invalid) are counted and, if `on_drop` is given, handed to it (e.g. to write them out).
+duplicate, invalid: `Trajectory.validate`, with versions ahead of the queue's and rewards outside
+`reward_range` invalid too) are counted, logged at most every `DROP_LOG_INTERVAL_S` seconds with their
+reasons, and, if `on_drop` is given, handed to it (e.g. to write them out).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ipa_jax.trajectory import Trajectory
+from ipa_jax.trajectory import DropLog, Trajectory
+
+log = logging.getLogger(__name__)
 
 DROP_REASONS = ("stale", "duplicate", "invalid")
+DROP_LOG_INTERVAL_S = 30.0
+_DROP_DETAIL = {"stale": "policy lag above max_policy_lag", "duplicate": "uid already admitted"}
 
 
 class QueueClosed(Exception):
@@ -34,6 +41,7 @@ class TrajectoryQueue:
         max_policy_lag: int | None = None,
         *,
         vocab_size: int | None = None,
+        reward_range: tuple[float, float] | None = None,
         initial_version: int = 0,
         rate_window_s: float = 60.0,
         on_drop: Callable[[Trajectory, str], None] | None = None,
@@ -47,7 +55,9 @@ class TrajectoryQueue:
         self.capacity = capacity
         self.max_policy_lag = max_policy_lag
         self.vocab_size = vocab_size
+        self.reward_range = reward_range
         self.on_drop = on_drop
+        self._drop_log = DropLog(log, "trajectory queue", DROP_LOG_INTERVAL_S)
         self._version = initial_version
         self._items: collections.deque[Trajectory] = collections.deque()
         self._seen: set[str] = set()  # every uid ever admitted (~100 bytes each)
@@ -75,8 +85,7 @@ class TrajectoryQueue:
         return self._version
 
     def _lag(self, traj: Trajectory) -> int:
-        # A trajectory from weights newer than the queue's version (engines updated first) has lag 0.
-        return max(0, self._version - int(traj.policy_version))
+        return self._version - int(traj.policy_version)  # >= 0: a version ahead of the queue's is invalid
 
     def _is_stale(self, traj: Trajectory) -> bool:
         return self.max_policy_lag is not None and self._lag(traj) > self.max_policy_lag
@@ -126,7 +135,7 @@ class TrajectoryQueue:
                 self._not_empty.notify_all()
                 return True
             self._drops[reason] += 1
-        self._report_drops([traj], reason)
+        self._report_drops([traj], reason, problem)
         return False
 
     def _rejection(self, traj: Trajectory) -> str:
@@ -137,7 +146,8 @@ class TrajectoryQueue:
         if not isinstance(traj, Trajectory):
             return f"not a Trajectory: {type(traj).__name__}"
         try:
-            traj.validate(vocab_size=self.vocab_size)
+            # Not ahead of the learner: the engines serve versions the learner has already set here.
+            traj.validate(self.vocab_size, reward_range=self.reward_range, max_version=self._version)
         except ValueError as e:
             return str(e)
         return None
@@ -214,9 +224,10 @@ class TrajectoryQueue:
             return len(self._items)
 
     # ---- reporting ------------------------------------------------------------------------------------
-    def _report_drops(self, trajs: list[Trajectory], reason: str) -> None:
-        if self.on_drop is not None:
-            for traj in trajs:
+    def _report_drops(self, trajs: list[Trajectory], reason: str, problem: str | None = None) -> None:
+        for traj in trajs:
+            self._drop_log.add(reason, problem or f"trajectory {traj.uid!r}: {_DROP_DETAIL[reason]}")
+            if self.on_drop is not None:
                 self.on_drop(traj, reason)
 
     def _rate(self, times: collections.deque[float], now: float) -> float:

@@ -173,7 +173,7 @@ class RolloutWorker:
         if abort_in_flight and in_flight:
             try:
                 self.call(self.engine.abort, in_flight, timeout=timeout)
-            except (RuntimeError, concurrent.futures.TimeoutError):
+            except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
                 pass  # the loop finished meanwhile
         self.join(timeout)
 

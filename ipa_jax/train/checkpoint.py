@@ -4,9 +4,16 @@ Orbax writes each step into a temporary folder and renames it when the save is c
 cut short by SIGKILL is never listed by `latest_step()` and never loaded. A checkpoint holds the train
 state (params, optimizer state, step, skipped count, RNG) and a JSON document for everything host-side
 (the data source's position, learner counters, any extra state such as resampling statistics).
+
+A complete checkpoint can still be damaged afterwards (a disk error, a truncated copy, a file edited by hand).
+`restore()` then falls back to the newest checkpoint that loads, logging which step it skipped and why, and moves
+the damaged ones aside to `<step>.damaged-<time>` (kept for inspection, no longer listed), so that the run
+saves those steps again; when none loads it raises, naming each step's error, and moves nothing.
 """
 
+import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +21,12 @@ import jax
 import orbax.checkpoint as ocp
 
 from ipa_jax.train.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of the folder can be restored; the message names each step and its error."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +88,41 @@ class Checkpointer:
         return True
 
     def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-        """Restores `step` (default: latest) into the shapes, dtypes and shardings of `template`."""
-        step = self.latest_step() if step is None else step
-        if step is None:
+        """Restores `step` into the shapes, dtypes and shardings of `template`; by default the newest checkpoint
+        that loads (module doc)."""
+        if step is not None:
+            return self._restore_step(template, step)
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        damaged: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                restored = self._restore_step(template, step)
+            except Exception as e:  # noqa: BLE001 - Orbax and TensorStore raise many types for a damaged folder
+                why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+                log.warning("checkpoint %d in %s cannot be restored (%s)", step, self.directory, why)
+                damaged.append((step, why))
+                continue
+            if damaged:
+                self._set_aside([s for s, _ in damaged])
+                log.warning("restored checkpoint %d, the newest that loads; damaged and moved aside: %s", step,
+                            "; ".join(f"step {s} ({why})" for s, why in damaged))
+            return restored
+        raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
+                              + "; ".join(f"step {s}: {why}" for s, why in damaged))
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Renames damaged step folders to <step>.damaged-<time> (Orbax lists only integer names)."""
+        self.wait()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        if jax.process_index() == 0:
+            for step in steps:
+                path = os.path.join(self.directory, str(step))
+                os.rename(path, f"{path}.damaged-{stamp}")
+        self._manager.reload()
+
+    def _restore_step(self, template: TrainState, step: int) -> tuple[TrainState, dict[str, Any]]:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.checkpoint_tree())
         restored = self._manager.restore(
             step,

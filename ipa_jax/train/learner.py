@@ -2,8 +2,9 @@
 evaluations, weight-sync hook and checkpoints.
 
 One update per fresh batch by default (FlashREINFORCE); `epochs_per_batch` / `minibatches` > 1 exist for
-comparison runs (advantages are then computed on the whole batch before it is split). The learner knows no
-engine: the experiment passes `after_update(state)` to sync weights and `eval_fn(state)` to evaluate.
+comparison runs (advantages, and old log-probs under objective.old_logprobs = "recompute", are then computed on
+the whole batch before its first update). The learner knows no engine: the experiment passes `after_update(state)`
+to sync weights and `eval_fn(state)` to evaluate.
 """
 
 import collections
@@ -26,9 +27,15 @@ from ipa_jax.train.progress import Progress
 from ipa_jax.train.sources import TrajectorySource
 from ipa_jax.train.state import TrainState
 from ipa_jax.train.step import TrainStep
-from ipa_jax.trajectory import DEFAULT_BUCKETS, Trajectory, TrajectoryBatch, pad_batch
+from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pad_batch
 
 log = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+    """Raised by a source or a hook when the run cannot go on (e.g. no rollout server for longer than its outage
+    budget, no admissible trajectory for too long). The learner stops with a checkpoint at the step reached and
+    re-raises it; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,8 @@ class TrainConfig:
     il_warmup_window: batches averaged for il_warmup_target.
     data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
     buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
+    reward_range: (low, high): a trajectory whose reward is outside it is dropped as invalid (a reward that a float32
+      loss cannot represent would make every batch holding it a skipped update).
     allow_config_change: resume a run folder whose config.json differs from this config (the changes are
       recorded in config_changes.jsonl); off, such a resume is refused with the list of changed keys.
     """
@@ -71,6 +80,7 @@ class TrainConfig:
     il_warmup_window: int = 10
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    reward_range: tuple[float, float] = (-1e6, 1e6)
     allow_config_change: bool = False
 
     def __post_init__(self):
@@ -95,6 +105,9 @@ class TrainConfig:
             raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
         if not self.name:
             raise ValueError("train.name: must be non-empty")
+        r = self.reward_range
+        if len(r) != 2 or not np.isfinite(r).all() or r[0] > r[1]:
+            raise ValueError(f"train.reward_range: must be (low, high), finite, low <= high, got {self.reward_range}")
 
     @property
     def resolved_run_dir(self) -> str:
@@ -148,6 +161,7 @@ class Learner:
         self.eval_history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self.stop_requested: str | None = None
+        self._drop_log = DropLog(log, "learner")
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
         self._progress = Progress(self.total_steps, 0, self.logging_config.console_every)  # replaced when run() starts
@@ -217,7 +231,7 @@ class Learner:
 
     # ---------------------------------------------------------------------------------------------- data
     def _check(self, traj: Trajectory) -> None:
-        traj.validate(self.vocab_size)
+        traj.validate(self.vocab_size, reward_range=self.config.reward_range)
         if traj.length > max(self.config.buckets):
             raise ValueError(f"trajectory {traj.uid!r}: field 'tokens': length {traj.length} exceeds the largest "
                              f"bucket {max(self.config.buckets)}")
@@ -226,7 +240,7 @@ class Learner:
 
     def next_batch(self) -> tuple[list[Trajectory], int]:
         """B valid trajectories (bad ones are dropped, counted and replaced) and the number dropped."""
-        b, good, dropped = self.config.batch_size, [], 0
+        b, good, dropped, last_error = self.config.batch_size, [], 0, ""
         while len(good) < b:
             for traj in self.source.next_trajectories(b - len(good)):
                 try:
@@ -234,9 +248,11 @@ class Learner:
                     good.append(traj)
                 except ValueError as e:
                     dropped += 1
-                    log.warning("dropping trajectory: %s", e)
+                    last_error = str(e)
+                    self._drop_log.add("invalid", last_error)
             if dropped > 10 * b + 100:  # a source that yields nothing usable is a bug to report, not to spin on
-                raise RuntimeError(f"{dropped} invalid trajectories in a row from {type(self.source).__name__}")
+                raise TrainingStopped(f"{dropped} invalid trajectories from {type(self.source).__name__} while "
+                                      f"filling one batch (the last: {last_error})")
         return good, dropped
 
     # ---------------------------------------------------------------------------------------------- loop
@@ -254,15 +270,18 @@ class Learner:
             self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
         self._progress.evaluated(step, results)
 
-    def _updates(self, batch: TrajectoryBatch, step: int):
-        """(device batch, device advantages | None) for each update made from one batch."""
+    def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState):
+        """(device batch, device advantages | None, device old log-probs | None) for each update made from one
+        batch; `state` is the one before the batch's first update."""
         cfg = self.config
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
-            yield self.step_fn.put_batch(batch), None
+            yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches (seeded: resumable).
         adv = np.asarray(compute_advantages(jnp.asarray(batch.rewards), self.step_fn.options.objective.baseline,
                                             jnp.asarray(batch.group_ids), jnp.asarray(batch.action_mask.any(axis=1))))
+        # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
+        old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
         size = cfg.batch_size // cfg.minibatches
         for _ in range(cfg.epochs_per_batch):
@@ -270,7 +289,8 @@ class Learner:
             for j in range(cfg.minibatches):
                 rows = np.sort(order[j * size:(j + 1) * size])
                 sub = jax.tree.map(operator.itemgetter(rows), batch)
-                yield self.step_fn.put_batch(sub), self.step_fn.put_batch(adv[rows])
+                yield (self.step_fn.put_batch(sub), self.step_fn.put_batch(adv[rows]),
+                       None if old is None else self.step_fn.put_batch(old[rows]))
 
     def run(self) -> TrainState:
         cfg = self.config
@@ -295,9 +315,9 @@ class Learner:
                 self.dropped_total += dropped
                 batch = pad_batch(trajs, cfg.buckets)
                 lag = step - batch.policy_versions
-                for device_batch, adv in self._updates(batch, step):
+                for device_batch, adv, old in self._updates(batch, step, self.state):
                     t0 = time.perf_counter()
-                    self.state, metrics = self._step_fn(step)(self.state, device_batch, adv)
+                    self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
                     metrics = jax.device_get(metrics)
                     dt = time.perf_counter() - t0
                     step += 1
@@ -327,6 +347,10 @@ class Learner:
             save_at_exit = True
         except KeyboardInterrupt:
             log.warning("interrupted at step %d: saving a checkpoint", step)
+            save_at_exit = True
+            raise
+        except TrainingStopped as e:
+            log.error("stopping at step %d with a checkpoint: %s", step, e)
             save_at_exit = True
             raise
         finally:

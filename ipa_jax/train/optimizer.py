@@ -9,6 +9,7 @@ lr 0, so the Adam momentum left by imitation fades at a small step size instead 
 the first RL gradients are still tiny.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,6 +50,9 @@ class OptimizerConfig:
     clip_norm: float = 1.0
 
     def __post_init__(self):
+        for name in ("lr", "il_lr", "warmup_ratio", "min_lr_ratio", "b1", "b2", "eps", "weight_decay", "clip_norm"):
+            if not math.isfinite(getattr(self, name)):  # inf or nan would make every parameter non-finite
+                raise ValueError(f"optimizer.{name}: must be finite, got {getattr(self, name)}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"optimizer.schedule: must be 'cosine' or 'constant', got {self.schedule!r}")
         if not self.lr > 0:

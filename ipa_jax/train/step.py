@@ -1,15 +1,24 @@
 """The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
 
-    train_step(state, batch[, advantages]) -> (state, metrics)
+    train_step(state, batch[, advantages[, old_log_probs]]) -> (state, metrics)
 
 1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
-   (masks only) are computed on the full batch first.
+   (masks only, `term_denominators`) are computed on the full batch first.
 2. The batch is split into microbatches; lax.scan accumulates the gradient of
    sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch), so the accumulated
-   gradient equals the full-batch gradient (up to float reassociation).
-3. A non-finite loss or gradient leaves params and optimizer state unchanged and counts a skipped update.
+   gradient equals the full-batch gradient (up to float reassociation). Per-row inputs of the objective travel
+   with their rows: rewards (sign_by="reward"), the failure labels reward < options.success_reward (the entropy
+   filter's failed rows) and the old log-probs.
+3. A non-finite loss, gradient or update (new params or optimizer state, e.g. from an overflowing learning rate)
+   leaves params and optimizer state unchanged and counts a skipped update.
 
 Current log-probs (and entropies when asked) come from the model's blockwise `token_logprobs`.
+
+Old log-probs (objective.old_logprobs = "recompute"): the learner's log-probs under the parameters at the start of
+the update, without gradient. On the first update of a batch those are the current parameters, so the step takes
+stop_gradient(l) from the very forward that computes l (same parameters, dtype, block size and routing, no second
+forward). When a batch makes several updates (train.minibatches / train.epochs_per_batch), the learner computes
+them once before the first (`TrainStep.old_log_probs`, microbatched like the step) and passes each update its rows.
 """
 
 from dataclasses import dataclass
@@ -17,14 +26,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
+from jax.experimental.multihost_utils import process_allgather
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models import token_logprobs
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
-from ipa_jax.objectives import ObjectiveConfig, combine_terms, compute_advantages, objective_terms
+from ipa_jax.objectives import ObjectiveConfig, combine_terms, compute_advantages, objective_terms, term_denominators
 from ipa_jax.train.optimizer import PhaseSchedule, apply_direction
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
@@ -42,6 +53,7 @@ class StepOptions:
     load_balancing_coef: float = 0.0
     router_z_coef: float = 0.0
     compute_dtype: str | None = None  # cast floating params to this dtype in the forward (None = as stored)
+    success_reward: float = 1.0  # a row with reward < this is a failure (the entropy filter's failed rows)
 
     @property
     def needs_entropy(self) -> bool:
@@ -54,19 +66,21 @@ def _split_microbatches(x: jax.Array, m: int) -> jax.Array:
     return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
 
 
+def _merge_microbatches(x: jax.Array) -> jax.Array:
+    """The inverse of _split_microbatches: [M, B/M, ...] -> [B, ...]."""
+    return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """Whether every floating leaf of `tree` is finite (a scalar bool)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
 def _cast_floating(tree: Any, dtype: str | None) -> Any:
     if dtype is None:
         return tree
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
-def _full_batch_denominators(batch: TrajectoryBatch, advantages: jax.Array, options: StepOptions) -> dict:
-    # Denominators depend only on masks and B: evaluate the terms with placeholder log-probs (the numerators
-    # are dead code that XLA removes) to get the full-batch counts every microbatch divides by.
-    zeros = jnp.zeros(batch.behavior_logprobs.shape, jnp.float32)
-    terms, _ = objective_terms(zeros, batch.behavior_logprobs, advantages, batch.action_mask, batch.chunk_ids,
-                               batch.expert_mask, options.objective, entropies=zeros)
-    return {name: den for name, (_, den) in terms.items()}
 
 
 def greedy_reproduced_rows(logp: jax.Array, expert_mask: jax.Array) -> jax.Array:
@@ -80,18 +94,27 @@ def greedy_reproduced_rows(logp: jax.Array, expert_mask: jax.Array) -> jax.Array
     return jnp.all(confident, axis=1) & jnp.any(expert_mask, axis=1)
 
 
-def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, dens: dict,
-                     options: StepOptions):
-    """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics."""
+def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
+    """The learner's forward: (log-probs float32 [b, T], entropies [b, T] | None, aux) of one microbatch."""
     model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
     logp, entropy, aux = token_logprobs(
-        model, mb.tokens, mb.attention_mask, mb.positions, return_entropy=options.needs_entropy,
+        model, mb.tokens, mb.attention_mask, mb.positions, return_entropy=return_entropy,
         block_size=options.logprob_block_size,
         routed_experts=mb.routed_experts if options.routing_replay else None,
     )
-    logp = logp.astype(jnp.float32)
+    return logp.astype(jnp.float32), entropy, aux
+
+
+def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, old: jax.Array | None,
+                     dens: dict, options: StepOptions):
+    """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics.
+    old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward)."""
+    logp, entropy, aux = _token_logprobs(params, rest, graphdef, mb, options, options.needs_entropy)
+    if old is None and options.objective.needs_old_log_probs:
+        old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
     terms, diag = objective_terms(logp, mb.behavior_logprobs, adv, mb.action_mask, mb.chunk_ids, mb.expert_mask,
-                                  options.objective, entropy)
+                                  options.objective, entropy, failures=mb.rewards < options.success_reward,
+                                  old_log_probs=old, rewards=mb.rewards)
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
     # per-microbatch means, averaged over microbatches (not exactly the full-batch value).
@@ -115,6 +138,9 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
         "sum_is_ratio": diag["mean_is_ratio"] * n_keep,
         "max_is_ratio": diag["max_is_ratio"],
         "n_clipped": diag["clip_fraction"] * n_keep,
+        "sum_mismatch_ratio": diag["mismatch_ratio_mean"] * n_action,
+        "n_mismatch_masked": diag["mismatch_masked_fraction"] * n_action,
+        "n_mismatch_capped": diag["mismatch_capped_fraction"] * n_keep,
         "nonfinite_weights": diag["nonfinite_weights"].astype(jnp.float32),
         "admitted": jnp.sum(diag["admitted"]).astype(jnp.float32),
         "max_chunks": jnp.max(diag["num_chunks"]).astype(jnp.float32),
@@ -130,38 +156,56 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
 _MAX_STATS = ("max_is_ratio", "max_chunks")
 
 
-def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None, *,
-               options: StepOptions, schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
+def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: StepOptions) -> jax.Array:
+    """The learner's log-probs of the batch's tokens under state.params, without gradient: [B, T] float32, by the
+    train step's forward (dtype, block size, routing replay) microbatch by microbatch."""
+    def forward(mb):
+        return jax.lax.stop_gradient(_token_logprobs(state.params, state.rest, state.graphdef, mb, options, False)[0])
+
+    if options.microbatches == 1:
+        return forward(batch)
+    mbs = jax.tree.map(lambda x: _split_microbatches(x, options.microbatches), batch)
+    return _merge_microbatches(jax.lax.map(forward, mbs))
+
+
+def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
+               old_log_probs: jax.Array | None = None, *, options: StepOptions,
+               schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] or None (computed
-    here from batch.rewards with the objective's baseline). Returns the new state and scalar metrics."""
+    here from batch.rewards with the objective's baseline); old_log_probs [B, T] (objective.old_logprobs =
+    "recompute" only) or None (then the current ones: this update is the batch's first). Returns the new state
+    and scalar metrics."""
     objective, m = options.objective, options.microbatches
     b = batch.tokens.shape[0]
     if b % m:
         raise ValueError(f"batch size {b} is not divisible by microbatches={m}")
+    if old_log_probs is not None and not objective.needs_old_log_probs:
+        raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
     if advantages is None:
         advantages = compute_advantages(batch.rewards, objective.baseline, batch.group_ids,
                                         batch.action_mask.any(axis=1))
     advantages = advantages.astype(jnp.float32)
-    dens = _full_batch_denominators(batch, advantages, options)
+    dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
 
     if m == 1:
-        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, batch, advantages, dens, options)
+        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, batch, advantages, old_log_probs,
+                                       dens, options)
         grads = f32(grads)
     else:
-        mbs = jax.tree.map(lambda x: _split_microbatches(x, m), batch)
-        mb_adv = _split_microbatches(advantages, m)
+        split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
         def accumulate(carry, xs):
             grads_acc, loss_acc = carry
-            mb, adv = xs
-            (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, dens, options)
+            mb, adv, old = xs
+            (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, dens, options)
             grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
             return (grads_acc, loss_acc + loss), stats
 
         zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)), (mbs, mb_adv))
+        (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)),
+                                             split((batch, advantages, old_log_probs)))
         stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
 
     grad_norm = optax.global_norm(grads)
@@ -170,18 +214,25 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
 
     lr = schedule(state.step, state.rl_start)
 
+    def keep(_):
+        return state.params, state.opt_state, jnp.asarray(False)
+
     def apply(_):
         direction, opt_state = state.tx.update(grads, state.opt_state, state.params)
-        return apply_direction(state.params, direction, lr), opt_state
+        params = apply_direction(state.params, direction, lr)
+        # A finite gradient can still make a non-finite update (an overflowing learning rate or Adam state).
+        ok = _all_finite(params) & _all_finite(opt_state)
+        return jax.lax.cond(ok, lambda _: (params, opt_state, jnp.asarray(True)), keep, None)
 
     # A skipped update keeps params and optimizer state bit for bit (the learning rate schedule follows the
-    # step); cond runs only the taken branch, so the usual path pays nothing for the check.
-    new_params, new_opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), None)
+    # step); cond runs only the taken branch, so the usual path pays only the update's finiteness check.
+    new_params, new_opt_state, applied = jax.lax.cond(finite, apply, keep, None)
+    skipped = (~applied).astype(jnp.int32)
     new_state = state.replace(
         params=new_params,
         opt_state=new_opt_state,
         step=state.step + 1,
-        skipped=state.skipped + (~finite).astype(jnp.int32),
+        skipped=state.skipped + skipped,
         rng=jax.random.split(state.rng)[0],
     )
 
@@ -194,7 +245,7 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "il_loss": stats["il_num"] / jnp.maximum(dens["il"], 1),
         "grad_norm": grad_norm,
         "lr": lr,
-        "skipped": (~finite).astype(jnp.int32),
+        "skipped": skipped,
         "skipped_total": new_state.skipped,
         "reward_mean": jnp.mean(rewards),
         "reward_std": jnp.std(rewards),
@@ -211,8 +262,12 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "is_ratio_mean": stats["sum_is_ratio"] / n_keep,
         "is_ratio_max": stats["max_is_ratio"],
         "clip_fraction": stats["n_clipped"] / n_keep,
-        "mismatch_abs": stats["sum_abs_log_ratio"] / n_action,  # mean |l - b| over action tokens
-        "mismatch_kl": stats["sum_kl"] / n_action,  # mean Bernoulli-KL proxy over action tokens
+        "mismatch_abs": stats["sum_abs_log_ratio"] / n_action,  # mean |l - b| over action tokens: the whole drift
+        "mismatch_kl": stats["sum_kl"] / n_action,  # mean Bernoulli-KL proxy of the policy ratio (the trust region's)
+        # The mismatch ratio (old / behaviour; current / behaviour without old log-probs) at its level:
+        "mismatch_ratio_mean": stats["sum_mismatch_ratio"] / n_action,
+        "mismatch_masked_fraction": stats["n_mismatch_masked"] / n_action,  # dropped by its range / prob-diff masks
+        "mismatch_capped_fraction": stats["n_mismatch_capped"] / n_keep,  # kept tokens whose weight was capped
         "chunks_mean": stats["n_chunks"] / b,
         "chunks_max": stats["max_chunks"],
         "action_tokens": stats["n_action"],
@@ -242,8 +297,8 @@ def place_state(state: TrainState, mesh: Mesh) -> TrainState:
 class TrainStep:
     """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
 
-    step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages]).
-    `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
+    step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages[,
+    old_log_probs]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
     """
 
     def __init__(self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: PhaseSchedule,
@@ -251,7 +306,8 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool], Any] = {}
+        self._compiled: dict[tuple[bool, bool, bool], Any] = {}
+        self._compiled_old: dict[bool, Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
         """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
@@ -264,20 +320,35 @@ class TrainStep:
 
         return device_put_global(batch, self.batch_shardings(batch))
 
-    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool):
-        key = (batch.routed_experts is not None, with_advantages)
+    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool):
+        key = (batch.routed_experts is not None, with_advantages, with_old)
         if key not in self._compiled:
-            fn = lambda state, batch, adv: train_step(  # noqa: E731
-                state, batch, adv, options=self.options, schedule=self.schedule)
+            fn = lambda state, batch, adv, old: train_step(  # noqa: E731
+                state, batch, adv, old, options=self.options, schedule=self.schedule)
             adv_sharding = batch_sharding(self.mesh, self.rules, 1) if with_advantages else None
+            old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
             self._compiled[key] = jax.jit(
                 fn,
-                in_shardings=(self.state_shardings, self.batch_shardings(batch), adv_sharding),
+                in_shardings=(self.state_shardings, self.batch_shardings(batch), adv_sharding, old_sharding),
                 out_shardings=(self.state_shardings, self.replicated),
                 donate_argnums=(0,),
             )
         return self._compiled[key]
 
-    def __call__(self, state: TrainState, batch: TrajectoryBatch,
-                 advantages: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._jitted(batch, advantages is not None)(state, batch, advantages)
+    def __call__(self, state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None = None,
+                 old_log_probs: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None)
+        return jitted(state, batch, advantages, old_log_probs)
+
+    def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
+        """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on
+        the host of every process (`recompute_log_probs`; the learner passes each update its rows)."""
+        key = batch.routed_experts is not None
+        if key not in self._compiled_old:
+            self._compiled_old[key] = jax.jit(
+                lambda state, batch: recompute_log_probs(state, batch, options=self.options),
+                in_shardings=(self.state_shardings, self.batch_shardings(batch)),
+                out_shardings=batch_sharding(self.mesh, self.rules, 2),
+            )
+        # Every process gets the global array: each then uploads its own rows of each update's minibatch.
+        return np.asarray(process_allgather(self._compiled_old[key](state, self.put_batch(batch)), tiled=True))

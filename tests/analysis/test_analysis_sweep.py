@@ -110,13 +110,22 @@ ABLATIONS = {
     "baseline_batch_mean": ("common", {_OBJ + "baseline"}), "baseline_none": ("common", set()),
     "il_warmup_off": ("common", {"train.il_warmup_steps"}),
     "il_term_off": ("common", {"rollout.source"}),
-    "il_term_on": ("il_term_off", {"resample.il_fallback", _OBJ + "il_weight"}),
+    "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
     "flash_reinforce": ("common", {_OBJ + k for k in ("baseline", "credit", "gamma", "is_apply_to", "is_clip_max",
                                                       "is_level", "mismatch_level", "trust_region_level")}),
     "grpo": ("common", {"rollout.group_size", _OBJ + "baseline"}),
     "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}), "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
+    # The staleness_offpolicy preset: lag x mismatch correction x old log-probs, on the negative branch's base.
+    "offpolicy_lag0": ("common_negatives", set()),
+    "offpolicy_lag0_nomismatch": ("offpolicy_lag0", {_OBJ + "mismatch_level"}),
+    "offpolicy_lag0_recompute": ("offpolicy_lag0", {_OBJ + "old_logprobs"}),
+    "offpolicy_lag0_recompute_nomismatch": ("offpolicy_lag0_recompute", {_OBJ + "mismatch_level"}),
+    "offpolicy_lag4": ("offpolicy_lag0", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "offpolicy_lag4_nomismatch": ("offpolicy_lag4", {_OBJ + "mismatch_level"}),
+    "offpolicy_lag4_recompute": ("offpolicy_lag4", {_OBJ + "old_logprobs"}),
+    "offpolicy_lag4_recompute_nomismatch": ("offpolicy_lag4_recompute", {_OBJ + "mismatch_level"}),
 }
 
 
@@ -143,6 +152,10 @@ def test_every_ablation_config_changes_one_thing():
     assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf
     assert _flat_resolved("lag8_tr")["queue.forced_lag"] == 8
+    stale = _flat_resolved("offpolicy_lag4_recompute_nomismatch")
+    assert (stale["queue.forced_lag"], stale[_OBJ + "old_logprobs"], stale[_OBJ + "mismatch_level"]) == \
+        (4, "recompute", "none")
+    assert _flat_resolved("il_term_on")["resample.il_whole_episode"] is True
     assert _flat_resolved("grpo")[_OBJ + "baseline"] == "group_mean"
     flash = _flat_resolved("flash_reinforce")
     assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == \

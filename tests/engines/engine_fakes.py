@@ -54,10 +54,14 @@ def write_fake_weights(path: str, offset: int) -> str:
 
 class FakeEngine(Engine):
     """Engine semantics of EmbeddedEngine (pause holds in place, abort ends with partial output) on a toy model
-    that sleeps `step_s` per token."""
+    that sleeps `step_s` per token. A weight update takes `update_delay_s`; `poisoned` makes every log-prob
+    positive (every trajectory sampled from it is invalid)."""
 
-    def __init__(self, step_s: float = 0.0, offset: int = 0, weight_version: int = 0):
+    def __init__(self, step_s: float = 0.0, offset: int = 0, weight_version: int = 0, update_delay_s: float = 0.0,
+                 poisoned: bool = False):
         self.step_s = step_s
+        self.update_delay_s = update_delay_s
+        self.poisoned = poisoned
         self.offset = offset
         self._version = weight_version
         self._paused = False
@@ -88,7 +92,7 @@ class FakeEngine(Engine):
                     await self._event().wait()  # held here while paused
                 if state["aborted"]:
                     routed = fake_routed(len(prompt) + len(tokens)) if p.return_routed_experts and tokens else None
-                    logprobs = [token_logprob(t) for t in tokens]
+                    logprobs = [self._logprob(t) for t in tokens]
                     return GenerationResult(tokens, logprobs, "abort", None, self._version, routed)
                 if len(tokens) >= p.max_new_tokens:
                     reason, matched = "length", None
@@ -103,7 +107,7 @@ class FakeEngine(Engine):
                     reason, matched = "stop", t
                     break
             routed = fake_routed(len(prompt) + len(tokens)) if p.return_routed_experts else None
-            return GenerationResult(tokens, [token_logprob(t) for t in tokens], reason, matched, self._version, routed)
+            return GenerationResult(tokens, [self._logprob(t) for t in tokens], reason, matched, self._version, routed)
         finally:
             del self._active[rid]
             self.finished.append(rid)
@@ -116,9 +120,19 @@ class FakeEngine(Engine):
         rids = request_ids or [f"fake-{id(prompts)}-{i}" for i in range(len(prompts))]
         return list(await asyncio.gather(*(self._one(pr, p, r) for pr, p, r in zip(prompts, plist, rids))))
 
+    def _logprob(self, token: int) -> float:
+        return token_logprob(token) + (1.0 if self.poisoned else 0.0)
+
     async def update_weights(self, path: str, version: int) -> None:
-        with open(os.path.join(path, "fake_weights.json")) as f:
-            self.offset = json.load(f)["offset"]
+        """Reads the offset of `write_fake_weights`; any other folder (a learner's HF weights, which this toy model
+        cannot run) only changes the version."""
+        await asyncio.sleep(self.update_delay_s)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no weights folder {path}")
+        fake = os.path.join(path, "fake_weights.json")
+        if os.path.exists(fake):
+            with open(fake) as f:
+                self.offset = json.load(f)["offset"]
         self._version = version
 
     async def pause(self) -> None:

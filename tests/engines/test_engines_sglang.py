@@ -17,7 +17,7 @@ from engine_fakes import (
 
 from ipa_jax.engines import EngineError, SamplingParams, SGLangEngine, SGLangHTTPError
 from ipa_jax.engines.devserver import KNOWN_SAMPLING_KEYS
-from ipa_jax.engines.sglang import SENT_SAMPLING_KEYS, to_sglang_sampling_params
+from ipa_jax.engines.sglang import SENT_SAMPLING_KEYS, PoolUnavailable, to_sglang_sampling_params
 
 FAST = dict(backoff_s=0.05, max_backoff_s=0.2, probe_interval_s=0.1, down_after_failures=2, request_timeout_s=30)
 
@@ -191,9 +191,9 @@ def test_all_servers_down_raises_naming_urls():
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     async def go():
-        eng = SGLangEngine([dead], **{**FAST, "max_attempts": 3})
-        try:
-            with pytest.raises(EngineError, match=dead.replace(".", r"\.")):
+        eng = SGLangEngine([dead], **{**FAST, "max_attempts": 3, "outage_budget_s": 0.3})
+        try:  # once it is marked down, the request waits for it for the outage budget, then gives up
+            with pytest.raises(PoolUnavailable, match=dead.replace(".", r"\.")):
                 await eng.generate([[1]], SamplingParams(2))
             assert not await eng.health()
         finally:

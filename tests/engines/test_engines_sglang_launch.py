@@ -35,6 +35,13 @@ def test_build_commands_flags_and_gpu_assignment():
     assert "--enable-return-routed-experts" not in plain and "--skip-tokenizer-init" in plain
 
 
+def test_the_api_key_is_passed_and_never_shown():
+    (cmd,) = m.build_commands(m.LaunchConfig("/m", ("http://h:1",), api_key="s3cret"), python="py")
+    assert cmd[cmd.index("--api-key") + 1] == "s3cret"
+    assert "s3cret" not in m.shown(cmd) and "--api-key ***" in m.shown(cmd)
+    assert "--api-key" not in m.build_commands(m.LaunchConfig("/m", ("http://h:1",)), python="py")[0]
+
+
 @pytest.mark.parametrize(
     "kw, fragment",
     [
@@ -68,7 +75,7 @@ def test_script_dry_run_reads_the_config():
     out = subprocess.run(
         [sys.executable, SCRIPT, "--config=configs/base.py", "--config.model.path=/ckpt",
          f"--config.rollout.sglang_urls={urls}", "--config.model.routing_replay=True", "--dry_run"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "SGLANG_API_KEY": "s3cret"},
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -76,3 +83,4 @@ def test_script_dry_run_reads_the_config():
     assert all("-m sglang.launch_server --model-path /ckpt" in line for line in lines)
     assert "--port 31000" in lines[0] and "--port 31001" in lines[1] and "--base-gpu-id 1" in lines[1]
     assert all("--enable-return-routed-experts" in line for line in lines)
+    assert all("--api-key ***" in line for line in lines) and "s3cret" not in out.stdout  # from rollout.api_key_env

@@ -211,19 +211,22 @@ def test_reward_file_and_exit_status(backend):
 def test_close_kills_a_running_command_and_deletes_the_workspace(backend):
     marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
     box = backend.create()
-    errors = []
+    outcomes = []
 
     def run():
         try:
-            box.run(f"exec -a {marker} sleep 300")
+            outcomes.append(box.run(f"exec -a {marker} sleep 300", timeout_s=60))
         except SandboxError as e:
-            errors.append(e)
+            outcomes.append(e)
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20
+    while not host_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes(marker), outcomes  # the command is running
     box.close()
-    thread.join(5)
-    assert not thread.is_alive() and len(errors) == 1
+    thread.join(10)
+    assert not thread.is_alive() and len(outcomes) == 1 and isinstance(outcomes[0], SandboxError), outcomes
     assert host_processes(marker) == [] and os.listdir(backend.root) == []
     with pytest.raises(SandboxError, match="closed"):
         box.run("true")

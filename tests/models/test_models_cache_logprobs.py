@@ -8,7 +8,7 @@ from flax import nnx
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.models import init_kv_cache, init_model, token_logprobs
-from ipa_jax.models.layers import attend
+from ipa_jax.models.attention import reference_attention, visible_keys
 
 B, T = 3, 11
 _token_logprobs = nnx.jit(token_logprobs, static_argnames=("return_entropy", "block_size"))
@@ -84,7 +84,7 @@ def test_attention_query_blocks_equal_reference():
     want = _np_attention(q, k, v, pos, pos, valid, 8**-0.5)
 
     def value_and_grads(q, k, v, block):
-        f = lambda q, k, v: attend(q, k, v, pos, pos, valid, 8**-0.5, block)  # noqa: E731
+        f = lambda q, k, v: reference_attention(q, k, v, visible_keys(pos, pos, valid), 8**-0.5, block)  # noqa: E731
         return f(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), (0, 1, 2))(q, k, v)
 
     value_and_grads = jax.jit(value_and_grads, static_argnums=3)

@@ -1,4 +1,5 @@
-"""MoE router and dropless dispatch: dense reference vs ragged path vs float64 NumPy; routing replay; aux losses."""
+"""MoE router and dropless dispatch: dense reference vs ragged and blocked paths vs float64 NumPy, the blocked path
+in a sharded model on 8 fake devices (forward and gradients); routing replay and aux losses."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +8,17 @@ import pytest
 from flax import nnx
 from tiny_models import tiny_qwen3_config
 
-from ipa_jax.models import init_model
-from ipa_jax.models.moe import SparseMoeBlock, route, swiglu_experts_dense, swiglu_experts_ragged
+from ipa_jax.models import MeshConfig, batch_sharding, init_model, make_mesh
+from ipa_jax.models.moe import (
+    DISPATCH,
+    MoeDispatch,
+    SparseMoeBlock,
+    expert_block_rows,
+    expert_blocks,
+    moe_dispatch,
+    resolve_moe_impl,
+    route,
+)
 
 N, H, W, E, K = 24, 16, 8, 6, 2
 
@@ -51,22 +61,33 @@ def _loss(fn, x, experts, weights, wg, wu, wd):
 
 # One compile per path, shared by every routing (same shapes).
 _DISPATCH_GRADS = {name: jax.jit(jax.value_and_grad(lambda *a, fn=fn: _loss(fn, *a), argnums=(0, 2, 3, 4, 5)))
-                   for name, fn in (("dense", swiglu_experts_dense), ("ragged", swiglu_experts_ragged))}
-_DISPATCH = {"dense": jax.jit(swiglu_experts_dense), "ragged": jax.jit(swiglu_experts_ragged)}
+                   for name, fn in DISPATCH.items()}
+_DISPATCH = {name: jax.jit(fn) for name, fn in DISPATCH.items()}
 
 
 @pytest.mark.parametrize("routing", list(_routings()))
-def test_dense_and_ragged_agree_and_drop_nothing(expert_weights, routing):
+def test_dispatch_paths_agree_and_drop_nothing(expert_weights, routing):
     x, weights, wg, wu, wd = expert_weights
     experts = jnp.asarray(_routings()[routing], jnp.int32)
     want = _np_experts(x, experts, weights, wg, wu, wd)
-    dense = _DISPATCH["dense"](x, experts, weights, wg, wu, wd)
-    ragged = _DISPATCH["ragged"](x, experts, weights, wg, wu, wd)
-    assert _rel(dense, want) < 1e-5 and _rel(ragged, want) < 1e-5  # every token got all its experts
     _, g_dense = _DISPATCH_GRADS["dense"](x, experts, weights, wg, wu, wd)
-    _, g_ragged = _DISPATCH_GRADS["ragged"](x, experts, weights, wg, wu, wd)
-    for gd, gr in zip(g_dense, g_ragged):
-        assert _rel(gr, gd) < 1e-5
+    for name in DISPATCH:
+        assert _rel(_DISPATCH[name](x, experts, weights, wg, wu, wd), want) < 1e-5, name  # every token got all
+        _, grads = _DISPATCH_GRADS[name](x, experts, weights, wg, wu, wd)
+        for gd, g in zip(g_dense, grads):
+            assert _rel(g, gd) < 1e-5, name
+
+
+def test_expert_blocks_hold_every_assignment_once():
+    rows = expert_block_rows(N * K, E)
+    assert rows == 8  # 48 assignments over 6 experts: the smallest block
+    for routing in _routings().values():
+        row_token, assignment_row, block_expert = (np.asarray(a) for a in expert_blocks(jnp.asarray(routing), E,
+                                                                                         rows))
+        np.testing.assert_array_equal(row_token[assignment_row], np.arange(N * K) // K)  # each row its token
+        assert len(set(assignment_row)) == N * K  # no two assignments share a row
+        np.testing.assert_array_equal(block_expert[assignment_row // rows], routing.reshape(-1))  # right expert
+        assert np.sum(row_token < N) == N * K  # the other rows are empty
 
 
 def test_router_matches_numpy():
@@ -100,7 +121,7 @@ def test_block_router_statistics_match_numpy():
     assert isinstance(block, SparseMoeBlock)
     x = jnp.asarray(np.random.RandomState(3).randn(2, 5, H), jnp.float32)
     mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-    _, stats = nnx.jit(lambda b, x, m: b(x, m, None, "ragged"))(block, x, mask)
+    _, stats = nnx.jit(lambda b, x, m: b(x, m, None, MoeDispatch("blocked")))(block, x, mask)
     logits = np.asarray(x, np.float64).reshape(10, H) @ np.asarray(block.gate[...], np.float64)
     real = np.asarray(mask).reshape(-1)
     lse = np.log(np.exp(logits).sum(-1))
@@ -113,16 +134,19 @@ def test_block_router_statistics_match_numpy():
 
 @pytest.fixture(scope="module")
 def moe_model():
-    """(params, grad_fn) of a 2-layer model (layer 1 dense); grad_fn(params, routed_experts, moe_impl) is jitted
-    once."""
+    """(params, grad_fn, own) of a 2-layer model (layer 1 dense) sharded on 8 fake devices (fsdp x expert x
+    tensor, batch of 4 rows split 4 ways); grad_fn(params, routed_experts, moe_impl) is jitted once per path:
+    routed_experts `own` (all -1) keeps the router's own choice."""
     cfg = tiny_qwen3_config(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,),
                             num_experts=8, num_experts_per_tok=2)
-    model = init_model(cfg, seed=4)
+    mesh = make_mesh(MeshConfig(1, 2, 2, 2))
+    model = init_model(cfg, seed=4, mesh=mesh)
     # Larger router weights give confident, non-uniform routing (init std 0.02 makes all experts tie).
     for i in cfg.moe_layers:
         model.layers[i].mlp.gate[...] = model.layers[i].mlp.gate[...] * 50
-    ids = jnp.asarray(np.random.RandomState(5).randint(0, cfg.vocab_size, (2, 9)), jnp.int32)
-    mask = jnp.asarray([[1] * 9, [1] * 6 + [0] * 3], bool)
+    data = batch_sharding(mesh)
+    ids = jax.device_put(jnp.asarray(np.random.RandomState(5).randint(0, cfg.vocab_size, (4, 9)), jnp.int32), data)
+    mask = jax.device_put(jnp.arange(9)[None] < jnp.asarray([[9], [6], [9], [2]]), data)
     graphdef, params = nnx.split(model, nnx.Param)
 
     def loss(params, routed_experts, moe_impl):
@@ -131,30 +155,48 @@ def moe_model():
         return nll + out.aux["load_balancing_loss"] + out.aux["router_z_loss"], out
 
     grad_fn = jax.jit(jax.grad(loss, has_aux=True), static_argnums=2)
-    return params, grad_fn
+    return params, grad_fn, jnp.full((4, 9, 2, 2), -1, jnp.int32)
 
 
-def test_model_dense_and_ragged_paths_agree(moe_model):
-    params, grad_fn = moe_model
-    g_ragged, out_ragged = grad_fn(params, None, "ragged")
-    g_dense, out_dense = grad_fn(params, None, "dense")
-    assert _rel(out_ragged.logits, out_dense.logits) < 1e-5
-    for (path, a), (_, b) in zip(nnx.to_flat_state(g_ragged), nnx.to_flat_state(g_dense)):
-        assert _rel(a[...], b[...]) < 1e-5, path
+def _assert_same_grads(got, want, tol=1e-5):
+    for (path, a), (_, b) in zip(nnx.to_flat_state(got), nnx.to_flat_state(want)):
+        assert _rel(a[...], b[...]) < tol, path
+
+
+def test_sharded_blocked_model_equals_dense_reference(moe_model, path="blocked"):
+    params, grad_fn, own = moe_model
+    g_ref, out_ref = grad_fn(params, own, "dense")
+    g_path, out_path = grad_fn(params, own, path)
+    assert _rel(out_path.logits, out_ref.logits) < 1e-5
+    for name in ("load_balancing_loss", "router_z_loss"):
+        np.testing.assert_allclose(float(out_path.aux[name]), float(out_ref.aux[name]), rtol=1e-6)
+    _assert_same_grads(g_path, g_ref)
+    # Routing replay of the reference's own experts on this path: the same function.
+    g_replay, out_replay = grad_fn(params, out_ref.aux["routed_experts"], path)
+    assert _rel(out_replay.logits, out_ref.logits) < 1e-5
+    _assert_same_grads(g_replay, g_ref)
+
+
+def test_auto_is_blocked_on_cpu_and_tokens_group_by_batch_shard():
+    assert resolve_moe_impl("auto") == "blocked"
+    assert moe_dispatch("blocked", 4) == MoeDispatch("blocked", 4)
+    assert moe_dispatch("ragged", 4) == MoeDispatch("ragged", 1)  # ragged_dot cannot be vmapped over groups
+    with pytest.raises(ValueError, match="moe_impl"):
+        resolve_moe_impl("sparse")
 
 
 def test_routing_replay(moe_model):
-    params, grad_fn = moe_model
-    g_own, out_own = grad_fn(params, None, "ragged")
+    params, grad_fn, own = moe_model
+    g_own, out_own = grad_fn(params, own, "blocked")
     routed = out_own.aux["routed_experts"]
-    assert routed.shape == (2, 9, 2, 2) and bool(jnp.all(routed[:, :, 1] == -1))  # layer 1 is dense
-    g_replay, out_replay = grad_fn(params, routed, "ragged")
+    assert routed.shape == (4, 9, 2, 2) and bool(jnp.all(routed[:, :, 1] == -1))  # layer 1 is dense
+    g_replay, out_replay = grad_fn(params, routed, "blocked")
     np.testing.assert_array_equal(np.asarray(out_replay.logits), np.asarray(out_own.logits))
     for (path, a), (_, b) in zip(nnx.to_flat_state(g_own), nnx.to_flat_state(g_replay)):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-6, atol=1e-7, err_msg=str(path))
     # Replaying other experts changes the output, uses exactly those experts, and still trains the router.
     other = jnp.where(routed >= 0, (routed + 1) % 8, routed)
-    g_other, out_other = grad_fn(params, other, "ragged")
+    g_other, out_other = grad_fn(params, other, "blocked")
     np.testing.assert_array_equal(np.asarray(out_other.aux["routed_experts"]), np.asarray(other))
     assert _rel(out_other.logits, out_own.logits) > 1e-3
     assert float(jnp.abs(g_other["layers"][0]["mlp"]["gate"][...]).max()) > 0

@@ -30,6 +30,11 @@ class Reference:
     kl: np.ndarray  # [B, T] Bernoulli KL proxy on action tokens
     acceptance_rate: float  # admitted rows (chunks at chunk level) / rows (chunks)
     scale_magnitude: float  # sum of |loss contributions| (the size float32 round-off is relative to)
+    negatives: np.ndarray  # [B] bool, the rows the policy ratio applies to under is_apply_to="negatives"
+    mismatch_ratio: np.ndarray  # [B, T] the mismatch ratio at its level on action tokens
+    mismatch_dropped: int  # action tokens dropped by the mismatch range mask or the probability-difference filter
+    mismatch_capped: int  # kept tokens whose mismatch weight was capped
+    clipped: int  # kept tokens whose policy ratio was truncated
 
 
 def advantages(rewards, baseline, group_ids=None, rl_rows=None):
@@ -52,15 +57,26 @@ def bernoulli_kl(b, l):
     return p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
 
 
-def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, entropies=None, failures=None):
+def at_level(v, ck, level):
+    """A row's token values v [n] -> the mean over each token's unit at `level` (ck: the tokens' chunk ids)."""
+    return {"none": np.zeros(len(v)), "token": v, "chunk": np.array([v[ck == k].mean() for k in ck]),
+            "sequence": np.full(len(v), v.mean())}[level]
+
+
+def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, entropies=None, failures=None,
+              old=None):
+    """Policy ratio l / p and mismatch ratio q / b: p = q = old when given, else p = b, q = l."""
     l = np.asarray(l, np.float64)
     b = np.asarray(b, np.float64)
+    o = None if old is None else np.asarray(old, np.float64)
     B, T = l.shape
     adv = advantages(rewards, cfg.baseline, group_ids, np.asarray(action).any(axis=1))
-    out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale")}
+    negatives = adv < 0 if cfg.sign_by == "advantage" else np.asarray(rewards, np.float64) <= 0
+    out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale", "mismatch_ratio")}
     seq_kl, admitted, retained = np.zeros(B), np.ones(B, bool), np.zeros(B, int)
     keep_all, kl_all = np.zeros((B, T), bool), np.zeros((B, T))
     rows_with_actions, chunks, chunks_admitted = 0, 0, 0
+    counts = {"dropped": 0, "capped": 0, "clipped": 0}
     for i in range(B):
         acts = np.flatnonzero(action[i])
         n = len(acts)
@@ -69,15 +85,16 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
         rows_with_actions += 1
         ck = chunk_ids[i, acts] if chunk_ids is not None else np.zeros(n, int)
         K = ck.max() + 1
-        x = l[i, acts] - b[i, acts]
+        proximal = b[i, acts] if o is None else o[i, acts]
+        learner = l[i, acts] if o is None else o[i, acts]
+
         if cfg.credit == "chunk":
             G = cfg.gamma ** (K - 1 - ck) * adv[i]
         elif cfg.credit == "token":
             G = cfg.gamma ** (n - 1 - np.arange(n)) * adv[i]
         else:
             G = np.full(n, adv[i])
-        chunk_mean_x = np.array([x[ck == k].mean() for k in ck])
-        d = bernoulli_kl(b[i, acts], l[i, acts])
+        d = bernoulli_kl(proximal, l[i, acts])
         seq_kl[i] = max(d.mean(), 0.0)
         keep = np.ones(n, bool)
         if cfg.trust_region_level == "sequence":
@@ -89,33 +106,41 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
             admitted[i] = keep.all()
             chunks_admitted += sum(bool(keep[ck == k][0]) for k in range(K))
         chunks += K
-        level_x = {"none": np.zeros(n), "token": x, "chunk": chunk_mean_x, "sequence": np.full(n, x.mean())}
+        mismatch = np.exp(at_level(learner - b[i, acts], ck, cfg.mismatch_level))
+        mismatch_keep = np.ones(n, bool)
         if cfg.mismatch_level != "none":
-            ratio = np.exp(level_x[cfg.mismatch_level])
-            keep &= (ratio >= cfg.mismatch_range[0]) & (ratio <= cfg.mismatch_range[1])
-        is_failure = adv[i] < 0 if failures is None else failures[i]
+            mismatch_keep &= (mismatch >= cfg.mismatch_range[0]) & (mismatch <= cfg.mismatch_range[1])
+            prob_diff = at_level(np.exp(learner) - np.exp(b[i, acts]), ck, cfg.mismatch_level)
+            mismatch_keep &= np.abs(prob_diff) <= cfg.mismatch_prob_diff
+        counts["dropped"] += int((~mismatch_keep).sum())
+        keep &= mismatch_keep
+        is_failure = negatives[i] if failures is None else failures[i]
         if cfg.negative_token_fraction < 1 and is_failure:
             k_keep = math.ceil(Fraction(str(cfg.negative_token_fraction)) * n)
             order = np.argsort(-np.asarray(entropies[i, acts], np.float64), kind="stable")
             top = np.zeros(n, bool)
             top[order[:k_keep]] = True
             keep &= top
-        rho = np.exp(level_x[cfg.is_level])
-        if cfg.is_apply_to == "negatives" and adv[i] >= 0:
-            rho = np.ones(n)
-        if cfg.is_clip_max is not None:
+        applies = cfg.is_apply_to == "all" or negatives[i]  # positives keep rho = 1 under "negatives"
+        rho = np.exp(at_level(l[i, acts] - proximal, ck, cfg.is_level)) if applies else np.ones(n)
+        if cfg.is_clip_max is not None and applies:
+            counts["clipped"] += int((keep & (rho > cfg.is_clip_max)).sum())
             rho = np.minimum(rho, cfg.is_clip_max)
-        w = np.where(keep, rho * G, 0.0)
+        capped = mismatch > cfg.mismatch_is_cap
+        counts["capped"] += int((keep & capped).sum())
+        c = np.minimum(mismatch, cfg.mismatch_is_cap) if math.isfinite(cfg.mismatch_is_cap) else np.ones(n)
+        w = np.where(keep, rho * c * G, 0.0)
         if cfg.aggregation == "sample_mean":
-            scale = np.full(n, 1.0 / n)
+            scale = np.full(n, 1.0 / (max(keep.sum(), 1) if cfg.row_denominator == "kept" else n))
         elif cfg.aggregation == "chunk_mean":
             scale = np.array([1.0 / (K * (ck == k).sum()) for k in ck])
         else:
             scale = np.ones(n)
         out["weights"][i, acts] = w
         out["returns"][i, acts] = G
-        out["chunk_ratios"][i, acts] = np.exp(chunk_mean_x)
+        out["chunk_ratios"][i, acts] = np.exp(at_level(l[i, acts] - b[i, acts], ck, "chunk"))
         out["scale"][i, acts] = scale
+        out["mismatch_ratio"][i, acts] = mismatch
         retained[i] = keep.sum()
         keep_all[i, acts], kl_all[i, acts] = keep, d
     den_rl = float(action.sum()) if cfg.aggregation == "token_mean" else float(rows_with_actions)
@@ -134,7 +159,9 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
     return Reference(keep=keep_all, kl=kl_all, acceptance_rate=acceptance, loss=loss, num_rl=num_rl, den_rl=den_rl,
                      num_il=num_il, den_il=den_il, grad=grad,
                      weights=out["weights"], returns=out["returns"], chunk_ratios=out["chunk_ratios"],
-                     sequence_kl=seq_kl, admitted=admitted, retained=retained, scale_magnitude=magnitude)
+                     sequence_kl=seq_kl, admitted=admitted, retained=retained, scale_magnitude=magnitude,
+                     negatives=negatives, mismatch_ratio=out["mismatch_ratio"], mismatch_dropped=counts["dropped"],
+                     mismatch_capped=counts["capped"], clipped=counts["clipped"])
 
 
 def random_batch(rng: np.random.Generator, B: int = 4, T: int = 32, drift: float | None = None,

@@ -8,7 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_loss, ipa_loss, validate_objective_inputs
+from ipa_jax.objectives import (
+    ObjectiveConfig,
+    flash_reinforce_loss,
+    ipa_loss,
+    policy_loss,
+    validate_objective_inputs,
+)
 
 
 def good():
@@ -101,7 +107,14 @@ def test_inputs_the_config_needs():
     ("credit", "turn", "ObjectiveConfig.credit"),
     ("is_level", "seq", "ObjectiveConfig.is_level"),
     ("is_apply_to", "positives", "ObjectiveConfig.is_apply_to"),
-    ("mismatch_level", "sequence", "ObjectiveConfig.mismatch_level"),
+    ("mismatch_level", "row", "ObjectiveConfig.mismatch_level"),
+    ("old_logprobs", "proximal", "ObjectiveConfig.old_logprobs"),
+    ("sign_by", "score", "ObjectiveConfig.sign_by"),
+    ("row_denominator", "kept_tokens", "ObjectiveConfig.row_denominator"),
+    ("row_denominator", "kept", "ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean"),
+    ("mismatch_is_cap", 0.0, r"ObjectiveConfig.mismatch_is_cap: must be > 0"),
+    ("mismatch_is_cap", float("nan"), "ObjectiveConfig.mismatch_is_cap"),
+    ("mismatch_prob_diff", -0.1, r"ObjectiveConfig.mismatch_prob_diff: must be >= 0"),
     ("trust_region_level", "token", "ObjectiveConfig.trust_region_level"),
     ("aggregation", "mean", "ObjectiveConfig.aggregation"),
     ("gamma", 0.0, "ObjectiveConfig.gamma: must be in"),
@@ -116,8 +129,36 @@ def test_inputs_the_config_needs():
     ("il_weight", float("inf"), "ObjectiveConfig.il_weight"),
 ])
 def test_config_rejects_bad_values(field, value, message):
+    base = ObjectiveConfig(aggregation="token_mean") if field == "row_denominator" else ObjectiveConfig()
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(ObjectiveConfig(), **{field: value})
+        dataclasses.replace(base, **{field: value})
+
+
+def test_mismatch_corrections_need_a_mismatch_level_and_none_means_off():
+    for field in ("mismatch_is_cap", "mismatch_prob_diff"):
+        with pytest.raises(ValueError, match=f"ObjectiveConfig.{field}: a mismatch correction needs"):
+            ObjectiveConfig(mismatch_level="none", **{field: 0.5})
+        assert getattr(ObjectiveConfig(**{field: None}), field) == float("inf")  # None and inf: off, stored as inf
+    assert ObjectiveConfig(mismatch_level="none", mismatch_is_cap=None) == ObjectiveConfig(mismatch_level="none")
+
+
+def test_old_log_probs_are_given_exactly_when_the_config_recomputes():
+    batch = good()
+    recompute = ObjectiveConfig(old_logprobs="recompute")
+    with pytest.raises(ValueError, match="old_log_probs: required for old_logprobs='recompute'"):
+        validate_objective_inputs(**batch, config=recompute)
+    with pytest.raises(ValueError, match="old_log_probs: must be None for old_logprobs='behavior'"):
+        validate_objective_inputs(**batch, config=ObjectiveConfig(), old_log_probs=batch["log_probs"])
+    validate_objective_inputs(**batch, config=recompute, old_log_probs=batch["log_probs"])
+    with pytest.raises(ValueError, match="old_log_probs: shape"):
+        validate_objective_inputs(**batch, config=recompute, old_log_probs=batch["log_probs"][:, :4])
+    with pytest.raises(ValueError, match="old_log_probs: action log-prob nan at row 1"):
+        validate_objective_inputs(**batch, config=recompute,
+                                  old_log_probs=np.where(batch["action_mask"] & (np.arange(2) == 1)[:, None], np.nan,
+                                                         batch["log_probs"]))
+    with pytest.raises(ValueError, match="old_log_probs: required"):  # the jitted objective checks it too
+        jax.jit(lambda x: policy_loss(x, batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
+                                      batch["chunk_ids"], config=recompute))(batch["log_probs"])
 
 
 def test_config_is_hashable_and_normalises_lists():

@@ -12,7 +12,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from ipa_jax.models import MeshConfig
-from ipa_jax.objectives import ObjectiveConfig, flash_reinforce_config
+from ipa_jax.objectives import PRESETS, ObjectiveConfig, flash_reinforce_config
 from ipa_jax.pipeline import ExperimentConfig
 from ipa_jax.pipeline.config import (
     OBJECTIVE_FIELDS,
@@ -86,7 +86,14 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("objective.gamma=1.5", "gamma"),
     ("objective.aggregation='sample_men'", "aggregation"),
     ("objective.trust_region_delta=-1.0", "trust_region_delta"),
+    ("objective.old_logprobs='proximal'", "objective.old_logprobs"),
+    ("objective.sign_by='score'", "objective.sign_by"),
+    ("objective.mismatch_is_cap=0.0", "objective.mismatch_is_cap"),
+    ("objective.mismatch_prob_diff=-0.1", "objective.mismatch_prob_diff"),
+    ("objective.row_denominator='all'", "objective.row_denominator"),
     ("optimizer.lr=0.0", "optimizer.lr"),
+    ("optimizer.lr=inf", "optimizer.lr"),  # every parameter non-finite after one step
+    ("optimizer.eps=inf", "optimizer.eps"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio"),
     ("train.microbatches=3", "train.microbatches"),
     ("train.il_warmup_steps=100", "train.il_warmup_steps"),
@@ -96,6 +103,13 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("rollout.engine='sglang'", "rollout.sglang_urls"),
     ("rollout.top_p=0.0", "rollout.top_p"),
     ("rollout.max_context=100", "rollout.max_context"),
+    ("rollout.request_timeout_s=0.0", "rollout.request_timeout_s"),
+    ("rollout.control_timeout_s=inf", "rollout.control_timeout_s"),
+    ("rollout.outage_budget_s=-1.0", "rollout.outage_budget_s"),
+    ("rollout.min_sync_servers=2", "rollout.min_sync_servers"),  # more than the pool's URLs
+    ("rollout.keep_weight_folders=0", "rollout.keep_weight_folders"),
+    ("queue.stall_timeout_s=-5.0", "queue.stall_timeout_s"),
+    ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
     ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
     ("model.moe_impl='fast'", "model.moe_impl"),
     ("model.routing_replay=True", "model.routing_replay"),  # dense model
@@ -132,6 +146,19 @@ def test_preset_then_explicit_fields():
     assert validate(c).objective == dataclasses.replace(flash_reinforce_config(), trust_region_delta=1e-3)
     c = load_config(TINY, ["objective.preset=custom"])
     assert validate(c).objective == ObjectiveConfig()
+
+
+def test_every_published_preset_and_off_policy_field_is_reachable_from_the_config():
+    for name, preset in PRESETS.items():
+        assert validate(load_config(TINY, [f"objective.preset={name}"])).objective == preset
+    fields = dict(old_logprobs="recompute", sign_by="reward", mismatch_level="sequence", mismatch_is_cap=1.2,
+                  mismatch_prob_diff=0.2, row_denominator="kept")
+    exp = validate(load_config(TINY, [f"objective.{k}={v}" for k, v in fields.items()]))
+    assert exp.objective == dataclasses.replace(OBJECTIVE_PRESETS["ipa"], **fields)
+    assert validate(config_from_dict(exp.to_dict())) == exp
+    help_text = format_config_help()
+    assert all(name in help_text for name in PRESETS)
+    assert "objective.mismatch_is_cap" in help_text and "objective.row_denominator" in help_text
 
 
 def test_override_parsing_and_env_kwargs(tmp_path):
@@ -211,3 +238,13 @@ def test_config_files_load_from_any_directory(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "credit='token'" in out.stdout
+
+
+def test_learner_side_model_fields_reach_the_model_config():
+    from ipa_jax.pipeline.build import model_config
+
+    exp = validate(load_config(TINY, {"model.scan_layers": True, "model.moe_impl": "blocked", "model.remat": "full",
+                                      "model.attention_impl": "reference"}))
+    qwen = model_config(exp.model)
+    assert (qwen.scan_layers, qwen.moe_impl, qwen.remat_policy, qwen.attention_impl) == (True, "blocked", "full",
+                                                                                         "reference")

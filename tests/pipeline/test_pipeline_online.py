@@ -195,6 +195,25 @@ def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):
     assert rows[1]["policy_lag_mean"] == 1.0
 
 
+def test_ipa_roll_preset_trains_online_and_logs_both_ratios(tmp_path, tokenizer_dir):
+    """ROLL's recipe (recomputed old log-probs, sign by reward, kept-token row mean) through the queue, on
+    trajectories one update stale: the policy ratio is the learner's own (1 with one update per batch), the
+    mismatch ratio (old / behaviour) carries the staleness. (The one IL step moves the weights: the random policy's
+    rewards are all 0, so its RL steps would not.)"""
+    run_dir = tmp_path / "run"
+    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 3, "train.il_warmup_steps": 1,
+                                "objective.preset": "ipa_roll", "queue.forced_lag": 1, "queue.max_policy_lag": 1,
+                                "optimizer.warmup_steps": 0, "optimizer.warmup_ratio": 0.0}))
+    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["il_loss"] > 0 and rows[0]["lr"] > 0
+    for r in rows[1:]:  # RL on trajectories of the weights one update before the learner's
+        assert r["policy_lag_mean"] == 1.0 and np.isfinite(r["loss"]) and r["skipped"] == 0
+        assert r["is_ratio_mean"] == 1.0 and r["clip_fraction"] == 0
+        assert 0 < r["mismatch_ratio_mean"] < np.inf and abs(r["mismatch_ratio_mean"] - 1) > 1e-4
+        assert 0 <= r["mismatch_masked_fraction"] <= 1 and r["mismatch_capped_fraction"] == 0  # no weight cap
+    assert rows[1]["mismatch_abs"] > 1e-4  # the IL step moved the learner away from the sampler's weights
+
+
 def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, tokenizer_dir):
     """The README's own-environment example, as written there, registered through env.module (a file path) and
     trained for one IL and one RL step."""

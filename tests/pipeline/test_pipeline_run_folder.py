@@ -36,7 +36,8 @@ TRAIN = (  # train_step's metrics and the learner's own numbers about the update
     "loss", "rl_loss", "il_loss", "grad_norm", "lr", "skipped", "skipped_total", "reward_mean", "reward_std",
     "advantage_mean", "advantage_std", "advantage_min", "advantage_max", "admitted_fraction", "kept_token_fraction",
     "il_rows", "il_greedy_match", "kept_chunk_fraction", "is_ratio_mean", "is_ratio_max", "clip_fraction",
-    "mismatch_abs", "mismatch_kl", "chunks_mean", "chunks_max", "action_tokens", "real_tokens", "nonfinite_weights",
+    "mismatch_abs", "mismatch_kl", "mismatch_ratio_mean", "mismatch_masked_fraction", "mismatch_capped_fraction",
+    "chunks_mean", "chunks_max", "action_tokens", "real_tokens", "nonfinite_weights",
     "load_balancing_loss", "router_z_loss", "entropy", "dropped_trajectories", "dropped_total", "policy_lag_mean",
     "policy_lag_max", "rl_start",
 )
@@ -44,7 +45,8 @@ PERF = ("step_time_s", "tokens_per_s", "mfu", "seq_len")
 EVAL = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s")
 ROLLOUT = ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed")
 RESAMPLE = ("episodes", "success_rate", "il_groups", "rollback_moves", "rollback_anchor_frac", "tasks_at_start")
-QUEUE = ("depth", "dropped_total", "dropped_stale", "lag_taken_mean", "put_per_s", "admitted_fraction")
+QUEUE = ("depth", "dropped_total", "dropped_stale", "dropped_invalid", "dropped_duplicate", "lag_taken_mean",
+         "put_per_s", "admitted_fraction")
 EXPECTED_TAGS = {
     **{name: f"train/{name}" for name in TRAIN},
     **{name: f"perf/{name}" for name in PERF},
@@ -168,6 +170,24 @@ def test_tensorboard_tags_are_grouped_and_metrics_jsonl_keeps_flat_names(tmp_pat
         "rollout/success_rate": {1: 0.25, 2: 0.5},
         "eval/success": {2: 0.75},
     }
+
+
+def test_weight_folders_are_pruned_around_the_current_version(tmp_path):
+    folder = RunFolder(tmp_path)
+    for version in (1, 2, 3, 4, 9):  # 9: synced by a killed run after the checkpoint the rerun resumed from
+        os.makedirs(folder.weights_dir(version))
+    folder.prune_weights(keep=2, current=4)
+    assert sorted(os.listdir(folder.file("weights"))) == ["v00000003", "v00000004"]
+
+
+def test_the_trajectory_log_is_cut_back_to_a_count(tmp_path):
+    folder = RunFolder(tmp_path)
+    folder.append_trajectories("train", [_trajectory(i) for i in range(5)])
+    with open(folder.trajectories_path("train"), "a", encoding="utf-8") as f:
+        f.write('{"uid": "cut sh')  # a kill in the middle of a line
+    assert folder.count_trajectories("train") == 5
+    folder.truncate_trajectories("train", 3)
+    assert [t.uid for t in folder.read_trajectories("train")] == ["t0", "t1", "t2"]
 
 
 def test_resume_truncates_metrics_jsonl(tmp_path):

@@ -11,17 +11,21 @@ from tiny_pipeline import REPO, TINY
 from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
 from ipa_jax.pipeline import RunFolder, load_config, run
 from ipa_jax.pipeline.config import EnvConfig
-from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
+from ipa_jax.pipeline.tokenizer import expert_corpus
+from ipa_jax.tokenizer import build_tokenizer
 
 TERMINAL = os.path.join(REPO, "configs", "terminal_tiny.py")
 
 
 @pytest.fixture(scope="module")
 def terminal_tokenizer(tmp_path_factory):
-    """The config's tokenizer (built-in environments + the terminal suite's expert episodes), built once."""
+    """A tokenizer of the kind the config builds (built-in environments + the terminal suite's expert episodes),
+    on 8 episodes per environment and split instead of 64: each terminal expert episode runs its solution."""
     path = str(tmp_path_factory.mktemp("terminal_tok"))
     exp_env = load_config(TERMINAL).env
-    build_corpus_tokenizer(1024, EnvConfig(name=exp_env.name, kwargs=dict(exp_env.kwargs))).save_pretrained(path)
+    terminal = EnvConfig(name=exp_env.name, kwargs=dict(exp_env.kwargs))
+    corpus = expert_corpus(episodes_per_env=8, extra_envs=[terminal.make])
+    build_tokenizer(corpus, vocab_size=1024).save_pretrained(path)
     return path
 
 

@@ -1,6 +1,7 @@
 """TrajectoryQueue: exactly-once delivery under concurrency, lag admission, bounds, shutdown, stats."""
 
 import collections
+import logging
 import queue
 import random
 import threading
@@ -9,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from ipa_jax.rollout import queue as queue_module
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 
@@ -77,7 +79,8 @@ def test_many_producers_one_consumer_exactly_once_and_bounded():
 
 def test_stale_dropped_on_put_and_evicted_on_version_change():
     drops = []
-    q = TrajectoryQueue(capacity=8, max_policy_lag=2, on_drop=lambda t, r: drops.append((t.uid, r)))
+    q = TrajectoryQueue(capacity=8, max_policy_lag=2, initial_version=1,
+                        on_drop=lambda t, r: drops.append((t.uid, r)))
     assert q.put(make_traj("a", version=0)) and q.put(make_traj("b", version=1))
     q.set_version(2)  # lags 2 and 1: both still admissible
     assert len(q) == 2
@@ -85,10 +88,12 @@ def test_stale_dropped_on_put_and_evicted_on_version_change():
     assert len(q) == 1 and drops == [("a", "stale")]
     assert not q.put(make_traj("c", version=0))  # lag 3
     assert q.put(make_traj("d", version=1))  # lag 2
-    assert q.put(make_traj("e", version=5))  # from newer weights than the queue knows: lag 0
+    assert q.put(make_traj("e", version=3))  # lag 0
+    assert not q.put(make_traj("f", version=5))  # ahead of the learner's version: invalid, never trained on
+    assert "ahead of the learner's version 3" in q.stats()["last_invalid"]
     assert [t.uid for t in q.take(3)] == ["b", "d", "e"]
     s = q.stats()
-    assert s["dropped_stale"] == 2 and drops[-1] == ("c", "stale")
+    assert s["dropped_stale"] == 2 and s["dropped_invalid"] == 1 and drops[-1] == ("f", "invalid")
     assert s["lag_taken_max"] == 2 and s["lag_last_take_mean"] == pytest.approx((2 + 2 + 0) / 3)
     with pytest.raises(ValueError, match="must not decrease"):
         q.set_version(2)
@@ -202,3 +207,17 @@ def test_invalid_trajectories_are_dropped_and_named():
     assert q.put(make_traj("ok"))
     s = q.stats()
     assert s["dropped_invalid"] == 3 and s["admitted"] == 1 and s["admitted_fraction"] == 0.25
+
+
+def test_drops_are_logged_at_most_once_per_interval_with_their_reasons(caplog, monkeypatch):
+    """A poisoned producer drops thousands of trajectories a second: one line per interval, never silence."""
+    monkeypatch.setattr(queue_module, "DROP_LOG_INTERVAL_S", 0.3)
+    q = TrajectoryQueue(capacity=4, vocab_size=5)
+    with caplog.at_level(logging.WARNING, logger="ipa_jax.rollout.queue"):
+        for i in range(500):
+            assert not q.put(make_traj(f"bad-{i}", bad=True))
+        time.sleep(0.35)
+        assert not q.put(make_traj("big-token", token=7))
+    first, second = [r.getMessage() for r in caplog.records]
+    assert "dropped 1 trajectories (invalid 1)" in first and "'bad-0': field 'action_mask'" in first
+    assert "dropped 500 trajectories (invalid 500)" in second and "vocabulary" in second

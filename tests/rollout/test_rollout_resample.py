@@ -101,10 +101,9 @@ def experts(tasks):
     return [expert_from_messages(make_env(t.env).expert(t), t) for t in tasks]
 
 
-def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_other: float, seed: int = 0):
-    """Plays the expert except that at each turn it answers "wrong" (reward 0) with probability p_fail_fork
-    at expert chunk `fork_chunk` and p_fail_other elsewhere: success after anchor j is
-    prod_{k >= j} (1 - p_k), which jumps at anchor fork_chunk + 1."""
+def failure_script(chat, tasks, p_fail, seed: int = 0):
+    """Plays the expert except that at expert chunk k (the answer is chunk K) it answers "wrong" (reward 0) with
+    probability p_fail(k), read when the turn is played (so a test can change it between rounds)."""
     rng = random.Random(seed)
     texts = {t.prompt: expert_turn_texts(make_env(t.env), t) for t in tasks}
 
@@ -112,11 +111,17 @@ def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_othe
         text = chat.decode(prompt)
         turns = next(v for k, v in texts.items() if f"user\n{k}<|im_end|>" in text)
         turn = text.count("<|im_start|>assistant\n") - 1
-        if rng.random() < (p_fail_fork if turn == fork_chunk else p_fail_other):
+        if rng.random() < p_fail(turn):
             return "wrong"
         return turns[turn]
 
     return script
+
+
+def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_other: float, seed: int = 0):
+    """Fails with probability p_fail_fork at expert chunk `fork_chunk` and p_fail_other elsewhere: success after
+    anchor j is prod_{k >= j} (1 - p_k), which jumps at anchor fork_chunk + 1."""
+    return failure_script(chat, tasks, lambda k: p_fail_fork if k == fork_chunk else p_fail_other, seed)
 
 
 # ---- config -------------------------------------------------------------------------------------------------
@@ -127,7 +132,8 @@ def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_othe
     (dict(anchors=(True,)), "anchors"), (dict(mode="parallel", anchors=()), "anchors"),
     (dict(samples_per_anchor=0), "samples_per_anchor"), (dict(window=0), "window"), (dict(threshold=0.0), "threshold"),
     (dict(fork_jump=1.5), "fork_jump"), (dict(weighting="softmax"), "weighting"), (dict(select_top=-1), "select_top"),
-    (dict(il_fallback=1), "il_fallback"), (dict(success_reward=float("nan")), "success_reward"),
+    (dict(il_fallback=1), "il_fallback"), (dict(il_whole_episode=1), "il_whole_episode"),
+    (dict(mode="fork", anchors=()), "anchors"), (dict(success_reward=float("nan")), "success_reward"),
     (dict(experts=""), "experts"), (dict(tasks_per_round=0), "tasks_per_round"), (dict(num_tasks=3), "num_tasks"),
     (dict(num_tasks=-1), "num_tasks"),
 ])
@@ -275,8 +281,14 @@ def test_estimate_forks_formula():
     est = estimate_forks("t", {0: (0, 4), 1: (1, 4), 2: (3, 4), 3: (4, 4), 4: (0, 0)}, fork_jump=0.5)
     assert est.anchors == (0, 1, 2, 3) and est.rates == (0.0, 0.25, 0.75, 1.0)
     assert est.jumps == (0.0, 0.25, 0.5, 0.25) and est.forks == (2,) and est.crucial_fork == 2
+    assert est.spans == () and est.largest_jump() == (1, 2)
+    # Jumps between anchors further apart are spans: the decisive chunk is one of those between them.
     est = estimate_forks("t", {0: (0, 2), 2: (2, 2), 5: (0, 2), 7: (2, 2)}, fork_jump=0.5)
-    assert est.forks == (2, 7) and est.crucial_fork == 2  # equal jumps: the earliest
+    assert est.forks == () and est.spans == ((0, 2), (5, 7)) and est.crucial_fork is None
+    assert est.largest_jump() == (0, 2) and est.largest_jump(after=1) == (5, 7)  # equal jumps: the earliest
+    est = estimate_forks("t", {0: (0, 4), 1: (2, 4), 3: (4, 4), 4: (1, 4)}, fork_jump=0.5)
+    assert est.forks == (1,) and est.spans == ((1, 3),) and est.crucial_fork == 1
+    assert est.largest_jump() == (0, 1) and est.largest_jump(after=1) == (1, 3) and est.largest_jump(3) is None
     assert estimate_forks("t", {0: (1, 2), 1: (1, 2)}, 0.5).crucial_fork is None
     with pytest.raises(ValueError, match="anchor 1: successes 3"):
         estimate_forks("t", {1: (3, 2)}, 0.5)
@@ -329,6 +341,65 @@ def test_parallel_resampler_finds_fork_and_allocates(chat, tasks, experts):
     assert sorted(top.allocation(tid)) == [2, 4] and sum(top.allocation(tid).values()) == 6
     frac = Resampler(ResampleConfig(mode="parallel", anchors=(0.0, 0.5, 0.6, 1.0, 9)), experts[:1])
     assert frac.parallel_anchors(tid) == [0, 2, 4]  # 0.5 * 4 = 2, 0.6 * 4 -> 2, 1.0 -> 4, 9 -> capped at 4
+
+
+def test_parallel_anchors_attribute_a_jump_only_between_adjacent_anchors(chat, tasks, experts):
+    """Anchors 0, 2, 4 and a policy that fails only at chunk 2: the jump from anchor 2 to 4 says one of chunks 2
+    and 3 decides, not which: a span, no crucial fork (every anchor, as probed, puts the fork at 3)."""
+    cfg = ResampleConfig(mode="parallel", anchors=(0.0, 0.5, 1.0), samples_per_anchor=2, window=2)
+    res = Resampler(cfg, experts[:1])
+    engine = ScriptedEngine(chat, forking_script(chat, tasks, 2, 1.0, 0.0))
+    tid = tasks[0].task_id
+    run(resample_round(res, engine, chat, [tid]))
+    est = res.fork_estimate(tid)
+    assert est.anchors == (0, 2, 4) and est.rates == (0.0, 0.0, 1.0)
+    assert est.forks == () and est.spans == ((2, 4),) and est.crucial_fork is None
+    assert json.loads(json.dumps(res.fork_report()))["tasks"][0]["spans"] == [[2, 4]]
+
+
+def test_fork_mode_follows_the_fork_as_the_policy_improves(chat, tasks, experts):
+    """Fork mode on a policy that fails at chunks 1 and 3, then learns chunk 3. Round by round: probes at
+    parallel's anchors (0, 2, 4) find a span (2, 4); its midpoint 3 resolves the fork 4 (chunk 3 decides);
+    samples go to anchor 3, just before it. Once chunk 3 is learned the estimate moves: the fork at 4 goes, a
+    fork at 3 (stale rate at 2) sends samples to 2, whose success opens the span (0, 2), bisected at 1, which
+    resolves the fork 2 (chunk 1). The IL fallback imitates the chunks at the jump only, on up to il_samples
+    rollouts at its later anchor."""
+    failing = {1, 3}
+    engine = ScriptedEngine(chat, failure_script(chat, tasks, lambda k: float(k in failing)))
+    cfg = ResampleConfig(mode="fork", anchors=(0.0, 0.5, 1.0), samples_per_anchor=2, window=2, il_fallback=True)
+    res = Resampler(cfg, experts[:1])
+    tid = tasks[0].task_id
+    spans = replay_expert(experts[0], chat).chunk_spans
+
+    def chunks_imitated(traj):  # the expert chunks whose tokens are all imitation targets, and nothing else is
+        chunks = [k for k, (a, b) in enumerate(spans) if b <= len(traj.tokens) and traj.expert_mask[a:b].all()]
+        assert traj.expert_mask.sum() == sum(spans[k][1] - spans[k][0] for k in chunks)
+        return chunks
+
+    def one_round():
+        planned = sorted({p.anchor for p in res.plan([tid])})
+        return planned, run(resample_round(res, engine, chat, [tid]))
+
+    planned, batch = one_round()  # probes: 0 and 2 fail, 4 succeeds -> span (2, 4)
+    assert planned == [0, 2, 4] and res.fork_estimate(tid).spans == ((2, 4),)
+    # The failed groups at 0 and 2 imitate the span's chunks 2, 3 on the first of this round's rollouts at 4.
+    assert [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == \
+        [(0, []), (0, []), (2, []), (2, []), (4, [2, 3]), (4, [])]
+    planned, batch = one_round()  # bisection: 3 fails -> fork 4
+    assert planned == [3] and res.fork_estimate(tid).crucial_fork == 4
+    assert [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == [(3, []), (3, []), (4, [3])]
+    assert one_round()[0] == [3]  # the fork holds: samples stay just before it
+    failing.discard(3)  # the policy learns chunk 3
+    assert one_round()[0] == [3] and res.fork_estimate(tid).crucial_fork == 3  # 3 now succeeds, 2 is stale
+    assert one_round()[0] == [2] and res.fork_estimate(tid).spans == ((0, 2),)
+    assert one_round()[0] == [1] and res.fork_estimate(tid).crucial_fork == 2
+    planned, batch = one_round()
+    assert planned == [1] and [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == \
+        [(1, []), (1, []), (2, [1])]
+    # The estimate is a function of the recent outcomes: a checkpoint round trip plans the same.
+    again = Resampler(cfg, experts[:1])
+    again.load_state_dict(json.loads(json.dumps(res.state_dict())))
+    assert again.plan([tid]) == res.plan([tid]) == [Planned(tid, 1)] * 2
 
 
 # ---- rollback -----------------------------------------------------------------------------------------------
@@ -431,8 +502,8 @@ def test_rollback_state_through_orbax_checkpoint(tmp_path, experts):
 
 def test_rollback_with_il_fallback_end_to_end(chat, tasks, experts):
     # The policy always fails at chunk 1 and never elsewhere: rollback walks K -> 1 and stops; at anchor 1
-    # every sample fails, so one carrier is sampled at the fork (anchor 2) with the expert's chunks 0..1
-    # expert-masked; every other trajectory has its prefix as plain context.
+    # every sample fails, so one carrier is sampled at the fork (anchor 2) with the expert's fork chunk 1
+    # expert-masked (chunk 0 is context); every other trajectory has its prefix as plain context.
     tid = tasks[0].task_id
     cfg = ResampleConfig(mode="rollback", window=2, threshold=1.0, samples_per_anchor=2, il_fallback=True)
     res = Resampler(cfg, experts[:1])
@@ -450,12 +521,12 @@ def test_rollback_with_il_fallback_end_to_end(chat, tasks, experts):
         assert len(carriers) == 1 and carriers[0].info["resample"]["anchor"] == 2
         assert carriers[0].info["resample"]["il_target"] and carriers[0].reward == 1.0
         ref = np.zeros(len(carriers[0].tokens), bool)
-        for a, b in replay.chunk_spans[:2]:  # the expert's chunks up to and including the fork chunk 1
-            ref[a:b] = True
+        a, b = replay.chunk_spans[1]  # the expert's fork chunk 1 only
+        ref[a:b] = True
         np.testing.assert_array_equal(carriers[0].expert_mask, ref)
     # The padded batch carries exactly those tokens as IL targets (the objective's NLL term).
     padded = pad_batch(batches[-1])
-    assert padded.expert_mask.sum() == sum(b - a for a, b in replay.chunk_spans[:2])
+    assert padded.expert_mask.sum() == b - a
     assert res.metrics()["il_groups"] == 2 and res.fork_estimate(tid).crucial_fork == 2
     # Without the fallback: same samples, no carriers, no expert tokens.
     off = Resampler(dataclasses.replace(cfg, il_fallback=False), experts[:1])
@@ -466,10 +537,17 @@ def test_rollback_with_il_fallback_end_to_end(chat, tasks, experts):
 
 def test_il_fallback_from_start_and_at_last_anchor(chat, tasks, experts):
     tid = tasks[0].task_id
-    # Plain RL ("none") and a policy that never answers right: no anchor does better, so the carrier is the
-    # expert's whole episode, its final answer included (anchor K + 1: an imitation row, nothing sampled).
-    res = Resampler(ResampleConfig(mode="none", samples_per_anchor=2, il_fallback=True), experts[:1])
+    # Plain RL ("none") and a policy that never answers right: only anchor 0 is sampled, so no jump says which
+    # decision fails and the fallback imitates nothing ...
+    whole_cfg = ResampleConfig(mode="none", samples_per_anchor=2, il_fallback=True, il_whole_episode=True)
     fail_last = ScriptedEngine(chat, forking_script(chat, tasks, K, 1.0, 0.0))
+    res = Resampler(dataclasses.replace(whole_cfg, il_whole_episode=False), experts[:1])
+    batch = run(resample_round(res, fail_last, chat, [tid]))
+    assert [t.info["resample"]["anchor"] for t in batch] == [0, 0] and not any(t.expert_mask.any() for t in batch)
+    assert res.metrics()["il_groups"] == 1
+    # ... unless asked (il_whole_episode): the carrier is then the expert's whole episode, its final answer
+    # included (anchor K + 1: an imitation row, nothing sampled).
+    res = Resampler(whole_cfg, experts[:1])
     batch = run(resample_round(res, fail_last, chat, [tid]))
     assert [t.info["resample"]["anchor"] for t in batch] == [0, 0, K + 1]
     assert [t.info["resample"]["il_target"] for t in batch] == [False, False, True]
@@ -483,16 +561,16 @@ def test_il_fallback_from_start_and_at_last_anchor(chat, tasks, experts):
     # An expert without a final answer: the fallback imitates its K chunks (anchor K's prefix).
     no_answer = expert_from_messages(conversation[:-1], tasks[0])
     assert not no_answer.has_answer and experts[0].has_answer
-    assert Resampler(ResampleConfig(mode="none", il_fallback=True), [no_answer]).il_anchor(tid, 0) == K
+    assert Resampler(whole_cfg, [no_answer]).il_carrier(tid, 0) == Planned(tid, K, il_from=0)
     # Two tasks: each task's carrier follows its own episodes (a batch of the first half carries IL rows).
-    res = Resampler(ResampleConfig(mode="none", samples_per_anchor=2, il_fallback=True), experts[:2])
+    res = Resampler(whole_cfg, experts[:2])
     batch = run(resample_round(res, fail_last, chat, [experts[1].task_id, experts[0].task_id]))
     assert [(t.info["resample"]["task_id"], t.info["resample"]["anchor"]) for t in batch] == \
         [(experts[1].task_id, 0)] * 2 + [(experts[1].task_id, K + 1)] + [(experts[0].task_id, 0)] * 2 + \
         [(experts[0].task_id, K + 1)]
     # Rollback at anchor K with every sample failing (the answer is what fails): the failed samples stay plain
     # context and the whole expert episode is imitated.
-    res = Resampler(ResampleConfig(mode="rollback", samples_per_anchor=2, il_fallback=True), experts[:1])
+    res = Resampler(dataclasses.replace(whole_cfg, mode="rollback"), experts[:1])
     batch = run(resample_round(res, fail_last, chat, [tid]))
     assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == \
         [(K, False), (K, False), (K + 1, True)]
@@ -534,7 +612,8 @@ def test_embedded_engine_anchored_batch_logprobs_and_il_term(chat, tasks, expert
 
     model = init_model(tiny_qwen3_config(moe=False, vocab_size=len(chat.tokenizer)))
     engine = EmbeddedEngine(model, seed=0, max_len=512, max_batch=8, batch_buckets=(8,))
-    cfg = ResampleConfig(mode="parallel", anchors=(0, 2, 1.0), samples_per_anchor=1, il_fallback=True)
+    cfg = ResampleConfig(mode="parallel", anchors=(0, 2, 1.0), samples_per_anchor=1, il_fallback=True,
+                         il_whole_episode=True)
     res = Resampler(cfg, experts[:2])
     batch = run(resample_round(res, engine, chat, [e.task_id for e in experts[:2]],
                                AgentConfig(max_new_tokens=8, max_context=512), concurrency=8))

@@ -21,7 +21,8 @@ from ipa_jax.trajectory import write_jsonl
 
 REQUIRED_METRICS = {
     "step", "loss", "grad_norm", "lr", "reward_mean", "advantage_mean", "advantage_std", "admitted_fraction",
-    "is_ratio_mean", "is_ratio_max", "clip_fraction", "mismatch_abs", "mismatch_kl", "chunks_mean", "entropy",
+    "is_ratio_mean", "is_ratio_max", "clip_fraction", "mismatch_abs", "mismatch_kl", "mismatch_ratio_mean",
+    "mismatch_masked_fraction", "mismatch_capped_fraction", "chunks_mean", "entropy",
     "tokens_per_s", "step_time_s", "mfu", "skipped", "skipped_total", "dropped_trajectories", "dropped_total",
     "policy_lag_mean", "policy_lag_max",
 }
@@ -121,15 +122,20 @@ def test_checkpoints_are_atomic_and_restorable(offline_run):
 
 
 def test_epochs_and_minibatches(tmp_path):
+    """Four updates from one batch, with ROLL's recomputed old log-probs (objective preset ipa_roll)."""
     data = _write_data(tmp_path / "data.jsonl")
     exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "train.epochs_per_batch=2",
-                   "train.minibatches=2", "train.steps=4", "checkpoint.every=0", "logging.tensorboard=False")
+                   "train.minibatches=2", "train.steps=4", "checkpoint.every=0", "logging.tensorboard=False",
+                   "objective.preset=ipa_roll")
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"), mesh=_mesh2())
     state = learner.run()
     rows = RunFolder(tmp_path / "run").read_metrics()
     assert int(state.step) == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]
     assert learner.source.state_dict()["offset"] > 0  # one batch of the file consumed for four updates
     assert len({round(r["loss"], 6) for r in rows}) == 4
+    # The old log-probs are the parameters' before the batch's first update: the policy ratio is 1 there (up to
+    # the float noise of a separate forward) and moves away from 1 as the later updates move the parameters.
+    assert abs(rows[0]["is_ratio_max"] - 1) < 1e-4 and all(r["is_ratio_max"] > 1 + 1e-3 for r in rows[1:])
     assert Checkpointer(str(tmp_path / "run" / "checkpoints"), exp.checkpoint).all_steps() == [4]  # at exit
 
 

@@ -1,4 +1,4 @@
-"""The jitted train step: microbatching == full batch, non-finite updates skipped, sharded == one device,
+"""The jitted train step: microbatching == full batch, non-finite losses and updates skipped, sharded == one device,
 and the optimizer schedule against its formula."""
 
 import math
@@ -13,7 +13,7 @@ from train_helpers import MOE_ARCH, make_batch, make_exp, max_rel_diff, tree_cop
 from ipa_jax.models import MeshConfig, make_mesh
 from ipa_jax.pipeline.build import build_state, build_steps
 from ipa_jax.train.optimizer import OptimizerConfig, apply_direction, make_optimizer, make_schedule
-from ipa_jax.train.step import greedy_reproduced_rows
+from ipa_jax.train.step import TrainStep, greedy_reproduced_rows
 
 
 def _copy_state(state):
@@ -78,6 +78,20 @@ def test_nonfinite_batch_is_skipped_and_counted(setup):
     assert int(metrics["skipped"]) == 0 and int(metrics["skipped_total"]) == 1
     assert max_rel_diff(tree_copy(state.params), params0) > 1e-4
     assert math.isclose(float(metrics["lr"]), exp.optimizer.lr, rel_tol=1e-6)
+
+
+def test_nonfinite_update_from_a_finite_gradient_is_skipped(setup):
+    """An overflowing learning rate makes every parameter non-finite from a finite loss and gradient: the update is
+    skipped, not applied (before, the run went on with every parameter NaN and exited 0)."""
+    state, step_full, _, _ = setup
+    state = _copy_state(state)
+    params0, opt0 = tree_copy(state.params), tree_copy(state.opt_state)
+    overflowing = TrainStep(state, step_full.mesh, step_full.options, lambda step, rl_start=0: jnp.float32(jnp.inf))
+    state, metrics = overflowing(state, overflowing.put_batch(make_batch(8, seed=2)))
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert int(metrics["skipped"]) == 1 and int(state.skipped) == 1
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.opt_state), opt0)
 
 
 def test_sharded_mesh_update_equals_one_device():

@@ -7,8 +7,10 @@ chunks: the prompt, j expert turns and their observations. An anchored rollout p
 (expert_mask 1, action_mask 0, the environment replayed through the expert's j calls, by
 `agent.run_episode(prefill=...)`) and samples the tail with the policy. Anchor 0 is the plain start state.
 
-A crucial fork is an anchor f whose success rate is far above the rate at the anchor before it (by at least
-`fork_jump`): expert chunk f-1 is the decision the policy has not mastered.
+A crucial fork is an anchor f whose success rate is far above the rate at anchor f-1 (by at least `fork_jump`):
+expert chunk f-1 is the decision the policy has not mastered. A jump between sampled anchors further apart is a
+span: one of the chunks between them decides. Fork mode resamples from the state just before the fork (and
+bisects spans to find it); the imitation fallback imitates the expert's chunks at the jump.
 
 Modules, each depending only on those listed before it:
   config     ResampleConfig: modes, anchors, rollback and imitation-fallback settings.

@@ -1,6 +1,8 @@
 """Crucial forks: per task, the success rate by anchor and the anchors where it jumps by at least `fork_jump`
-over the anchor before (the expert chunk just before such an anchor is a decision the policy has not
-mastered); `probe_forks` measures them for any policy by sampling at every anchor."""
+over the sampled anchor before. A jump between adjacent anchors f - 1 and f is a fork: expert chunk f - 1 is a
+decision the policy has not mastered. A jump between sampled anchors p and q > p + 1 is a span: the decision is
+one of chunks p..q-1, and which one is not known until an anchor between them is sampled. `probe_forks`
+measures them for any policy by sampling at every anchor."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from ipa_jax.trajectory import Trajectory
 @dataclass(frozen=True)
 class ForkEstimate:
     """Per-task success by anchor. anchors ascending (those with samples); rates[i] = successes/samples;
-    jumps[i] = rates[i] - rates[i-1] (0 for the first); forks: anchors with jump >= fork_jump; crucial_fork:
-    the fork with the largest jump (ties: the earliest), None if there is no fork."""
+    jumps[i] = rates[i] - rates[i-1] (0 for the first); forks: anchors f with jump >= fork_jump over f - 1 (an
+    adjacent sampled anchor); spans: (p, q) for a jump >= fork_jump between sampled anchors p < q - 1, not
+    attributed to one chunk; crucial_fork: the fork with the largest jump (ties: the earliest), None if none."""
 
     task_id: str
     anchors: tuple[int, ...]
@@ -32,10 +35,17 @@ class ForkEstimate:
     rates: tuple[float, ...]
     jumps: tuple[float, ...]
     forks: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
     crucial_fork: int | None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def largest_jump(self, after: int = 0) -> tuple[int, int] | None:
+        """(p, q): the fork (p = q - 1) or span whose jump is the largest among those with p >= after (ties: the
+        earliest); None if there is none. The expert's decisive chunk is one of p..q-1."""
+        pairs = [(p, q) for p, q in [(f - 1, f) for f in self.forks] + list(self.spans) if p >= after]
+        return max(pairs, key=lambda pq: (self.jumps[self.anchors.index(pq[1])], -pq[1]), default=None)
 
 
 def estimate_forks(task_id: str, counts: Mapping[int, tuple[int, int]], fork_jump: float) -> ForkEstimate:
@@ -51,9 +61,11 @@ def estimate_forks(task_id: str, counts: Mapping[int, tuple[int, int]], fork_jum
     rates = tuple(s / m for s, m in zip(succ, n))
     jumps = tuple(0.0 if i == 0 else rates[i] - rates[i - 1] for i in range(len(rates)))
     eps = 1e-9  # rates are ratios of small ints: a jump equal to the threshold must count
-    forks = tuple(a for a, d in zip(anchors, jumps) if d >= fork_jump - eps)
+    jumping = [(anchors[i - 1], a) for i, a in enumerate(anchors) if i and jumps[i] >= fork_jump - eps]
+    forks = tuple(q for p, q in jumping if q == p + 1)
+    spans = tuple((p, q) for p, q in jumping if q > p + 1)
     crucial = max(forks, key=lambda a: (jumps[anchors.index(a)], -a)) if forks else None
-    return ForkEstimate(task_id, anchors, succ, n, rates, jumps, forks, crucial)
+    return ForkEstimate(task_id, anchors, succ, n, rates, jumps, forks, spans, crucial)
 
 
 def forks_by_anchor(estimates: Sequence[ForkEstimate]) -> list[dict[str, Any]]:

@@ -3,21 +3,26 @@ seen there, rollback anchors, imitation targets and the checkpoint state.
 
 Batch semantics (`Resampler.finalize`): the expert prefix of an anchored rollout is plain context (its
 expert_mask is cleared) unless it carries the imitation fallback. When every sample of a task at anchor a
-fails, its fork f is the first later anchor whose success rate exceeds a's by `fork_jump`; the rollouts at f
-(those of this round, or `il_samples` new ones) keep expert_mask on their prefix, so the expert's chunks up
-to and including the fork chunk f-1 become NLL targets (ObjectiveConfig.il_weight against rl_weight). A
-carrier also has sampled actions of its own (its tail), so one row trains both terms. When no later anchor
-does better, the failing decision may be any later one, the final answer included: f = K + 1, and the
-carrier is the expert's whole episode with its answer (an imitation row without sampled tail). (Imitating
-only the K calls there would never teach the answer: measured on the hard task, 200 updates learned the three
-calls but not to answer after them.)
+fails, the fork is the largest jump after a in the task's fork estimate: a fork f (chunk f-1 decides) or a
+span (p, q) (one of chunks p..q-1 decides). Up to `il_samples` rollouts at its later anchor q (those of this
+round, or new ones) keep expert_mask on the expert's chunks at the jump only, chunk f-1 or chunks p..q-1, so
+those become NLL targets (ObjectiveConfig.il_weight against rl_weight); a carrier also has sampled actions of
+its own (its tail), so one row trains both terms. With no jump after a, nothing is known about which decision
+fails: the fallback imitates nothing, or with `il_whole_episode` the expert's whole episode with its answer
+(anchor K + 1: an imitation row without sampled tail; imitating only the K calls would never teach the answer:
+measured on the hard task, 200 updates learned the three calls but not to answer after them).
+
+Fork mode (`fork_anchors`) samples each task where its largest jump is: just before the decisive chunk of a
+fork, at the midpoint of a span (bisection), at parallel's anchors while no jump is seen. The estimate comes
+from the recent outcomes at every anchor, so it moves as the policy improves: once chunk f-1 is learned the
+jump at f disappears and the next one (usually earlier) takes its place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +39,19 @@ STATE_VERSION = 1  # of state_dict()'s format
 
 @dataclass(frozen=True)
 class Planned:
-    """One episode to sample: the task, the anchor, and whether it carries the imitation fallback."""
+    """One episode to sample: the task, the anchor and, for a carrier of the imitation fallback, the first expert
+    chunk it imitates (it keeps expert_mask on the expert's chunks il_from..anchor-1; None: not a carrier)."""
 
     task_id: str
     anchor: int
-    il_target: bool = False
+    il_from: int | None = None
+
+
+def expert_chunk_index(expert_mask: np.ndarray) -> np.ndarray:
+    """bool[T] -> int[T]: k on the tokens of the k-th run of expert tokens, -1 elsewhere. In an anchored rollout
+    (and a whole expert episode) run k is the expert's chunk k: tool responses separate the expert's turns."""
+    starts = expert_mask & ~np.concatenate([[False], expert_mask[:-1]])
+    return np.where(expert_mask, np.cumsum(starts) - 1, -1)
 
 
 class Resampler:
@@ -108,6 +121,15 @@ class Resampler:
             alloc[a] += 1
         return alloc
 
+    def fork_anchors(self, task_id: str) -> dict[int, int]:
+        """anchor -> number of episodes this round (fork mode), from the largest jump (p, q) of the task's current
+        estimate: samples_per_anchor at (p + q) // 2, which is p = f - 1, the state just before the decisive chunk,
+        for a fork f = q = p + 1, and splits a span (bisection); parallel's allocation while there is no jump."""
+        jump = self.fork_estimate(task_id).largest_jump()
+        if jump is None:
+            return self.allocation(task_id)
+        return {sum(jump) // 2: self.config.samples_per_anchor}
+
     def plan(self, task_ids: Iterable[str]) -> list[Planned]:
         """The episodes of one round for these tasks, grouped by task, anchors ascending."""
         out: list[Planned] = []
@@ -119,7 +141,8 @@ class Resampler:
             elif self.config.mode == "rollback":
                 out += [Planned(t, self._anchor[t])] * n
             else:
-                for a, m in self.allocation(t).items():
+                alloc = self.allocation(t) if self.config.mode == "parallel" else self.fork_anchors(t)
+                for a, m in alloc.items():
                     out += [Planned(t, a)] * m
         return out
 
@@ -159,41 +182,40 @@ class Resampler:
         estimates = [self.fork_estimate(t) for t in self.experts]
         return {"anchors": forks_by_anchor(estimates), "tasks": [e.to_dict() for e in estimates]}
 
-    def il_anchor(self, task_id: str, anchor: int) -> int:
-        """The fork after a failing anchor: the first later anchor whose recent success rate exceeds the
-        rate at `anchor` by >= fork_jump; its prefix (the expert's chunks up to and including the fork chunk)
-        is the imitation target. If none does, what fails may be any later decision, the final answer
-        included: K + 1, the whole expert episode (K when the expert has no final answer)."""
+    def il_carrier(self, task_id: str, anchor: int) -> Planned | None:
+        """Where the imitation fallback goes when every sample at `anchor` failed: at the later anchor q of the
+        largest jump (p, q) after it, imitating the expert's chunks p..q-1. Without such a jump, None, or with
+        il_whole_episode the expert's whole episode (anchor K + 1; anchor K for an expert without final answer)."""
+        jump = self.fork_estimate(task_id).largest_jump(after=anchor)
+        if jump is not None:
+            return Planned(task_id, jump[1], il_from=jump[0])
+        if not self.config.il_whole_episode:
+            return None
         expert = self.expert(task_id)
-        K = expert.num_chunks
-        base = self.success_rate(task_id, anchor) or 0.0
-        for b in range(anchor + 1, K + 1):
-            rate = self.success_rate(task_id, b)
-            if rate is not None and rate - base >= self.config.fork_jump - 1e-9:
-                return b
-        return K + 1 if expert.has_answer else K
+        return Planned(task_id, expert.num_chunks + 1 if expert.has_answer else expert.num_chunks, il_from=0)
 
-    def il_targets(self, results: Sequence[tuple[Planned, float]]) -> tuple[set[tuple[str, int]], list[Planned]]:
-        """The imitation fallback for one round's outcomes [(planned, reward)]. For each group (task, a) whose
-        samples all failed, its fork f = il_anchor(task, a). Returns the forks (task, f) sampled this round,
-        whose trajectories keep their expert prefix as IL targets, and carriers for the others: `il_samples`
-        new episodes at f, or for f = K + 1 the whole expert episode once (nothing left to sample). Nothing
-        when the fallback is off."""
+    def il_targets(self, results: Sequence[tuple[Planned, float]]) -> tuple[dict[tuple[str, int], int], list[Planned]]:
+        """The imitation fallback for one round's outcomes [(planned, reward)]: each group (task, a) whose samples
+        all failed gets its il_carrier. Returns {(task, q): p} for the carriers' anchors this round sampled (their
+        rollouts carry chunks p..q-1, see finalize) and the carriers to sample for the others: `il_samples` new
+        episodes at q, or the whole expert episode once (nothing left to sample). Nothing when the fallback is
+        off."""
         if not self.config.il_fallback:
-            return set(), []
+            return {}, []
         solved: dict[tuple[str, int], bool] = {}
         for p, reward in results:
             key = (p.task_id, p.anchor)
             solved[key] = solved.get(key, False) or self.is_success(reward)
-        forks = set()
+        targets: dict[tuple[str, int], int] = {}
         for (t, a), ok in solved.items():
             if not ok:
                 self.totals["il_groups"] += 1
-                forks.add((t, self.il_anchor(t, a)))
-        forks = {(t, f) for t, f in forks if f > 0}  # anchor 0 has no expert prefix to imitate
-        sampled = forks & solved.keys()
-        carriers = [Planned(t, f, il_target=True) for t, f in sorted(forks - sampled)
-                    for _ in range(1 if self.is_whole_expert(t, f) else self.config.il_samples)]
+                carrier = self.il_carrier(t, a)
+                if carrier is not None:
+                    targets[(t, carrier.anchor)] = carrier.il_from
+        sampled = {key: first for key, first in targets.items() if key in solved}
+        carriers = [Planned(t, q, il_from=first) for (t, q), first in sorted(targets.items()) if (t, q) not in solved
+                    for _ in range(1 if self.is_whole_expert(t, q) else self.config.il_samples)]
         return sampled, carriers
 
     def is_whole_expert(self, task_id: str, anchor: int) -> bool:
@@ -201,15 +223,26 @@ class Resampler:
         return anchor == self.expert(task_id).num_chunks + 1
 
     def finalize(self, results: Sequence[tuple[Planned, Trajectory]],
-                 il_groups: set[tuple[str, int]] = frozenset()) -> list[Trajectory]:
-        """The batch: expert_mask kept on IL carriers and on the trajectories of the (task, anchor) groups in
-        `il_groups` (from `il_targets`), cleared elsewhere, so the expert prefix is plain context."""
+                 il_groups: Mapping[tuple[str, int], int] | None = None) -> list[Trajectory]:
+        """The batch: carriers keep expert_mask on the expert's chunks il_from..anchor-1, and so do the first
+        `il_samples` trajectories of each (task, anchor) group in `il_groups` (-> its first chunk, from
+        il_targets); everywhere else expert_mask is cleared, so the expert prefix is plain context."""
+        il_groups = il_groups or {}
+        carried: Counter[tuple[str, int]] = Counter()
         out = []
         for p, traj in results:
-            keep = p.il_target or (p.task_id, p.anchor) in il_groups
+            key = (p.task_id, p.anchor)
+            il_from = p.il_from
+            if il_from is None and key in il_groups and carried[key] < self.config.il_samples:
+                il_from = il_groups[key]
+                carried[key] += 1
+            chunk = expert_chunk_index(traj.expert_mask)
+            if chunk.max(initial=-1) + 1 != p.anchor:
+                raise ValueError(f"{traj.uid}: {chunk.max(initial=-1) + 1} expert turns in a rollout at anchor "
+                                 f"{p.anchor}")
             info = dict(traj.info)
-            info["resample"] = {**info.get("resample", {}), "il_target": bool(keep)}
-            mask = traj.expert_mask if keep else np.zeros_like(traj.expert_mask)
+            info["resample"] = {**info.get("resample", {}), "il_target": il_from is not None}
+            mask = np.zeros_like(traj.expert_mask) if il_from is None else chunk >= il_from
             out.append(dataclasses.replace(traj, expert_mask=mask, info=info))
         return out
 

@@ -1,0 +1,152 @@
+"""Attention kernels: the einsum reference and three fast paths that compute the same function.
+
+Every kernel takes q [B, T, Hq, D], k/v [B, S, Hkv, D] (GQA: Hq a multiple of Hkv) and `visible` bool[B, T, S]
+(which keys each query attends to), returns [B, T, Hq * D], takes its softmax in float32 and gives a query with
+no visible key a finite average of the values (never NaN). `attention_impl` picks one:
+
+  reference  one einsum over every key, queries in `lax.map` blocks (each rematerialised) to bound memory.
+  blocked    causal blocks: queries in blocks of `query_block`, block i against keys [0, end of block i) only,
+             einsums with the G query heads of a KV head folded into the query axis ([B, Hkv, G * T, S] scores,
+             no transposes of the scores). Fastest on CPU (3-5x the reference, bench_model.py).
+  xla        the same causal blocks, each one `jax.nn.dot_product_attention(implementation="xla")`.
+  cudnn      one `jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)`: cuDNN flash attention
+             (NVIDIA GPUs, 16-bit dtypes); `visible` goes in as an additive bias.
+  auto       cudnn on NVIDIA GPUs in bfloat16/float16, blocked on CPU, xla elsewhere.
+
+The causal paths skip the keys after a query's index. That is exact for every query that sees no later key of
+its row: all real tokens of rows whose real tokens' positions grow along the row, as right- or left-padded rows
+and packed segments have (a left pad, which nothing reads, may differ). With a KV cache the keys are cache
+slots, not this call's tokens: every path then uses all keys.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ipa_jax.models.config import ATTENTION_IMPLS
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Each token's index within its segment, int32[B, T], for segment_ids int32[B, T] whose segments are
+    contiguous runs of one id (packed rows): RoPE positions restart at 0 in every segment."""
+    index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+    starts = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=True)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+def visible_keys(q_pos: jax.Array, k_pos: jax.Array, k_valid: jax.Array, q_segments: jax.Array | None = None,
+                 k_segments: jax.Array | None = None) -> jax.Array:
+    """bool[B, T, S]: key s is visible to query t iff it is valid, k_pos[s] <= q_pos[t] and (with segment ids)
+    both lie in one segment. q_pos/q_segments [B, T], k_pos/k_valid/k_segments [B, S]."""
+    visible = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
+    if q_segments is not None:
+        visible &= q_segments[:, :, None] == k_segments[:, None, :]
+    return visible
+
+
+def _masked_softmax(scores: jax.Array, visible: jax.Array) -> jax.Array:
+    """softmax over the last axis in float32 with invisible keys at the lowest float32 (a row with none visible
+    averages uniformly)."""
+    scores = jnp.where(visible, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _einsum_attention(q, k, v, visible, scale):
+    """The reference kernel: scores [B, Hkv, G, T, S] from one einsum."""
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    q = q.reshape(b, t, hkv, hq // hkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * jnp.asarray(scale, q.dtype)
+    probs = _masked_softmax(scores, visible[:, None, None]).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, hq * d)
+
+
+def _head_major_attention(q, k, v, visible, scale):
+    """`_einsum_attention` with query heads folded into the query axis: q [B, Hkv, G * T, D], so both matmuls are
+    plain batched matmuls over (row, KV head) and the scores need no transpose."""
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    groups = hq // hkv
+    q = q.reshape(b, t, hkv, groups, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * t, d)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, S, D]
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k) * jnp.asarray(scale, q.dtype)
+    probs = _masked_softmax(scores, jnp.tile(visible, (1, groups, 1))[:, None]).astype(v.dtype)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    return out.reshape(b, hkv, groups, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
+
+
+def _fused_attention(q, k, v, visible, scale, implementation: str, is_causal: bool = False):
+    """`jax.nn.dot_product_attention` with `visible` as its boolean mask."""
+    b, t, hq, d = q.shape
+    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=scale, is_causal=is_causal,
+                                       implementation=implementation)
+    return out.reshape(b, t, hq * d)
+
+
+def reference_attention(q, k, v, visible, scale: float, query_block: int = 0) -> jax.Array:
+    """The reference: softmax(q k^T * scale) v over the visible keys, all keys at once.
+
+    With 0 < query_block < T the queries go in blocks (each rematerialised in the backward pass), so the
+    float32 scores held at once are [B, H, query_block, S] instead of [B, H, T, S]; every row's result is the same.
+    """
+    b, t = visible.shape[:2]
+    if not 0 < query_block < t:
+        return _einsum_attention(q, k, v, visible, scale)
+    num_blocks = -(-t // query_block)
+    pad = num_blocks * query_block - t
+
+    def blocks(x):  # [B, T, ...] -> [num_blocks, B, query_block, ...]
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+        return x.reshape(b, num_blocks, query_block, *x.shape[2:]).swapaxes(0, 1)
+
+    block_fn = jax.checkpoint(lambda qv: _einsum_attention(qv[0], k, v, qv[1], scale))
+    out = jax.lax.map(block_fn, (blocks(q), blocks(visible)))  # [nb, B, qb, Hq * D]
+    return out.swapaxes(0, 1).reshape(b, num_blocks * query_block, -1)[:, :t]
+
+
+def causal_block_attention(kernel, q, k, v, visible, scale: float, query_block: int) -> jax.Array:
+    """`kernel` over query blocks [i * query_block, (i + 1) * query_block), each against the keys up to the end of
+    its block only (self-attention: S == T; the later keys are invisible to it). Blocks unroll in Python: each
+    has its own key length, and causality saves ~half the work (3/8 with 4 blocks)."""
+    t = q.shape[1]
+    if not 0 < query_block < t:
+        return kernel(q, k, v, visible, scale)
+    outs = []
+    for start in range(0, t, query_block):
+        end = min(start + query_block, t)
+        outs.append(kernel(q[:, start:end], k[:, :end], v[:, :end], visible[:, start:end, :end], scale))
+    return jnp.concatenate(outs, axis=1)
+
+
+def resolve_attention_impl(impl: str, dtype) -> str:
+    """The concrete path of `impl` ("auto" by backend and compute dtype; see the module docstring)."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    device = jax.devices()[0]
+    if device.platform == "gpu" and "nvidia" in device.device_kind.lower():
+        return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+    return "blocked" if device.platform == "cpu" else "xla"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: float, *, impl: str,
+           query_block: int, self_attention: bool) -> jax.Array:
+    """Attention of q [B, T, Hq, D] over k/v [B, S, Hkv, D] with `visible` bool[B, T, S] -> [B, T, Hq * D].
+
+    impl: a concrete path (`resolve_attention_impl`). self_attention: the keys are these queries' tokens in
+    index order (no KV cache), so the causal paths may skip later keys.
+    """
+    if impl == "reference":
+        return reference_attention(q, k, v, visible, scale, query_block)
+    if impl == "cudnn" and self_attention:
+        return _fused_attention(q, k, v, visible, scale, "cudnn", is_causal=True)
+    kernel = _head_major_attention if impl == "blocked" else functools.partial(_fused_attention,
+                                                                               implementation="xla")
+    if not self_attention:
+        return kernel(q, k, v, visible, scale)
+    return causal_block_attention(kernel, q, k, v, visible, scale, query_block)

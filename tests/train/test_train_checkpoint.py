@@ -1,0 +1,81 @@
+"""Checkpoints damaged after they were written: restore falls back to the newest one that loads, says which and
+why, and moves the damaged ones aside; when none loads it raises naming each and moves nothing."""
+
+import glob
+import logging
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from train_helpers import make_exp, tree_copy
+
+from ipa_jax.pipeline.build import build_mesh, build_state
+from ipa_jax.train import CheckpointConfig, Checkpointer
+from ipa_jax.train.checkpoint import CheckpointError
+
+
+def _truncate_arrays(step_dir: str) -> None:
+    for path in glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True):
+        open(path, "wb").close()
+
+
+def _remove_state(step_dir: str) -> None:
+    shutil.rmtree(os.path.join(step_dir, "state"))
+
+
+def _corrupt_host_json(step_dir: str) -> None:
+    with open(os.path.join(step_dir, "host", "metadata"), "w", encoding="utf-8") as f:
+        f.write('{"source": ')
+
+
+DAMAGE = {"truncated arrays": _truncate_arrays, "missing state": _remove_state, "corrupt host JSON": _corrupt_host_json}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A template state and a folder with complete checkpoints at steps 1 and 2."""
+    exp = make_exp()
+    state = build_state(exp, build_mesh(exp.mesh))
+    directory = str(tmp_path_factory.mktemp("saved") / "checkpoints")
+    checkpointer = Checkpointer(directory, CheckpointConfig(async_save=False))
+    for step in (1, 2):
+        checkpointer.save(state.replace(step=jax.numpy.full_like(state.step, step)), {"step": step})
+    checkpointer.close()
+    return state, directory
+
+
+def _copy(saved, tmp_path) -> str:
+    directory = str(tmp_path / "checkpoints")
+    shutil.copytree(saved[1], directory)
+    return directory
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_that_loads(saved, tmp_path, damage, caplog):
+    template = saved[0]
+    directory = _copy(saved, tmp_path)
+    DAMAGE[damage](os.path.join(directory, "2"))
+    checkpointer = Checkpointer(directory, CheckpointConfig(async_save=False))
+    with caplog.at_level(logging.WARNING, logger="ipa_jax.train.checkpoint"):
+        state, host = checkpointer.restore(template)
+    assert int(state.step) == 1 and host == {"step": 1}
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), tree_copy(template.params))
+    assert "checkpoint 2 in" in caplog.text and "cannot be restored" in caplog.text
+    assert "restored checkpoint 1, the newest that loads; damaged and moved aside: step 2" in caplog.text
+    assert checkpointer.all_steps() == [1] and len(glob.glob(os.path.join(directory, "2.damaged-*"))) == 1
+    assert checkpointer.save(state.replace(step=jax.numpy.full_like(state.step, 2)), {"step": 2})  # saved anew
+    assert checkpointer.restore(template)[1] == {"step": 2}
+    checkpointer.close()
+
+
+def test_no_checkpoint_that_loads_is_an_error_naming_each_and_moves_nothing(saved, tmp_path):
+    directory = _copy(saved, tmp_path)
+    _truncate_arrays(os.path.join(directory, "2"))
+    _corrupt_host_json(os.path.join(directory, "1"))
+    checkpointer = Checkpointer(directory, CheckpointConfig(async_save=False))
+    with pytest.raises(CheckpointError, match=r"no checkpoint .* can be restored: step 2: .*; step 1: JSONDecodeError"):
+        checkpointer.restore(saved[0])
+    assert sorted(os.listdir(directory)) == ["1", "2"]
+    checkpointer.close()
