@@ -69,7 +69,7 @@ PRESETS: dict[str, Preset] = {
         ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
          "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",
          "offpolicy_lag4_recompute", "offpolicy_lag4_recompute_nomismatch"), (0, 1, 2),
-        "policy lag 0 / 4 x mismatch correction on / off x old log-probs behaviour / recompute (issue 20), with "
+        "policy lag 0 / 4 x mismatch correction on / off x old log-probs behaviour / recompute, with "
         "negatives (batch-mean baseline), shared warm starts"),
 }
 

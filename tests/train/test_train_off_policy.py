@@ -1,4 +1,4 @@
-"""The train step's off-policy inputs (issue 20): recomputed old log-probs (on-policy they give the behaviour-ratio
+"""The train step's off-policy inputs: recomputed old log-probs (on-policy they give the behaviour-ratio
 update; microbatched == full batch, from the step's own forward or passed in), and the failure labels of the
 entropy filter (reward < resample.success_reward), checked against the objective called directly."""
 

@@ -247,8 +247,8 @@ class BubblewrapSandbox(Sandbox):
         with self._lock:
             self._closed = True
             procs = list(self._procs)
-        for proc in procs:
-            _kill_tree(proc)
+        for proc in procs:  # their `run` calls see the pipes close and clean up (from another thread: only kill)
+            _kill_group(proc)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def host_path(self, relative: str) -> str:
@@ -260,13 +260,19 @@ class BubblewrapSandbox(Sandbox):
         return f"BubblewrapSandbox({self.folder!r}, closed={self._closed})"
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL bwrap's process group; its sandbox (a PID namespace) dies with it."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the command, reap it and close its pipes (by the thread that reads them: a pipe closed under a
+    selector waiting on it would leave that thread waiting until its timeout)."""
+    _kill_group(proc)
     try:
         proc.wait(KILL_WAIT_S)
     except subprocess.TimeoutExpired:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ipa_jax.envs.base import StepResult
-from ipa_jax.envs.sandbox.base import CommandResult, Sandbox
+from ipa_jax.envs.base import StepResult, ToolError
+from ipa_jax.envs.sandbox.base import CommandResult, Sandbox, SandboxError
 from ipa_jax.envs.tool_calls import ToolCall
 
 
@@ -75,9 +75,19 @@ def format_observation(result: CommandResult, max_chars: int) -> str:
     return "\n".join(parts)
 
 
-def run_tool(sandbox: Sandbox, call: ToolCall, *, max_chars: int = 2000, timeout_s: float | None = None
+def run_tool(sandbox: Sandbox | None, call: ToolCall, *, max_chars: int = 2000, timeout_s: float | None = None
              ) -> StepResult:
-    """Execute a validated call of one of TOOL_SPECS in `sandbox`; a failed command is an error observation."""
+    """Execute a validated call of one of TOOL_SPECS in `sandbox`; a failed command is an error observation. Raises
+    ToolError (an error observation too, through Env.step) when the sandbox is closed (None) or fails."""
+    if sandbox is None:
+        raise ToolError("the episode's sandbox is closed")
+    try:
+        return _run_tool(sandbox, call, max_chars, timeout_s)
+    except SandboxError as e:
+        raise ToolError(f"sandbox failure: {e}") from None
+
+
+def _run_tool(sandbox: Sandbox, call: ToolCall, max_chars: int, timeout_s: float | None) -> StepResult:
     args = call.arguments
     if call.name == "bash":
         result = sandbox.run(str(args["command"]), timeout_s=timeout_s)

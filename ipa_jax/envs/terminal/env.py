@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ipa_jax.envs.base import SPLITS, Env, StepResult, Task, ToolError
-from ipa_jax.envs.sandbox import Sandbox, SandboxError, SandboxLimits, shared_backend
+from ipa_jax.envs.sandbox import Sandbox, SandboxLimits, shared_backend
 from ipa_jax.envs.sandbox.tools import run_tool, tool_specs
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec, load_task_folder
@@ -143,8 +143,6 @@ class TerminalEnv(Env):
         try:
             return run_tool(self.sandbox, call, max_chars=self.observation_chars,
                             timeout_s=min(self.limits.timeout_s, left))
-        except SandboxError as e:
-            raise ToolError(f"sandbox failure: {e}") from None
         finally:
             self.command_time_s += time.perf_counter() - start
 
