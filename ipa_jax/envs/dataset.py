@@ -47,8 +47,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipa_jax.envs.base import SPLITS, Env, StepResult, Task, normalize_answer
-from ipa_jax.envs.sandbox import Sandbox, SandboxLimits, shared_backend
+from ipa_jax.envs.base import SPLITS, StepResult, Task, normalize_answer
+from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
+from ipa_jax.envs.sandbox.episode import SandboxedEnv
 from ipa_jax.envs.sandbox.tools import TOOL_NAMES, run_tool, tool_specs
 from ipa_jax.envs.tool_calls import ToolCall
 
@@ -62,7 +63,7 @@ def sandbox_tool_specs(names: Sequence[str]) -> list[dict[str, Any]]:
     return tool_specs(tuple(names)) if names else []
 
 
-class QuestionEnv(Env):
+class QuestionEnv(SandboxedEnv):
     """A question answered in a final turn, after optional calls to sandbox tools. Subclasses make the tasks and
     implement `score`; the reward is that score of the final answer's text.
 
@@ -92,7 +93,6 @@ class QuestionEnv(Env):
         self.limits = SandboxLimits(**(limits or {}))
         self.backend_name = backend
         self.eval_fraction = eval_fraction
-        self.sandbox: Sandbox | None = None
 
     # ---- to implement -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -141,12 +141,6 @@ class QuestionEnv(Env):
         if not 0.0 <= reward <= 1.0:
             raise ValueError(f"{self.name}: the score of {self.task.task_id} is {reward}, not in [0, 1]")
         return reward
-
-    def close(self) -> None:
-        super().close()
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
 
     # ---- expert -------------------------------------------------------------------------------------
     def expert_action(self, task: Task, observations: list[str]) -> ToolCall | str:

@@ -19,8 +19,9 @@ import random
 import time
 from typing import Any
 
-from ipa_jax.envs.base import SPLITS, Env, StepResult, Task, ToolError
-from ipa_jax.envs.sandbox import Sandbox, SandboxLimits, shared_backend
+from ipa_jax.envs.base import SPLITS, StepResult, Task, ToolError
+from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
+from ipa_jax.envs.sandbox.episode import SandboxedEnv
 from ipa_jax.envs.sandbox.tools import run_tool, tool_specs
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec, load_task_folder
@@ -30,7 +31,7 @@ from ipa_jax.envs.tool_calls import ToolCall
 DONE_MESSAGE = "Done."
 
 
-class TerminalEnv(Env):
+class TerminalEnv(SandboxedEnv):
     """Shell tasks in a sandbox, graded by their tests.
 
     tiers / families: which built-in families generate tasks (families: names, overriding tiers).
@@ -69,7 +70,6 @@ class TerminalEnv(Env):
         self.backend_name, self.workdir = backend, workdir
         self.limits = SandboxLimits(**(limits or {}))
         self.eval_fraction = eval_fraction
-        self.sandbox: Sandbox | None = None
         self.spec: TerminalSpec | None = None
         self.last_grade: dict[str, Any] = {}
         self.command_time_s = 0.0
@@ -158,12 +158,6 @@ class TerminalEnv(Env):
         self.last_grade = {"reward": reward, "exit_code": result.exit_code, "timed_out": result.timed_out,
                            "output": (result.stdout + result.stderr)[-self.observation_chars:]}
         return reward
-
-    def close(self) -> None:
-        super().close()
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
 
     def check_task(self, task: Task) -> dict[str, float]:
         """The reward of the reference solution (a sound task gives 1.0) and of the untouched workspace (< 1.0),

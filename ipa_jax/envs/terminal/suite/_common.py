@@ -47,6 +47,7 @@ CITIES = _substring_free("paris oslo lima cairo delhi tokyo quito rome seoul dak
 SERVICES = _substring_free("""
     api auth billing cache gateway mailer search worker scheduler storage payments frontend metrics queue
 """)
+RESULT_FILES = ("answer.txt", "result.txt", "out.txt", "report.txt")  # where medium and hard tasks put a result
 DIRS = _substring_free("data docs notes reports archive backup files inbox output records exports assets")
 
 

@@ -16,6 +16,7 @@ from ipa_jax.envs.terminal.suite._common import (
     DIRS,
     INPUTS_DIR,
     NAMES,
+    RESULT_FILES,
     SERVICES,
     WORDS,
     Checks,
@@ -33,7 +34,6 @@ TIER = "hard"
 FAMILIES: list[Maker] = []
 family = family_decorator(TIER, FAMILIES)
 
-RESULT_FILES = ("answer.txt", "result.txt", "out.txt", "report.txt")
 
 
 def sed_replace(path: str, old: str, new: str) -> str:

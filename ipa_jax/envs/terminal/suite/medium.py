@@ -15,6 +15,7 @@ from ipa_jax.envs.terminal.suite._common import (
     CITIES,
     INPUTS_DIR,
     NAMES,
+    RESULT_FILES,
     SERVICES,
     WORDS,
     Checks,
@@ -32,7 +33,6 @@ TIER = "medium"
 FAMILIES: list[Maker] = []
 family = family_decorator(TIER, FAMILIES)
 
-RESULT_FILES = ("answer.txt", "result.txt", "out.txt", "report.txt")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SETTING_KEYS = ("host", "port", "user", "timeout", "retries", "mode", "region", "level", "owner", "theme", "language")
 
