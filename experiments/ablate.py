@@ -4,10 +4,13 @@
     python experiments/ablate.py --preset=small                          # -> runs/ablations/small/
     python experiments/ablate.py --configs=credit_chunk,configs/ablations/credit_token.py --seeds=0,1 \\
         --set=train.steps=60 --set=train.il_warmup_steps=40 --out=runs/ablations/mine
+    python experiments/ablate.py --preset=credit --eval_tasks=256 --eval_samples=4 --claim=lower
 
 Configs are named by file (`credit_token` = configs/ablations/credit_token.py) or given as paths; every --set
-override applies to every arm. The sweep itself (shared warm starts, reuse of finished runs, the folder it writes)
-is `ipa_jax.analysis.sweep`; notebooks/ablations.ipynb reads the same folder.
+override (and --steps, --eval_tasks, --eval_samples) applies to every arm. The table gives per config the mean over
+seeds with a 95% interval over seeds and held-out tasks, and its paired difference with --reference (the first config
+by default) with a verdict on --claim (docs/statistics.md). The sweep itself (shared warm starts, reuse of finished
+runs, the folder it writes) is `ipa_jax.analysis.sweep`; notebooks/ablations.ipynb reads the same folder.
 """
 
 import logging
@@ -17,6 +20,7 @@ import time
 
 from absl import app, flags
 
+from ipa_jax.analysis.stats import CLAIMS
 from ipa_jax.analysis.sweep import PRESETS, Preset, resolve_config, sweep
 from ipa_jax.pipeline.cli import exit_on_config_error, quiet_library_logs
 from ipa_jax.pipeline.config import split_override
@@ -30,6 +34,14 @@ flags.DEFINE_list("seeds", None, "Comma-separated seeds (default: the preset's; 
 flags.DEFINE_string("out", None, "Output folder (run folders, table, plots); default runs/ablations/<preset>.")
 flags.DEFINE_multi_string("set", [], "KEY=VALUE config override for every arm, e.g. --set=train.steps=50 (repeat).")
 flags.DEFINE_integer("steps", None, "Shorthand for --set=train.steps=N.")
+flags.DEFINE_integer("eval_tasks", None, "Held-out tasks per evaluation, every arm (--set=train.eval_episodes=N); the "
+                     "same tasks for every arm and seed.", lower_bound=1)
+flags.DEFINE_integer("eval_samples", None, "Episodes per held-out task and evaluation, every arm "
+                     "(--set=train.eval_samples=N); > 1 samples at the rollout temperature unless "
+                     "rollout.eval_temperature is > 0.", lower_bound=1)
+flags.DEFINE_string("reference", None, "The config the paired differences are taken against; default the first.")
+flags.DEFINE_enum("claim", "higher", list(CLAIMS), "The claimed direction of (config - reference) the verdicts "
+                  "judge: higher (each config beats the reference) or lower (the reference beats each config).")
 flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to threshold' column.")
 flags.DEFINE_enum("isolation", "subprocess", ["subprocess", "inprocess"], "One process per run, or all in this one.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
@@ -67,19 +79,25 @@ def main(argv):
     preset = PRESETS[FLAGS.preset] if FLAGS.preset else Preset(tuple(FLAGS.configs), (0, 1, 2))
     seeds = tuple(int(s) for s in FLAGS.seeds) if FLAGS.seeds is not None else preset.seeds
     overrides = dict(preset.overrides) | dict(split_override(s) for s in FLAGS.set)
-    if FLAGS.steps is not None:
-        overrides["train.steps"] = FLAGS.steps
+    for flag, key in (("steps", "train.steps"), ("eval_tasks", "train.eval_episodes"),
+                      ("eval_samples", "train.eval_samples")):
+        if FLAGS[flag].value is not None:
+            overrides[key] = FLAGS[flag].value
     try:
         configs = [resolve_config(c, CONFIG_DIR) for c in preset.configs]
     except ValueError as e:
         raise app.UsageError(f"--configs: {e}") from None
+    if FLAGS.reference is not None and FLAGS.reference not in [name for name, _ in configs]:
+        raise app.UsageError(f"--reference must be one of the configs ({', '.join(n for n, _ in configs)}), "
+                             f"got {FLAGS.reference!r}")
     out = os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", FLAGS.preset or "custom"))
     quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None
     manifest = sweep(configs, seeds, out, overrides=overrides, threshold=FLAGS.threshold, train_command=train,
-                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start)
+                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start, reference=FLAGS.reference,
+                     claim=FLAGS.claim)
     print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
           f"{time.perf_counter() - t0:.0f} s; table, plots and runs in {out}")
     if manifest["failed"]:

@@ -7,9 +7,10 @@
 
 A run folder gives its config.json, its tokenizer and the policy of its latest complete checkpoint (or --step); an
 HF folder needs --config (environment, its kwargs, rollout budgets). The tasks are the held-out set a run's
-evaluations play, so at k=1 and the config's rollout.eval_temperature success is comparable with the run's
-eval/success (`ipa_jax.pipeline.evaluation`). Prints a table and writes the JSON report (per-task and per-episode
-outcomes) to --out (default <run>/eval/step_<8 digits>_k<k>_t<T>.json for a run folder, else ./evaluation.json).
+evaluations play, so at --k = the config's train.eval_samples (1 by default) and the default temperature success is
+comparable with the run's eval/success (`ipa_jax.pipeline.evaluation`). Prints a table and writes the JSON report
+(per-task and per-episode outcomes) to --out (default <run>/eval/step_<8 digits>_k<k>_t<T>.json for a run folder,
+else ./evaluation.json).
 """
 
 from absl import app, flags
@@ -34,7 +35,7 @@ flags.DEFINE_string("tokenizer", "", "Tokenizer folder of --policy; default: the
 flags.DEFINE_integer("episodes", None, "Held-out tasks; default: the config's train.eval_episodes.", lower_bound=1)
 flags.DEFINE_integer("k", 1, "Samples per task (pass@k).", lower_bound=1)
 flags.DEFINE_float("temperature", None, "Sampling temperature; default: the config's rollout.eval_temperature "
-                   "(0 = greedy).", lower_bound=0.0)
+                   "(0 = greedy), or its rollout.temperature when that is 0 and --k > 1.", lower_bound=0.0)
 flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split (eval: the held-out tasks runs evaluate on).")
 flags.DEFINE_list("sglang_urls", [], "SGLang servers already serving the policy; default: the embedded engine.")
 flags.DEFINE_string("out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else "

@@ -332,23 +332,30 @@ def build_chunk_ids(action_mask: np.ndarray, chunk_end_positions: Sequence[int])
 
 
 class TrajectoryBatch(NamedTuple):
-    """Right-padded device form of B trajectories (a JAX pytree). T is a length bucket.
+    """Device form of trajectories (a JAX pytree): B rows of a length bucket T, right-padded, one trajectory per row
+    (pad_batch) or several back to back (pack_batch).
 
-    Padding (t >= length of row i): tokens = pad_id, attention_mask/action_mask/expert_mask False,
-    behavior_logprobs 0, chunk_ids -1, positions continue counting (t), routed_experts 0.
+    Padding (after a row's trajectories): tokens = pad_id, attention_mask/action_mask/expert_mask False,
+    behavior_logprobs 0, chunk_ids -1, routed_experts 0; positions continue counting (t) in a one-per-row batch.
+
+    Packed rows (segment_ids not None): the trajectories of row i are runs of segment ids 1, 2, ... (0 = padding);
+    positions restart at 0 in every run (padding's too); chunk ids are unique within the row (a trajectory's
+    continue the numbering of the one before it); the per-trajectory fields are [B, S], slot s holding the
+    trajectory of segment s + 1 (an unused slot: reward 0, group id and policy version -1).
     """
 
     tokens: np.ndarray  # int32[B, T]
     attention_mask: np.ndarray  # bool[B, T]  real tokens
-    positions: np.ndarray  # int32[B, T]  0..T-1 (padding continues the count)
+    positions: np.ndarray  # int32[B, T]  0..T-1 (padding continues the count); packed: 0.. in every segment
     action_mask: np.ndarray  # bool[B, T]
     behavior_logprobs: np.ndarray  # float32[B, T]
     chunk_ids: np.ndarray  # int32[B, T]  -1 outside actions and on padding
     expert_mask: np.ndarray  # bool[B, T]
-    rewards: np.ndarray  # float32[B]
-    group_ids: np.ndarray  # int32[B]  0..G-1 in order of first appearance of info['task_id'] (uid if absent)
-    policy_versions: np.ndarray  # int32[B]
+    rewards: np.ndarray  # float32[B] ([B, S] packed)
+    group_ids: np.ndarray  # int32[B] ([B, S])  0..G-1 in order of first appearance of info['task_id'] (uid if absent)
+    policy_versions: np.ndarray  # int32[B] ([B, S])
     routed_experts: np.ndarray | None = None  # int32[B, T, L, k]
+    segment_ids: np.ndarray | None = None  # int32[B, T] packed rows: 1.. per trajectory, 0 on padding
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -359,26 +366,86 @@ def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
     return min(fitting)
 
 
-def pad_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS,
-              pad_id: int = 0) -> TrajectoryBatch:
-    """Validates and right-pads trajectories into a TrajectoryBatch with T = the smallest bucket >= the
-    longest trajectory. routed_experts must be given for all trajectories or for none."""
+def _bucket(trajs: Sequence[Trajectory], buckets: Sequence[int]) -> int:
+    """Validates the trajectories; T = the smallest bucket that holds the longest one."""
     if not trajs:
-        raise ValueError("pad_batch needs at least one trajectory")
+        raise ValueError("a batch needs at least one trajectory")
     for traj in trajs:
         traj.validate()
     longest = max(trajs, key=lambda tr: tr.length)
     try:
-        T = bucket_length(longest.length, buckets)
+        return bucket_length(longest.length, buckets)
     except ValueError as e:
         raise ValueError(f"trajectory {longest.uid!r}: field 'tokens': {e}") from None
-    B = len(trajs)
+
+
+def pad_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS,
+              pad_id: int = 0) -> TrajectoryBatch:
+    """Validates and right-pads trajectories into a TrajectoryBatch with T = the smallest bucket >= the
+    longest trajectory. routed_experts must be given for all trajectories or for none."""
+    return _fill_rows(trajs, [[i] for i in range(len(trajs))], _bucket(trajs, buckets), pad_id, num_slots=None)
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of total length <= capacity holding every index of `lengths` once: longest first (ties: lower index),
+    each into the first bin with room, else a new bin. Returns each bin's indices in the order placed."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        if lengths[i] > capacity:
+            raise ValueError(f"length {lengths[i]} at index {i} exceeds the capacity {capacity}")
+        b = next((k for k, free in enumerate(room) if free >= lengths[i]), len(bins))
+        if b == len(bins):
+            bins.append([])
+            room.append(capacity)
+        bins[b].append(i)
+        room[b] -= lengths[i]
+    return bins
+
+
+def packed_row_count(needed: int, multiple: int, most: int) -> int:
+    """Rows of a packed batch: the fewest of (1, 2, 3, 4, 6, 8, 12, 16, ...) * multiple (powers of two and three
+    times them) that hold `needed` rows, capped at `most`. Few distinct counts bound the train step's recompiles;
+    fewer than a third of the rows are empty."""
+    units = -(-needed // multiple)
+    power = 1 << max(units - 1, 0).bit_length()  # the smallest power of two >= units
+    size = 3 * power // 4 if power >= 4 and 3 * power // 4 >= units else power
+    return min(size * multiple, most)
+
+
+def pack_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0,
+               row_multiple: int = 1) -> tuple[TrajectoryBatch, np.ndarray]:
+    """Validates and packs trajectories into rows of T = the smallest bucket >= the longest trajectory, several
+    per row (first_fit_decreasing), as a TrajectoryBatch with segment_ids. Returns it and slots int32[B, S], the
+    index into `trajs` of the trajectory in each slot (-1 unused).
+
+    B = packed_row_count(bins, row_multiple, len(trajs) rounded up to row_multiple): the microbatches and the
+    data-parallel devices split B, and the rows beyond the bins are empty (all padding). S = the most
+    trajectories in one row, rounded up to a power of two (fewer distinct shapes)."""
+    T = _bucket(trajs, buckets)
+    rows = first_fit_decreasing([tr.length for tr in trajs], T)
+    most = -(-len(trajs) // row_multiple) * row_multiple
+    rows += [[] for _ in range(packed_row_count(len(rows), row_multiple, most) - len(rows))]
+    num_slots = 1 << (max(len(r) for r in rows) - 1).bit_length()
+    slots = np.full((len(rows), num_slots), -1, np.int32)
+    for r, members in enumerate(rows):
+        slots[r, :len(members)] = members
+    return _fill_rows(trajs, rows, T, pad_id, num_slots), slots
+
+
+def _fill_rows(trajs: Sequence[Trajectory], rows: Sequence[Sequence[int]], T: int, pad_id: int,
+               num_slots: int | None) -> TrajectoryBatch:
+    """The TrajectoryBatch whose row r holds trajs[j] for j in rows[r], left to right. num_slots None: one
+    trajectory per row ([B] per-trajectory fields, no segment ids); else packed rows with [B, num_slots] fields."""
+    B = len(rows)
     tokens = np.full((B, T), pad_id, np.int32)
     attention = np.zeros((B, T), bool)
+    positions = np.zeros((B, T), np.int32)
     action = np.zeros((B, T), bool)
     behavior = np.zeros((B, T), np.float32)
     chunks = np.full((B, T), -1, np.int32)
     expert = np.zeros((B, T), bool)
+    segments = np.zeros((B, T), np.int32)
     has_routes = [tr.routed_experts is not None for tr in trajs]
     if any(has_routes) and not all(has_routes):
         uid = trajs[has_routes.index(False)].uid
@@ -392,29 +459,43 @@ def pad_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCK
                                  f"does not match [T, {L}, {k}] of the other trajectories")
         routes = np.zeros((B, T, L, k), np.int32)
     group_of: dict[str, int] = {}
-    group_ids = np.zeros(B, np.int32)
-    for i, tr in enumerate(trajs):
-        n = tr.length
-        tokens[i, :n] = tr.tokens
-        attention[i, :n] = True
-        action[i, :n] = tr.action_mask
-        behavior[i, :n] = tr.behavior_logprobs
-        chunks[i, :n] = tr.chunk_ids
-        expert[i, :n] = tr.expert_mask
-        if routes is not None:
-            routes[i, :n] = tr.routed_experts
-        key = str(tr.info.get("task_id", tr.uid))
-        group_ids[i] = group_of.setdefault(key, len(group_of))
+    groups = [group_of.setdefault(str(tr.info.get("task_id", tr.uid)), len(group_of)) for tr in trajs]
+    per_trajectory = (B,) if num_slots is None else (B, num_slots)
+    rewards = np.zeros(per_trajectory, np.float32)
+    group_ids = np.full(per_trajectory, -1, np.int32)
+    versions = np.full(per_trajectory, -1, np.int32)
+    for r, members in enumerate(rows):
+        start = first_chunk = 0
+        for s, j in enumerate(members):
+            tr = trajs[j]
+            span = slice(start, start + tr.length)
+            tokens[r, span] = tr.tokens
+            attention[r, span] = True
+            positions[r, span] = np.arange(tr.length)
+            action[r, span] = tr.action_mask
+            behavior[r, span] = tr.behavior_logprobs
+            chunks[r, span] = np.where(tr.action_mask, tr.chunk_ids + first_chunk, -1)
+            expert[r, span] = tr.expert_mask
+            segments[r, span] = s + 1
+            if routes is not None:
+                routes[r, span] = tr.routed_experts
+            slot = r if num_slots is None else (r, s)
+            rewards[slot], group_ids[slot], versions[slot] = tr.reward, groups[j], tr.policy_version
+            start += tr.length
+            first_chunk += tr.num_chunks
+        # padding continues the count in a one-per-row batch and restarts (a run of its own) in a packed one
+        positions[r, start:] = np.arange(T - start) + (start if num_slots is None else 0)
     return TrajectoryBatch(
         tokens=tokens,
         attention_mask=attention,
-        positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+        positions=positions,
         action_mask=action,
         behavior_logprobs=behavior,
         chunk_ids=chunks,
         expert_mask=expert,
-        rewards=np.asarray([tr.reward for tr in trajs], np.float32),
+        rewards=rewards,
         group_ids=group_ids,
-        policy_versions=np.asarray([tr.policy_version for tr in trajs], np.int32),
+        policy_versions=versions,
         routed_experts=routes,
+        segment_ids=None if num_slots is None else segments,
     )

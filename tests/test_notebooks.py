@@ -1,9 +1,9 @@
 """Both notebooks execute headless (nbclient, the venv's python3 kernel) on a tiny run folder and a tiny ablation
 folder made here, and show what the folders hold (not hard-coded outputs: the numbers come from the files).
 
-The folders are synthetic (metrics.jsonl, summary.json, samples written with ipa_jax.trajectory.write_jsonl, a
-tokenizer from build_tokenizer): the notebooks read files, so a training run would only add minutes here; the
-ablation test (tests/analysis/test_analysis_sweep.py) covers folders made by real runs.
+The folders are synthetic (metrics.jsonl, summary.json, the last evaluation's per-task record, samples written with
+ipa_jax.trajectory.write_jsonl, a tokenizer from build_tokenizer): the notebooks read files, so a training run would
+only add minutes here; the ablation test (tests/analysis/test_analysis_sweep.py) covers folders made by real runs.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import pytest
 from nbclient import NotebookClient
 
 from ipa_jax import analysis
+from ipa_jax.pipeline import RunFolder
 from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import Trajectory, write_jsonl
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 EVAL_STEPS = (0, 2, 6, 10, 14, 18, 20)
 WARMUP = 2  # IL warm-start steps of the synthetic runs (success_before = held-out success at this step)
+EVAL_TASKS = 16  # held-out tasks of the synthetic runs' last evaluation (per-task record), one sample each
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,16 @@ def _episode(tokenizer, uid: str, reward: float, split: str, expert_prefix: bool
 
 def write_synthetic_run(run_dir: str, tokenizer, seed: int, steps: int = 20, lift: float = 0.4) -> dict:
     """A finished run folder with the contract's files; held-out success rises by about `lift` over the run.
-    Returns the values written (for the tests to check the rendered outputs against)."""
+    The last evaluation's per-task record solves task t when a seed-determined uniform u_t < its success, so runs of
+    one seed share u and a larger lift solves a superset of tasks. Returns the values written (for the tests to
+    check the rendered outputs against)."""
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
     success = {s: float(np.clip(0.2 + lift * s / steps + rng.normal(0, 0.05), 0, 1)) for s in EVAL_STEPS}
+    solved = rng.random(EVAL_TASKS) < success[steps]
+    success[steps] = float(solved.mean())
+    RunFolder(run_dir).write_eval_tasks(steps, {"tasks": [
+        {"task_id": f"lookup/eval/0/{t}", "samples": 1, "successes": int(ok)} for t, ok in enumerate(solved)]})
     rows = []
     for s in range(1, steps + 1):
         rows.append({"step": s, "loss": float(rng.normal(1.0, 0.1)), "grad_norm": float(rng.uniform(0.5, 2)),
@@ -100,7 +108,7 @@ def write_synthetic_run(run_dir: str, tokenizer, seed: int, steps: int = 20, lif
     episodes = [_episode(tokenizer, f"s{seed}-train-0", 1.0, "train", expert_prefix=True),
                 _episode(tokenizer, f"s{seed}-eval-0", 0.0, "eval", expert_prefix=False)]
     write_jsonl(os.path.join(run_dir, "samples", f"step_{steps:08d}.jsonl"), episodes)
-    return {"success": success, "summary": summary, "episodes": episodes}
+    return {"success": success, "summary": summary, "episodes": episodes, "solved": solved}
 
 
 def write_synthetic_ablation(out: str, tokenizer, configs: dict[str, float], seeds=(0, 1), threshold=0.4) -> dict:
@@ -173,7 +181,7 @@ def test_ablations_notebook(tmp_path, tokenizer, monkeypatch):
     written = write_synthetic_ablation(out, tokenizer, {"cfg_low": 0.1, "cfg_high": 0.6})
     nb = execute("ablations.ipynb", {"ABLATION_DIR": out}, monkeypatch)
     text = outputs_text(nb)
-    assert count_images(nb) == len(analysis.ABLATION_PLOTS) + 1
+    assert count_images(nb) == len(analysis.ABLATION_PLOTS) + 2
     # The table row of each config: final success mean ± std over seeds, computed here with NumPy.
     for name in ("cfg_low", "cfg_high"):
         finals = np.array([written[(name, s)]["summary"]["success_after"] for s in (0, 1)])
@@ -181,3 +189,7 @@ def test_ablations_notebook(tmp_path, tokenizer, monkeypatch):
         assert row is not None, text
         assert math.isclose(float(row.group(1)), finals.mean(), abs_tol=1e-3)
         assert math.isclose(float(row.group(2)), finals.std(ddof=1), abs_tol=1e-3)
+    # The paired difference with the reference (the first config): from the per-task records, seed by seed.
+    diffs = [written[("cfg_high", s)]["solved"].mean() - written[("cfg_low", s)]["solved"].mean() for s in (0, 1)]
+    assert f"| cfg_high | 2 | {EVAL_TASKS} | {np.mean(diffs):+.3f} | [" in text
+    assert "config - cfg_low (same seeds, same tasks)" in text and "reference: cfg_low" in text

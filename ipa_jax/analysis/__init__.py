@@ -1,6 +1,7 @@
 """Reading runs and ablations: curves, per-run numbers, episode rendering, ablation sweeps, tables and plots.
 
     curves.py     metric series of one run, smoothing, AUC, steps to a threshold, the per-run table numbers
+    stats.py      confidence intervals over seeds and held-out tasks, paired differences, sign tests, verdicts
     episodes.py   one episode as HTML (tokens coloured by chunk, context and expert targets)
     tables.py     ablation folders: manifest, comparison tables (Markdown, CSV) and plots
     sweep.py      train a set of configs over seeds (shared warm starts) and write the comparison
@@ -14,6 +15,7 @@ from ipa_jax.analysis.curves import (
                                      RUN_CURVES,
                                      SCALARS,
                                      curve_auc,
+                                     final_outcomes,
                                      newest_run,
                                      run_scalars,
                                      seed_band,
@@ -22,9 +24,22 @@ from ipa_jax.analysis.curves import (
                                      steps_to_threshold,
 )
 from ipa_jax.analysis.episodes import Segment, episode_segments, load_run_tokenizer, render_episode_html
+from ipa_jax.analysis.stats import (
+                                     Estimate,
+                                     PairedDifference,
+                                     SignTest,
+                                     TaskOutcomes,
+                                     arm_estimate,
+                                     hierarchical_bootstrap,
+                                     paired_difference,
+                                     sign_test,
+                                     verdict,
+)
 from ipa_jax.analysis.tables import (
                                      ABLATION_PLOTS,
+                                     ablation_reference,
                                      ablation_rows,
+                                     comparison_columns,
                                      load_ablation,
                                      newest_ablation,
                                      plot_band,
@@ -35,8 +50,10 @@ from ipa_jax.analysis.tables import (
 )
 
 __all__ = [
-    "ABLATION_PLOTS", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Segment", "ablation_rows", "curve_auc",
-    "episode_segments", "load_ablation", "load_run_tokenizer", "newest_ablation", "newest_run", "plot_band",
-    "render_episode_html", "run_scalars", "seed_band", "series", "smooth", "steps_to_threshold", "table_markdown",
-    "write_csv", "write_plots", "write_tables",
+    "ABLATION_PLOTS", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Estimate", "PairedDifference", "Segment", "SignTest",
+    "TaskOutcomes", "ablation_reference", "ablation_rows", "arm_estimate", "comparison_columns", "curve_auc",
+    "episode_segments", "final_outcomes", "hierarchical_bootstrap", "load_ablation", "load_run_tokenizer",
+    "newest_ablation", "newest_run", "paired_difference", "plot_band", "render_episode_html", "run_scalars",
+    "seed_band", "series", "sign_test", "smooth", "steps_to_threshold", "table_markdown", "verdict", "write_csv",
+    "write_plots", "write_tables",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ipa_jax.analysis.stats import TaskOutcomes
 from ipa_jax.pipeline import RunFolder
 
 EVAL_SUCCESS = "eval/success"
@@ -90,6 +91,21 @@ def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
         "wall_time_s": float(summary["wall_time_s"]),
         "admitted_fraction": float(np.mean(admitted)) if admitted.size else math.nan,
     }
+
+
+def final_outcomes(run_dir: str) -> tuple[int, TaskOutcomes]:
+    """(train seed, outcomes of the run's last held-out evaluation task by task): eval_tasks/ at the step of the last
+    evaluation in summary.json; a run folder without that record (from before per-task records) gives the run's
+    success_after as one pseudo-task (`TaskOutcomes.from_rate`: only seeds can then be resampled)."""
+    folder = RunFolder(run_dir)
+    summary = folder.read_summary()
+    if summary.get("success_after") is None:
+        raise ValueError(f"{run_dir}/summary.json: no value for 'success_after' (a run without evaluations)")
+    history = summary.get("eval_history") or [{"step": summary["steps"]}]
+    step = int(history[-1]["step"])
+    if os.path.exists(folder.eval_tasks_path(step)):
+        return int(summary["seed"]), TaskOutcomes.from_records(folder.read_eval_tasks(step)["tasks"])
+    return int(summary["seed"]), TaskOutcomes.from_rate(float(summary["success_after"]))
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

@@ -3,13 +3,15 @@
 Each (config, seed) trains into <out>/runs/<config>/seed_<seed> with train.seed and train.run_dir set (and the
 sweep's overrides applied to every arm); a run whose folder already holds summary.json is reused, so rerunning an
 interrupted sweep continues it (`rerun=True` starts the runs afresh). Then <out>/ holds ablation.json (what ran,
-where, what failed), table.md, table.csv, runs.csv and the plots (`ipa_jax.analysis.tables`).
+where, what failed), table.md, table.csv, runs.csv and the plots (`ipa_jax.analysis.tables`): per config the mean
+over seeds with its confidence interval, and its paired difference with a reference config (docs/statistics.md).
 
 Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
 the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
 <out>/warm_starts/<first such config>/seed_<seed> (train.steps = train.il_warmup_steps: it stops where RL would
-start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics). Their comparison is then
-paired: every arm starts RL from the same policy. A run's wall_time_s is its own process's, the RL phase.
+start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics, evaluation records). Their
+comparison is then paired: every arm of a seed starts RL from the same policy, and every run is evaluated on the same
+held-out tasks (`ipa_jax.pipeline.evaluation.EVAL_SEED`). A run's wall_time_s is its own process's, the RL phase.
 
 Isolation: with `train_command` (the argv of the training script, e.g. `python experiments/train.py`) every run is
 a fresh process, so runs share no JAX/XLA state, a run that crashes or runs out of memory fails alone and is
@@ -30,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipa_jax.analysis.tables import load_ablation, write_plots, write_tables
+from ipa_jax.analysis.stats import CLAIMS
+from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
 from ipa_jax.pipeline import RunFolder, load_config, run, validate
 from ipa_jax.pipeline.config import flatten
 
@@ -40,7 +43,7 @@ log = logging.getLogger(__name__)
 RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
                  "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "train.steps",
                  "train.eval_every", "train.name", "train.run_dir")
-WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples")
+WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 
 
 @dataclass(frozen=True)
@@ -139,20 +142,29 @@ def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
 
 def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
           overrides: Mapping[str, Any] = (), threshold: float = 0.5, train_command: Sequence[str] | None = None,
-          rerun: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
+          rerun: bool = False, share_warm_start: bool = True, reference: str | None = None,
+          claim: str = "higher") -> dict[str, Any]:
     """Trains every (config, seed) in order with `overrides` on every arm (a line per run as it starts), then writes
-    the tables (and prints the Markdown one) and the plots into `out`. Returns the manifest (also
-    <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
+    the tables (and prints the Markdown one) and the plots into `out`: differences against `reference` (default the
+    first config), verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats
+    it). Returns the manifest (also <out>/ablation.json, rewritten after every run so a partial sweep is
+    readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
     names = [name for name, _ in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"two configs share a name: {names}")
+    reference = names[0] if reference is None else reference
+    if reference not in names:
+        raise ValueError(f"reference {reference!r} is not one of the configs {names}")
+    if claim not in CLAIMS:
+        raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
     overrides = dict(overrides)
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     manifest: dict[str, Any] = {
         "configs": dict(configs), "seeds": list(seeds), "overrides": overrides, "threshold": threshold,
+        "reference": reference, "claim": claim,
         "isolation": "subprocess" if train_command else "inprocess", "runs": {}, "failed": [], "wall_time_s": {},
         "warm_starts": {},
     }
@@ -205,8 +217,11 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     _write_manifest(out, manifest)
     if not manifest["runs"]:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
-    runs = load_ablation(out)["runs"]
-    write_tables(out, runs, threshold)
+    loaded = load_ablation(out)
+    runs = loaded["runs"]
+    if ablation_reference(loaded) != reference:
+        log.warning("%s has no finished run: differences are taken against %s", reference, ablation_reference(loaded))
+    write_tables(out, runs, threshold, reference=ablation_reference(loaded), claim=claim)
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
     try:

@@ -1,9 +1,12 @@
 """Ablation folders (written by `ipa_jax.analysis.sweep`): the manifest, the comparison tables and the plots.
 
 An ablation folder holds `ablation.json` = {"configs": {name: config path}, "seeds": [...], "runs": {name:
-[run_dir, ...]}, "threshold": float, ...}, the run folders under runs/<name>/seed_<s>, table.md, table.csv,
-runs.csv and the PNG plots. Plot functions draw on a matplotlib Axes given by the caller (pyplot in a notebook, a
-bare Figure in write_plots), so this module never picks a matplotlib backend.
+[run_dir, ...]}, "threshold": float, "reference": name, "claim": "higher" | "lower", ...}, the run folders under
+runs/<name>/seed_<s>, table.md, table.csv, runs.csv and the PNG plots. The tables hold per config the mean and
+sample std over seeds of the per-run numbers, the final success's confidence interval over seeds and held-out
+tasks, and its paired difference with a reference config (`ipa_jax.analysis.stats`, docs/statistics.md). Plot
+functions draw on a matplotlib Axes given by the caller (pyplot in a notebook, a bare Figure in write_plots), so
+this module never picks a matplotlib backend.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.analysis.curves import EVAL_SUCCESS, SCALARS, run_scalars, seed_band, series, smooth
+from ipa_jax.analysis.curves import EVAL_SUCCESS, SCALARS, final_outcomes, run_scalars, seed_band, series, smooth
+from ipa_jax.analysis.stats import (
+    CLAIMS,
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    SEEDS_ONLY,
+    SignTest,
+    arm_estimate,
+    paired_difference,
+)
 from ipa_jax.pipeline import RunFolder
 
 
@@ -31,6 +43,15 @@ def load_ablation(ablation_dir: str) -> dict[str, Any]:
         manifest = json.load(f)
     manifest["runs"] = {name: [os.path.join(ablation_dir, d) for d in dirs] for name, dirs in manifest["runs"].items()}
     return manifest
+
+
+def ablation_reference(manifest: dict[str, Any]) -> str:
+    """The config the differences are taken against: the manifest's reference when it has finished runs, else (an
+    older manifest without one, or every reference run failed) the first config with finished runs."""
+    if not manifest["runs"]:
+        raise ValueError("the ablation has no finished run")
+    reference = manifest.get("reference")
+    return reference if reference in manifest["runs"] else next(iter(manifest["runs"]))
 
 
 def newest_ablation(root: str = os.path.join("runs", "ablations")) -> str:
@@ -49,11 +70,75 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(finite.mean()), float(finite.std(ddof=1)) if finite.size > 1 else math.nan
 
 
-def ablation_rows(runs: dict[str, list[str]], threshold: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = None, claim: str = "higher",
+                       resamples: int = DEFAULT_RESAMPLES) -> dict[str, dict[str, Any]]:
+    """Per config, the statistics of its final held-out success (`final_outcomes` of each run, paired by train seed):
+
+    success_after_ci_low / _high, ci_resampled: the 95% hierarchical-bootstrap interval of the mean over seeds
+    (`arm_estimate`; ci_resampled "seeds, tasks", or "seeds" for run folders without per-task records);
+    reference, claim, diff_*: its paired difference with `reference` (default: the first config) over their common
+    seeds (`paired_difference`): diff_mean, diff_ci_low / _high, diff_resampled, diff_seeds, diff_tasks, the sign
+    tests over (seed, task) pairs (tasks_better / _worse / _tied, sign_p_tasks) and over seeds (seeds_better /
+    _worse / _tied, sign_p_seeds), and verdict on `claim` ("higher": the config beats the reference); nan / None
+    for the reference itself and for a config without a seed in common with it; note: what the intervals leave
+    out."""
+    if claim not in CLAIMS:
+        raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
+    reference = next(iter(runs), None) if reference is None else reference
+    if reference not in runs:
+        raise ValueError(f"reference {reference!r} has no finished run (configs with runs: {', '.join(runs)})")
+    outcomes = {}
+    for name, run_dirs in runs.items():
+        by_seed = dict(final_outcomes(d) for d in run_dirs)
+        if len(by_seed) != len(run_dirs):
+            raise ValueError(f"{name}: two runs share a train seed ({run_dirs})")
+        outcomes[name] = by_seed
+    columns = {}
+    for name, by_seed in outcomes.items():
+        arm = arm_estimate(list(by_seed.values()), resamples=resamples)
+        row: dict[str, Any] = {"success_after_ci_low": arm.low, "success_after_ci_high": arm.high,
+                               "ci_resampled": arm.resampled, "reference": reference, "claim": claim}
+        notes = [arm.note]
+        if name == reference or not set(by_seed) & set(outcomes[reference]):
+            row.update(_no_difference())
+            if name != reference:
+                notes.append(f"no seed in common with {reference}")
+        else:
+            diff = paired_difference(outcomes[reference], by_seed, resamples=resamples)
+            row.update(diff_mean=diff.mean, diff_ci_low=diff.low, diff_ci_high=diff.high,
+                       diff_resampled=diff.resampled, diff_seeds=diff.seeds, diff_tasks=diff.tasks,
+                       **_sign_columns("tasks", diff.tasks_sign), **_sign_columns("seeds", diff.seeds_sign),
+                       verdict=diff.verdict(claim))
+            notes.append(diff.note)
+        parts = [part for note in notes if note for part in note.split("; ")]
+        row["note"] = "; ".join(dict.fromkeys(parts))  # the arm's and the difference's notes, each said once
+        columns[name] = row
+    return columns
+
+
+def _sign_columns(unit: str, test: SignTest | None) -> dict[str, Any]:
+    """<unit>_better / _worse / _tied and sign_p_<unit> of a sign test (None / nan without one)."""
+    if test is None:
+        return {f"{unit}_better": None, f"{unit}_worse": None, f"{unit}_tied": None, f"sign_p_{unit}": math.nan}
+    return {f"{unit}_better": test.positive, f"{unit}_worse": test.negative, f"{unit}_tied": test.ties,
+            f"sign_p_{unit}": test.p_value}
+
+
+def _no_difference() -> dict[str, Any]:
+    """The paired-difference columns of a config not compared (the reference, or no common seed)."""
+    return {"diff_mean": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "diff_resampled": "",
+            "diff_seeds": 0, "diff_tasks": 0, **_sign_columns("tasks", None), **_sign_columns("seeds", None),
+            "verdict": ""}
+
+
+def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
+                  claim: str = "higher", resamples: int = DEFAULT_RESAMPLES
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows). A per-config row holds n_seeds, <scalar>_mean and <scalar>_std for each
-    of SCALARS (over seeds), and threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
-    averaged over those only)."""
+    of SCALARS (over seeds), threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
+    averaged over those only), and the `comparison_columns` of its final success against `reference`."""
     config_rows, run_rows = [], []
+    comparison = comparison_columns(runs, reference=reference, claim=claim, resamples=resamples) if runs else {}
     for name, run_dirs in runs.items():
         per_run = [run_scalars(d, threshold) for d in run_dirs]
         for d, scalars in zip(run_dirs, per_run):
@@ -62,7 +147,7 @@ def ablation_rows(runs: dict[str, list[str]], threshold: float) -> tuple[list[di
         for key in SCALARS:
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in per_run])
         row["threshold_reached"] = sum(math.isfinite(s["steps_to_threshold"]) for s in per_run)
-        config_rows.append(row)
+        config_rows.append({**row, **comparison[name]})
     return config_rows, run_rows
 
 
@@ -72,9 +157,31 @@ def _fmt(mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f}" if not math.isfinite(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def _interval(low: float, high: float, resampled: str, signed: bool = False) -> str:
+    """[low, high] (3 decimals, `signed`: with +), "(seeds only)" when tasks were not resampled; "-" without one."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "-"
+    number = "{:+.3f}" if signed else "{:.3f}"
+    cell = f"[{number.format(low)}, {number.format(high)}]"
+    return cell + " (seeds only)" if resampled == SEEDS_ONLY else cell
+
+
+def _counts(row: dict[str, Any], unit: str) -> str:
+    if row[f"{unit}_better"] is None:
+        return "-"
+    return f"{row[f'{unit}_better']} / {row[f'{unit}_worse']} / {row[f'{unit}_tied']}"
+
+
+def _p(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.3g}"
+
+
 def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
-    """The per-config rows as a Markdown table (mean ± sample std over seeds)."""
-    header = ["config", "seeds", "success before", "success after", "AUC success",
+    """The per-config rows (`ablation_rows`) as Markdown: mean ± sample std over seeds and the final success's 95%
+    interval per config, then the paired differences of final success against the reference config (interval,
+    sign tests, verdict), then notes on what the intervals cover."""
+    level = f"{DEFAULT_LEVEL:.0%}"
+    header = ["config", "seeds", "success before", "success after", f"{level} CI", "AUC success",
               f"RL steps to {threshold:g}", "wall time (s)", "admitted"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
@@ -83,10 +190,34 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
         cells = [r["config"], str(r["n_seeds"]),
                  _fmt(r["success_before_mean"], r["success_before_std"], 3),
                  _fmt(r["success_after_mean"], r["success_after_std"], 3),
+                 _interval(r["success_after_ci_low"], r["success_after_ci_high"], r["ci_resampled"]),
                  _fmt(r["auc_mean"], r["auc_std"], 3), reached,
                  _fmt(r["wall_time_s_mean"], r["wall_time_s_std"], 0),
                  _fmt(r["admitted_fraction_mean"], r["admitted_fraction_std"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return "\n".join(lines) + "\n"
+    reference, claim = rows[0]["reference"], rows[0]["claim"]
+    sign = ">" if claim == "higher" else "<"
+    lines += ["", f"Paired difference in final held-out success, config - {reference} (same seeds, same tasks); "
+                  f"verdict on the claim: config {sign} {reference}", "",
+              f"| config | seeds | tasks | Δ success | {level} CI | tasks + / - / = | sign test p (tasks) | "
+              "seeds + / - / = | sign test p (seeds) | verdict |", "|" + "---|" * 10]
+    for r in rows:
+        if r["config"] == reference:
+            continue
+        cells = [r["config"], str(r["diff_seeds"]), str(r["diff_tasks"]),
+                 "-" if not math.isfinite(r["diff_mean"]) else f"{r['diff_mean']:+.3f}",
+                 _interval(r["diff_ci_low"], r["diff_ci_high"], r["diff_resampled"], signed=True),
+                 _counts(r, "tasks"), _p(r["sign_p_tasks"]), _counts(r, "seeds"), _p(r["sign_p_seeds"]),
+                 r["verdict"] or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"{level} CI: percentile interval of a hierarchical bootstrap (seeds drawn with replacement, "
+                  "then held-out tasks within each seed; both arms of a difference draw the same seeds and tasks), "
+                  "so it includes seed-to-seed training variance; \"(seeds only)\": no per-task "
+                  "records, seeds resampled only. Verdict: supported / contradicted when the difference's interval "
+                  "excludes 0 on the claimed / the other side, else inconclusive. See docs/statistics.md."]
+    lines += [f"- {r['config']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines) + "\n"
 
 
@@ -101,9 +232,11 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
             writer.writerow({k: "" if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()})
 
 
-def write_tables(ablation_dir: str, runs: dict[str, list[str]], threshold: float) -> list[dict[str, Any]]:
-    """table.md, table.csv (per config) and runs.csv (per run) in `ablation_dir`; returns the per-config rows."""
-    config_rows, run_rows = ablation_rows(runs, threshold)
+def write_tables(ablation_dir: str, runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
+                 claim: str = "higher") -> list[dict[str, Any]]:
+    """table.md, table.csv (per config; differences against `reference`, default the first config, verdicts on
+    `claim`) and runs.csv (per run) in `ablation_dir`; returns the per-config rows."""
+    config_rows, run_rows = ablation_rows(runs, threshold, reference=reference, claim=claim)
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))
     write_csv(os.path.join(ablation_dir, "table.csv"), config_rows)

@@ -16,6 +16,16 @@ import numpy as np
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+# What a weight update does to the generation requests in flight (`rollout.partial`, docs/off_policy.md):
+# "finish": they finish on the weights they started with, and the update waits for them;
+# "abort_resume": they are interrupted and continued from the tokens generated so far with the new weights.
+PARTIAL_MODES: tuple[str, ...] = ("finish", "abort_resume")
+
+
+def check_partial(partial: str) -> str:
+    if partial not in PARTIAL_MODES:
+        raise ValueError(f"partial must be one of {PARTIAL_MODES}, got {partial!r}")
+    return partial
 
 
 class EngineError(RuntimeError):
@@ -73,9 +83,11 @@ class GenerationResult:
     the distribution actually sampled from (after temperature / top-p / top-k; at temperature 0 the model's
     own log-prob, as SGLang reports). A matched stop token is included in token_ids. `matched_stop` is the stop
     token id (int) or stop string (str) that ended generation, else None. `weight_version` is the version of
-    the weights when the request finished. `routed_experts` is int32 [len(prompt) + len(token_ids) - 1, L, k]
-    (row t = experts chosen when processing token t of prompt + output; the last sampled token is never fed)
-    when requested, else None.
+    the weights when the request finished (the newest that sampled any of its tokens). `token_versions[i]` is the
+    version that sampled token_ids[i]: older than weight_version for the tokens generated before a weight update
+    interrupted the request (`rollout.partial = "abort_resume"`); None is read as weight_version for every token.
+    `routed_experts` is int32 [len(prompt) + len(token_ids) - 1, L, k] (row t = experts chosen when processing
+    token t of prompt + output; the last sampled token is never fed) when requested, else None.
     """
 
     token_ids: list[int]
@@ -84,12 +96,18 @@ class GenerationResult:
     matched_stop: int | str | None
     weight_version: int
     routed_experts: np.ndarray | None = None
+    token_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"GenerationResult.logprobs has {len(self.logprobs)} entries for {len(self.token_ids)} token_ids"
             )
+        if self.token_versions is None:
+            self.token_versions = [self.weight_version] * len(self.token_ids)
+        if len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"GenerationResult.token_versions has {len(self.token_versions)} entries for "
+                             f"{len(self.token_ids)} token_ids")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
                 f"GenerationResult.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
@@ -141,8 +159,23 @@ def check_generate_args(
     return prompts, params_list
 
 
+@dataclasses.dataclass
+class PartialCounts:
+    """What weight updates did to the generation requests in flight, counted since the engine started: `updates`
+    weight updates applied, `interrupted` requests stopped by one (`rollout.partial = "abort_resume"`), `resumed`
+    of those continued on the new weights (an interrupted request the caller aborts meanwhile is not)."""
+
+    updates: int = 0
+    interrupted: int = 0
+    resumed: int = 0
+
+
 class Engine(abc.ABC):
     """Async generation engine. Implementations: SGLangEngine, EmbeddedEngine."""
+
+    def partial_counts(self) -> PartialCounts:
+        """A snapshot of the engine's PartialCounts (zeros for an engine that does not count)."""
+        return PartialCounts()
 
     @property
     @abc.abstractmethod

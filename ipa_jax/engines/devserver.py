@@ -6,7 +6,8 @@ servers stand in for a pool:
 
   POST/PUT /generate            single or batch `input_ids` (or `text` with a tokenizer), sampling_params
   POST /update_weights_from_disk  {"model_path", "weight_version"?, "abort_all_requests"?, ...}
-  POST /pause_generation        {"mode": "abort" (default) | "retract" | "in_place"} (body optional)
+  POST /pause_generation        {"mode": "abort" (default) | "retract" | "in_place"} (body optional); abort answers
+                                once the requests in flight have returned aborted with their partial output
   POST /continue_generation
   POST /abort_request           {"rid": prefix} | {"abort_all": true}
   GET|POST /flush_cache         400 while requests run
@@ -222,6 +223,7 @@ class DevServer:
         self.api_key = api_key
         self.num_running = 0
         self.paused = False
+        self._generating: set[asyncio.Future] = set()  # engine.generate calls of the requests in flight
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -399,14 +401,17 @@ class DevServer:
         except RequestError as e:
             return error_response(str(e), schema=e.schema)
         self.num_running += 1
+        call = asyncio.ensure_future(
+            self.engine.generate(prompts, [it["params"] for it in items], request_ids=[it["rid"] for it in items])
+        )
+        self._generating.add(call)
         try:
-            results = await self.engine.generate(
-                prompts, [it["params"] for it in items], request_ids=[it["rid"] for it in items]
-            )
+            results = await call
         except ValueError as e:  # e.g. prompt too long, stop strings without a tokenizer
             return error_response(str(e), schema=False)
         finally:
             self.num_running -= 1
+            self._generating.discard(call)
         latency = time.perf_counter() - start
         outs = [self._format(p, r, it, latency) for p, r, it in zip(prompts, results, items)]
         return web.json_response(outs if batch else outs[0])
@@ -449,8 +454,13 @@ class DevServer:
         self.paused = True
         await self.engine.pause()  # holds running requests in place and queues new ones
         if mode == "abort":
+            in_flight = list(self._generating)
             await self.engine.abort(None)  # in-flight requests return with partial output
-        # "retract" (recompute later) and "in_place" (keep KV) look the same from outside: requests continue.
+            # SGLang answers once they have returned: a weight update that follows cannot race their last tokens.
+            if in_flight:
+                await asyncio.wait(in_flight)
+        # "retract" (recompute later) and "in_place" (keep KV) look the same from outside: requests continue. The
+        # embedded engine never decodes on a stale cache: weights updated while they are held re-prefill them.
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def handle_continue(self, request: web.Request) -> web.Response:

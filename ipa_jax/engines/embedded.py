@@ -11,6 +11,12 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   stop writing. Between chunks the host applies aborts, stop strings and pauses, returns finished rows to their
   callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
   picks up new weights.
+* weight updates (`set_params_from_model`, `update_weights`) take effect between decode chunks and never leave a
+  row decoding on a KV cache computed with other weights. With `partial="finish"` the rows running at the update
+  finish on the old weights (nothing new is admitted meanwhile) and the new weights are served after them; with
+  `partial="abort_resume"` (and on a paused engine) they are interrupted: their tokens and log-probs so far are
+  kept and each continues as a new segment, prompt + tokens so far prefilled with the new weights (the remaining
+  budget), returned to its caller as one result whose `token_versions` say which weights sampled each token.
 * Shapes are bucketed (batch and prompt lengths to powers of two, admissions to powers of four; the cache
   spans max_len) so compiles are bounded; compiled functions are module-level and shared by every engine with
   the same model structure.
@@ -38,8 +44,10 @@ from ipa_jax.engines.base import (
     Engine,
     EngineError,
     GenerationResult,
+    PartialCounts,
     SamplingParams,
     check_generate_args,
+    check_partial,
 )
 from ipa_jax.engines.sampling import sample_tokens
 from ipa_jax.models import KVCache, Qwen3ForCausalLM, from_pretrained, init_kv_cache
@@ -204,21 +212,43 @@ def _decode_fn():
 
 @dataclasses.dataclass
 class _Request:
+    """A generation request. The done_* lists hold the output of its earlier segments: what it generated before a
+    weight update interrupted it (one entry per token: id, log-prob, the version that sampled it)."""
+
     prompt: list[int]
     params: SamplingParams
     rid: str
     future: asyncio.Future
     aborted: bool = False
+    done_tokens: list[int] = dataclasses.field(default_factory=list)
+    done_logprobs: list[float] = dataclasses.field(default_factory=list)
+    done_versions: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def context(self) -> list[int]:
+        """What the next segment is prefilled with: the prompt and the tokens generated so far."""
+        return self.prompt + self.done_tokens
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.done_tokens)
+
+    def aborted_result(self, version: int) -> GenerationResult:
+        """The result of an abort while the request waits in the queue: the tokens of its earlier segments."""
+        last = self.done_versions[-1] if self.done_versions else version
+        return GenerationResult(list(self.done_tokens), list(self.done_logprobs), "abort", None, last,
+                                token_versions=list(self.done_versions))
 
 
 @dataclasses.dataclass
 class _Slot:
-    """A batch row's request and its host-side state."""
+    """A batch row's request, the weight version of its current segment, and its host-side state."""
 
     req: _Request
-    checked: int = 0  # output tokens already known to be free of stop strings
+    version: int
+    checked: int = 0  # output tokens (earlier segments included) already known to be free of stop strings
     matched: str | None = None  # the stop string that ended it
-    prompt_routed: np.ndarray | None = None  # [len(prompt), L, k]
+    prompt_routed: np.ndarray | None = None  # [len(context), L, k]
 
 
 def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
@@ -237,7 +267,8 @@ class EmbeddedEngine(Engine):
 
     model: a Qwen3ForCausalLM (its config and dtype are kept; weights can be swapped for ones of the same
     structure). max_len: longest prompt + max_new_tokens. tokenizer: needed only for stop strings.
-    batch_buckets: the padded batch sizes to compile for (default: powers of two). Use from one event loop.
+    batch_buckets: the padded batch sizes to compile for (default: powers of two). partial: what a weight update
+    does to the requests running ("finish" or "abort_resume", see the module docstring). Use from one event loop.
     """
 
     def __init__(
@@ -252,6 +283,7 @@ class EmbeddedEngine(Engine):
         weight_version: int = 0,
         batch_wait_s: float = 0.002,
         batch_buckets: tuple[int, ...] | None = None,
+        partial: str = "finish",
     ):
         if max_len < 2 or max_batch < 1 or decode_chunk < 1:
             raise ValueError(f"need max_len >= 2, max_batch >= 1, decode_chunk >= 1 (got {max_len}, {max_batch}, "
@@ -261,7 +293,14 @@ class EmbeddedEngine(Engine):
         self.config = model.config
         self.dtype = model.dtype
         self._graphdef, params = nnx.split(model)
-        self._current: tuple[Any, int] = (params, weight_version)  # swapped atomically
+        self._current: tuple[Any, int] = (params, weight_version)  # swapped atomically, never during a decode chunk
+        self.partial = check_partial(partial)
+        # Weights waiting for the running batch to reach a chunk boundary (`_swap`), and whoever waits for them.
+        self._staged: tuple[Any, int] | None = None
+        self._swap_waiters: list[concurrent.futures.Future] = []
+        self._swap_lock = threading.Lock()  # _current, _staged, _batch_active: set from any thread
+        self._batch_active = False
+        self._counts = PartialCounts()
         self.max_len = max_len
         self.max_batch = max_batch
         self.decode_chunk = decode_chunk
@@ -272,7 +311,6 @@ class EmbeddedEngine(Engine):
         self._queue: list[_Request] = []
         self._queue_lock = threading.Lock()  # the queue is taken from by the decode thread too
         self._running: list[_Request] = []  # admitted, not yet returned
-        self._draining = False  # a weight update waits: admit nothing new
         self._paused = False
         self._hold = threading.Event()  # set = decode may step (cleared by pause)
         self._hold.set()
@@ -280,7 +318,6 @@ class EmbeddedEngine(Engine):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._resumed: asyncio.Event | None = None
-        self._batch_lock: asyncio.Lock | None = None
         self._worker: asyncio.Task | None = None
         self._closed = False
         self.num_batches = 0  # prefill calls (a batch, or requests admitted into finished rows)
@@ -298,20 +335,46 @@ class EmbeddedEngine(Engine):
             if a.shape != b.shape:
                 raise ValueError(f"{source}: parameter shape {a.shape} != engine's {b.shape}")
 
+    def partial_counts(self) -> PartialCounts:
+        return dataclasses.replace(self._counts)
+
     def set_params_from_model(self, model_or_state: Qwen3ForCausalLM | nnx.State, version: int) -> None:
-        """Serve the learner's weights (an nnx model or its nnx.State) as `version`; generation in flight
-        continues with them from its next decode chunk. The weights are copied (a jitted train step may donate
-        the learner's buffers) in the engine's parameter dtypes (the compiled decode stays valid)."""
+        """Serve the learner's weights (an nnx model or its nnx.State) as `version`, without waiting: at once when
+        nothing runs, else between decode chunks as `partial` says (module docstring). The weights are copied (a
+        jitted train step may donate the learner's buffers) in the engine's parameter dtypes (the compiled decode
+        stays valid)."""
         params = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
         self._check_params(params, "set_params_from_model")
         params = jax.tree.map(lambda new, old: jnp.copy(new.astype(old.dtype)), params, self._current[0])
-        self._current = (params, int(version))
+        self._swap(params, int(version))
+
+    def _swap(self, params: Any, version: int) -> concurrent.futures.Future:
+        """Serve `params` as `version`: at once when no batch runs, else staged for the batch loop's next chunk
+        boundary (`_swap_at_boundary`; a newer staging replaces an older one). The future is done once served."""
+        served: concurrent.futures.Future = concurrent.futures.Future()
+        with self._swap_lock:
+            self._staged = (params, version)
+            self._swap_waiters.append(served)
+            if not self._batch_active:
+                self._serve_staged()
+        return served
+
+    def _serve_staged(self) -> None:
+        """Called with _swap_lock held."""
+        if self._staged is None:
+            return
+        self._current, self._staged = self._staged, None
+        self._counts.updates += 1
+        for waiter in self._swap_waiters:
+            waiter.set_result(None)
+        self._swap_waiters = []
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Reload HF safetensors from `path`. Unless paused, admits nothing new and waits for the running requests
-        to finish (SGLang's update semantics); when paused, held requests continue on the new weights after
-        resume(). A checkpoint with non-finite values is refused (ValueError; the old weights stay): every sample
-        from it would be invalid."""
+        """Reload HF safetensors from `path` and return once they are served: with `partial="finish"` after the
+        running requests finish on the old weights (nothing new is admitted meanwhile: SGLang's semantics of an
+        update without a pause), with "abort_resume" or while paused at the next chunk boundary, the running
+        requests interrupted and continued on the new weights. A checkpoint with non-finite values is refused
+        (ValueError; the old weights stay): every sample from it would be invalid."""
         self._setup()
         model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype)
         graphdef, params = nnx.split(model)
@@ -321,16 +384,7 @@ class EmbeddedEngine(Engine):
         nonfinite = await asyncio.to_thread(_nonfinite_leaves, params)
         if nonfinite:
             raise ValueError(f"checkpoint {path} has non-finite values in {', '.join(nonfinite[:5])}")
-        if self._paused:
-            self._current = (params, int(version))
-            return
-        assert self._batch_lock is not None
-        self._draining = True
-        try:
-            async with self._batch_lock:
-                self._current = (params, int(version))
-        finally:
-            self._draining = False
+        await asyncio.wrap_future(self._swap(params, int(version)))
 
     # ------------------------------------------------------------------ async front
     def _setup(self) -> None:
@@ -343,7 +397,6 @@ class EmbeddedEngine(Engine):
             self._resumed = asyncio.Event()
             if not self._paused:
                 self._resumed.set()
-            self._batch_lock = asyncio.Lock()
             self._worker = loop.create_task(self._work())
         elif self._loop is not loop:
             raise EngineError("EmbeddedEngine is bound to another event loop")
@@ -394,7 +447,7 @@ class EmbeddedEngine(Engine):
         return taken
 
     async def _work(self) -> None:
-        assert self._wake is not None and self._resumed is not None and self._batch_lock is not None
+        assert self._wake is not None and self._resumed is not None
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
@@ -402,21 +455,21 @@ class EmbeddedEngine(Engine):
             await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join the batch
             while self._queue:
                 await self._resumed.wait()
-                async with self._batch_lock:
-                    first = self._take(self.max_batch)
-                    if not first:
-                        continue
-                    try:
-                        await loop.run_in_executor(self._executor, self._run, first)
-                    except Exception as e:  # noqa: BLE001 - handed to every caller still waiting
-                        for r in first + self._running:
-                            if not r.future.done():
-                                r.future.set_exception(e)
-                    finally:
-                        self._running = []
+                first = self._take(self.max_batch)
+                if not first:
+                    continue
+                try:
+                    await loop.run_in_executor(self._executor, self._run, first)
+                except Exception as e:  # noqa: BLE001 - handed to every caller still waiting
+                    for r in first + self._running:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                finally:
+                    self._running = []
 
     async def pause(self) -> None:
-        """Hold running requests in place between decode chunks; queued and new ones wait for resume()."""
+        """Hold running requests in place between decode chunks; queued and new ones wait for resume(). Weights
+        served while paused interrupt the held requests: they continue on the new weights after resume()."""
         self._setup()
         assert self._resumed is not None
         self._paused = True
@@ -438,7 +491,7 @@ class EmbeddedEngine(Engine):
             return request_ids is None or any(r.rid.startswith(p) for p in request_ids)
 
         for r in self._take(len(self._queue), match):
-            _resolve(r.future, GenerationResult([], [], "abort", None, self.weight_version))
+            _resolve(r.future, r.aborted_result(self.weight_version))
         for r in list(self._running):
             if match(r):
                 r.aborted = True
@@ -460,6 +513,16 @@ class EmbeddedEngine(Engine):
     def _run(self, first: list[_Request]) -> None:
         """Decode `first` as one batch; rows that finish return their result at once and take queued requests
         that fit the batch's shapes (continuous batching at decode-chunk boundaries). Runs in the worker thread."""
+        with self._swap_lock:
+            self._batch_active = True
+        try:
+            self._run_batch(first)
+        finally:
+            with self._swap_lock:  # no row runs any more: weights staged meanwhile are served now
+                self._serve_staged()
+                self._batch_active = False
+
+    def _run_batch(self, first: list[_Request]) -> None:
         # Full width whatever arrived first: requests arriving later join this batch.
         b = (bucket(self.max_batch) if self.batch_buckets is None
              else next(x for x in self.batch_buckets if x >= self.max_batch))
@@ -480,7 +543,7 @@ class EmbeddedEngine(Engine):
                             max_new=np.ones(b, np.int32))
         slots: list[_Slot | None] = [None] * b
         decode = _decode_fn()
-        pending, version = first, self._current[1]
+        pending = first
         while True:
             if pending:
                 st, rp = self._admit(st, slots, pending, host_rp)
@@ -488,10 +551,12 @@ class EmbeddedEngine(Engine):
             done = np.asarray(st.done)
             finished = [i for i, slot in enumerate(slots) if slot is not None and done[i]]
             if finished:
-                self._deliver(st, slots, finished, version)
+                self._deliver(st, slots, finished)
+            st = self._swap_at_boundary(st, slots)
             running = self._hold.is_set() and not self._closed
             free = slots.count(None)
-            pending = self._take(free, fits) if running and free and not self._draining else []
+            # Staged weights wait for the running rows (finish): admit nothing that would start on the old ones.
+            pending = self._take(free, fits) if running and free and self._staged is None else []
             if pending:
                 continue
             if all(slot is None for slot in slots):
@@ -499,61 +564,105 @@ class EmbeddedEngine(Engine):
             if not running:  # paused in place; aborts still apply
                 self._hold.wait(0.01)
                 continue
-            params, version = self._current
+            params, _ = self._current
             st = decode(self._graphdef, params, st, rp, jnp.int32(self.decode_chunk))
+
+    def _swap_at_boundary(self, st: DecodeState, slots: list[_Slot | None]) -> DecodeState:
+        """Serve staged weights between decode chunks. Running rows keep the old weights until they finish
+        (partial="finish"), or are interrupted and requeued to continue on the new ones (partial="abort_resume",
+        or a paused engine, whose update must not wait for held rows)."""
+        if self._staged is None:
+            return st
+        running = [i for i, slot in enumerate(slots) if slot is not None]
+        if running and self.partial == "finish" and not self._paused:
+            return st
+        if running:
+            st = self._interrupt(st, slots, running)
+        with self._swap_lock:
+            self._serve_staged()
+        return st
+
+    def _interrupt(self, st: DecodeState, slots: list[_Slot | None], rows: list[int]) -> DecodeState:
+        """Free `rows`: each request keeps its tokens, log-probs and versions so far and goes back to the front of
+        the queue to continue with the remaining budget (one caller aborting it meanwhile gets its partial output)."""
+        tokens, logprobs, n_gen = np.asarray(st.tokens), np.asarray(st.logprobs), np.asarray(st.n_gen)
+        continuations = []
+        for i in rows:
+            slot, k = slots[i], int(n_gen[i])
+            req = slot.req
+            req.done_tokens += tokens[i, :k].tolist()
+            req.done_logprobs += logprobs[i, :k].astype(float).tolist()
+            req.done_versions += [slot.version] * k
+            slots[i] = None
+            self._running.remove(req)
+            if req.aborted or self._closed:
+                self._hand_over(req, req.aborted_result(slot.version))
+            else:
+                continuations.append(req)
+        self._counts.interrupted += len(rows)
+        with self._queue_lock:
+            self._queue[:0] = continuations
+        return st._replace(done=st.done.at[jnp.asarray(rows)].set(True))
 
     def _admit(self, st: DecodeState, slots: list[_Slot | None], reqs: list[_Request],
                host_rp: RowParams) -> tuple[DecodeState, RowParams]:
-        """Prefill reqs into free rows (host_rp updated in place) -> (state, device row params). The prefill
-        batch is the admitted requests only, padded to a power of four (few compiles, little padding)."""
+        """Prefill reqs (prompt + tokens of earlier segments) into free rows (host_rp updated in place) -> (state,
+        device row params). The prefill batch is the admitted requests only, padded to a power of four (few
+        compiles, little padding)."""
         b = len(slots)
+        params, version = self._current
         rows = [i for i, slot in enumerate(slots) if slot is None][: len(reqs)]
         n = min(bucket4(len(reqs)), b)
-        prompts = np.zeros((n, bucket(max(len(r.prompt) for r in reqs), MIN_LEN_BUCKET)), np.int32)
+        prompts = np.zeros((n, bucket(max(len(r.context) for r in reqs), MIN_LEN_BUCKET)), np.int32)
         lengths, row_ids = np.ones(n, np.int32), np.full(n, b, np.int32)  # row b = padding, dropped
         for j, (i, r) in enumerate(zip(rows, reqs)):
-            p = r.params
-            prompts[j, : len(r.prompt)], lengths[j], row_ids[j] = r.prompt, len(r.prompt), i
+            p, context = r.params, r.context
+            prompts[j, : len(context)], lengths[j], row_ids[j] = context, len(context), i
             host_rp.temperature[i], host_rp.top_p[i], host_rp.top_k[i] = p.temperature, p.top_p, p.top_k
             host_rp.stop_ids[i] = -1
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
-            host_rp.max_new[i] = p.max_new_tokens
-            slots[i] = _Slot(r)
+            host_rp.max_new[i] = r.remaining
+            slots[i] = _Slot(r, version, checked=len(r.done_tokens))
             self._running.append(r)
+            self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
-        params, _ = self._current
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
                                    jnp.asarray(row_ids), rp)
         self.num_batches += 1
         if prompt_routed is not None:
             prompt_routed = np.asarray(prompt_routed)
             for j, (i, r) in enumerate(zip(rows, reqs)):
-                slots[i].prompt_routed = prompt_routed[j, : len(r.prompt)]
+                slots[i].prompt_routed = prompt_routed[j, : len(r.context)]
         return st, rp
 
-    def _deliver(self, st: DecodeState, slots: list[_Slot | None], rows: list[int], version: int) -> None:
-        """Hand the finished rows' results to their callers and free the rows."""
+    def _deliver(self, st: DecodeState, slots: list[_Slot | None], rows: list[int]) -> None:
+        """Hand the finished rows' results (earlier segments first) to their callers and free the rows."""
         tokens, logprobs = np.asarray(st.tokens), np.asarray(st.logprobs)
         n_gen, finish = np.asarray(st.n_gen), np.asarray(st.finish)
         routed = None if st.routed is None else np.asarray(st.routed)
         for i in rows:
             slot = slots[i]
-            k = int(n_gen[i])
-            ids = tokens[i, :k].tolist()
+            req, k = slot.req, int(n_gen[i])
+            ids = req.done_tokens + tokens[i, :k].tolist()
             reason = _FINISH_NAMES[int(finish[i])]
             matched: int | str | None = None
             if reason == "stop":
                 matched = slot.matched if slot.matched is not None else ids[-1]
             experts = None
-            if slot.req.params.return_routed_experts and routed is not None:
+            if req.params.return_routed_experts and routed is not None:
                 experts = np.concatenate([slot.prompt_routed, routed[i, : max(k - 1, 0)]], axis=0)
-            result = GenerationResult(ids, logprobs[i, :k].astype(float).tolist(), reason, matched, version, experts)
+            result = GenerationResult(ids, req.done_logprobs + logprobs[i, :k].astype(float).tolist(), reason, matched,
+                                      slot.version, experts, req.done_versions + [slot.version] * k)
             slots[i] = None
-            self._running.remove(slot.req)
-            try:
-                self._loop.call_soon_threadsafe(_resolve, slot.req.future, result)
-            except RuntimeError:  # the event loop is gone (engine closed with it): nobody waits
-                pass
+            self._running.remove(req)
+            self._hand_over(req, result)
+
+    def _hand_over(self, req: _Request, result: GenerationResult) -> None:
+        """Resolve a request's future from the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(_resolve, req.future, result)
+        except RuntimeError:  # the event loop is gone (engine closed with it): nobody waits
+            pass
 
     def _host_checks(self, st: DecodeState, slots: list[_Slot | None]) -> DecodeState:
         """Apply aborts (every row once the engine is closed) and stop strings to the carry (host side, between
@@ -570,12 +679,14 @@ class EmbeddedEngine(Engine):
         tokens = np.asarray(st.tokens) if with_stop else None
         for i in with_stop:
             slot, k = slots[i], int(n_gen[i])
-            if k <= slot.checked or finish[i] == ABORT:
+            earlier = len(slot.req.done_tokens)
+            if earlier + k <= slot.checked or finish[i] == ABORT:
                 continue
-            hit = self._find_stop_string(tokens[i, :k].tolist(), slot.req.params.stop, slot.checked)
-            slot.checked = k
+            hit = self._find_stop_string(slot.req.done_tokens + tokens[i, :k].tolist(), slot.req.params.stop,
+                                         slot.checked)
+            slot.checked = earlier + k
             if hit is not None:
-                n_gen[i], done[i], finish[i], changed = hit[0], True, STOP, True
+                n_gen[i], done[i], finish[i], changed = hit[0] - earlier, True, STOP, True
                 slot.matched = hit[1]
         if not changed:
             return st

@@ -8,13 +8,15 @@
   answers again; before it takes requests it is brought to the pool's weights and resumed (it may have missed a
   `/continue_generation` while away), then must pass `/health_generate`. While no server is up, requests wait
   for one for up to `outage_budget_s`. 4xx are not retried: they raise `SGLangHTTPError` naming the URL.
-* Weight sync: hold new submissions -> per server `/pause_generation` (in-flight requests come back aborted) ->
-  `/update_weights_from_disk {model_path, weight_version}` -> version read back from `/get_model_info` ->
-  `/continue_generation` (for every server that acknowledged the pause, in a finally path: a cancelled sync leaves
-  no server paused). A server failing any step is marked down and skipped; the sync succeeds once
-  `min_sync_servers` servers serve the new version, else it retries with backoff within `outage_budget_s` and then
-  raises `PoolUnavailable`. Aborted partial generations are resubmitted as prompt + partial output with the
-  remaining budget, so callers see one result per prompt; only `abort()` surfaces "abort".
+* Weight sync: hold new submissions (retries included) -> with `partial="finish"`, wait until none of this client's
+  requests is on a server (they finish on the old weights) -> per server `/pause_generation` (in-flight requests
+  come back aborted: with "abort_resume" this client's own) -> `/update_weights_from_disk {model_path,
+  weight_version}` -> version read back from `/get_model_info` -> `/continue_generation` (for every server that
+  acknowledged the pause, in a finally path: a cancelled sync leaves no server paused). A server failing any step is
+  marked down and skipped; the sync succeeds once `min_sync_servers` servers serve the new version, else it retries
+  with backoff within `outage_budget_s` and then raises `PoolUnavailable`. Aborted partial generations are
+  resubmitted as prompt + partial output with the remaining budget, so callers see one result per prompt (each
+  token with the version that sampled it, `GenerationResult.token_versions`); only `abort()` surfaces "abort".
 * `api_key`: sent as `Authorization: Bearer <key>` on every call (SGLang's and the dev server's `--api-key`).
 """
 
@@ -41,8 +43,10 @@ from ipa_jax.engines.base import (
     Engine,
     EngineError,
     GenerationResult,
+    PartialCounts,
     SamplingParams,
     check_generate_args,
+    check_partial,
 )
 
 log = logging.getLogger(__name__)
@@ -135,7 +139,8 @@ class SGLangEngine(Engine):
 
     Use it from one event loop (its HTTP session and events belong to the loop that first uses it; other loops
     reach it through `ipa_jax.engines.threads.OnLoop`). routed_experts_layout=(num_moe_layers, experts_per_token)
-    is needed to reshape routed experts. The timeouts bound what a hung server costs (docs/sglang.md).
+    is needed to reshape routed experts. The timeouts bound what a hung server costs (docs/sglang.md). partial: what a
+    weight sync does to this client's requests in flight, "finish" or "abort_resume" (the module docstring).
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class SGLangEngine(Engine):
         max_sticky_sessions: int = 100_000,
         routed_experts_layout: tuple[int, int] | None = None,
         weight_version: int = 0,
+        partial: str = "finish",
     ):
         urls = [u.rstrip("/") for u in urls]
         if not urls:
@@ -193,6 +199,9 @@ class SGLangEngine(Engine):
         self.max_sticky_sessions = max_sticky_sessions
         self.routed_experts_layout = routed_experts_layout
         self._weight_version = weight_version
+        self.partial = check_partial(partial)
+        self._counts = PartialCounts()
+        self._posting = 0  # /generate calls on a server now
         self._weight_path: str | None = None  # last synced checkpoint: servers that come back are brought to it
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._active: dict[str, _Request] = {}
@@ -200,6 +209,7 @@ class SGLangEngine(Engine):
         self._warned_truncation = False
         self._session: aiohttp.ClientSession | None = None
         self._gate: asyncio.Event | None = None  # set = submissions allowed
+        self._none_posting: asyncio.Event | None = None  # set = no /generate call of this client on a server
         self._sync_lock: asyncio.Lock | None = None
         self._closed = False
 
@@ -207,6 +217,9 @@ class SGLangEngine(Engine):
     @property
     def weight_version(self) -> int:
         return self._weight_version
+
+    def partial_counts(self) -> PartialCounts:
+        return dataclasses.replace(self._counts)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -219,6 +232,8 @@ class SGLangEngine(Engine):
             )
             self._gate = asyncio.Event()
             self._gate.set()
+            self._none_posting = asyncio.Event()
+            self._none_posting.set()
             self._sync_lock = asyncio.Lock()
         return self._session
 
@@ -330,15 +345,20 @@ class SGLangEngine(Engine):
         session = self._http()
         tried: set[str] = set()
         errors: list[str] = []
+        assert self._gate is not None and self._none_posting is not None
         while len(errors) < self.max_attempts:
             if errors:
                 await asyncio.sleep(min(self.backoff_s * 2 ** (len(errors) - 1), self.max_backoff_s))
+            while not self._gate.is_set():  # a weight sync holds every post, retries too
+                await self._gate.wait()
             server = self._pick(session_id, tried)
             if server is None:  # every server is down: wait for a probe to bring one back (not an attempt)
                 await self._wait_for_a_server()
                 continue
             url = server.url + "/generate"
             server.in_flight += 1
+            self._posting += 1
+            self._none_posting.clear()
             try:
                 async with session.post(url, json=payload) as resp:
                     text = await resp.text()
@@ -358,6 +378,9 @@ class SGLangEngine(Engine):
                 continue
             finally:
                 server.in_flight -= 1
+                self._posting -= 1
+                if not self._posting:
+                    self._none_posting.set()
             server.consecutive_failures = 0
             server.served += 1
             self._remember(session_id, server)
@@ -421,16 +444,21 @@ class SGLangEngine(Engine):
         self._active[rid] = req
         tokens: list[int] = []
         logprobs: list[float] = []
+        versions: list[int] = []  # the version that sampled each token
         version = self._weight_version
+        interrupted = False  # the last submission came back aborted by a pause (a weight sync)
         try:
             for submission in range(self.max_resubmits + 1):
                 remaining = params.max_new_tokens - len(tokens)
                 if remaining <= 0 and submission:
-                    return GenerationResult(tokens, logprobs, "length", None, version)
+                    return GenerationResult(tokens, logprobs, "length", None, version, token_versions=versions)
                 assert self._gate is not None
                 await self._gate.wait()
                 if req.aborted:
-                    return GenerationResult(tokens, logprobs, "abort", None, version)
+                    return GenerationResult(tokens, logprobs, "abort", None, version, token_versions=versions)
+                self._counts.resumed += interrupted
+                interrupted = False
+                posted_version = self._weight_version
                 payload: dict[str, Any] = {
                     "input_ids": prompt + tokens,
                     "sampling_params": to_sglang_sampling_params(params, remaining),
@@ -452,21 +480,25 @@ class SGLangEngine(Engine):
                     if kind != "abort":
                         raise SGLangHTTPError(server.url, 200, "meta_info lacks output_token_logprobs")
                     pairs = []
+                version = (parse_weight_version(meta["weight_version"], server.url) if "weight_version" in meta
+                           else posted_version)
                 tokens += [int(x[1]) for x in pairs]
                 logprobs += [float(x[0]) for x in pairs]
-                if "weight_version" in meta:
-                    version = parse_weight_version(meta["weight_version"], server.url)
+                versions += [version] * len(pairs)
                 routed = None
                 if params.return_routed_experts and pairs:
                     routed = self._decode_routed(meta, len(prompt) + len(tokens), server.url)
                 if kind == "abort":
                     if req.aborted:
-                        return GenerationResult(tokens, logprobs, "abort", None, version, routed)
-                    continue  # interrupted by a pause or another client's abort: resubmit the rest
+                        return GenerationResult(tokens, logprobs, "abort", None, version, routed, versions)
+                    # interrupted by a pause (a weight sync) or another client's abort: resubmit the rest
+                    self._counts.interrupted += 1
+                    interrupted = True
+                    continue
                 if kind == "stop":
-                    return GenerationResult(tokens, logprobs, "stop", finish.get("matched"), version, routed)
+                    return GenerationResult(tokens, logprobs, "stop", finish.get("matched"), version, routed, versions)
                 if kind == "length":
-                    return GenerationResult(tokens, logprobs, "length", None, version, routed)
+                    return GenerationResult(tokens, logprobs, "length", None, version, routed, versions)
                 raise SGLangHTTPError(server.url, 200, f"unknown finish_reason {finish!r}")
             raise EngineError(f"request {rid} was aborted {self.max_resubmits + 1} times; giving up")
         finally:
@@ -513,7 +545,8 @@ class SGLangEngine(Engine):
             raise SGLangHTTPError(server.url, 200, f"weight_version is {got} after updating to {version}")
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Serve `path` as `version`: pause -> update_weights_from_disk -> continue on every server that is up.
+        """Serve `path` as `version`: pause -> update_weights_from_disk -> continue on every server that is up, after
+        this client's requests on the servers finish with partial="finish", interrupting them with "abort_resume".
 
         A server failing any step is marked down (its probe brings it to the pool's weights when it is back). Done
         once min_sync_servers servers serve `version`; with fewer, the sync is retried with backoff (probes bring
@@ -543,20 +576,23 @@ class SGLangEngine(Engine):
         answered that they cannot load it). The pool adopts `version` once enough servers took it; otherwise the
         ones that did are marked down (their probes bring them back to the pool's version). Cancelling it resumes
         every server that acknowledged the pause and marks the others down: none is left paused."""
-        assert self._gate is not None and self._sync_lock is not None
+        assert self._gate is not None and self._sync_lock is not None and self._none_posting is not None
         async with self._sync_lock:
             self._gate.clear()
             start = time.perf_counter()
-            targets = [s for s in self.servers if not s.down]
             paused: list[_Server] = []  # acknowledged the pause: resumed whatever happens next
             took: list[_Server] = []  # serve `version` now
             try:
+                if self.partial == "finish":  # this client's requests finish on the weights they started with
+                    await self._none_posting.wait()
+                targets = [s for s in self.servers if not s.down]
                 results = await asyncio.gather(
                     *(self._pause_and_update(s, path, version, paused, took) for s in targets), return_exceptions=True)
             finally:
                 try:
                     if len(took) >= self.min_sync_servers:
                         self._weight_version, self._weight_path = version, path
+                        self._counts.updates += 1
                         log.info("weights %s (version %d) on %d servers in %.2fs", path, version, len(took),
                                  time.perf_counter() - start)
                     else:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ipa_jax.engines.base import Engine, GenerationResult, SamplingParams
+from ipa_jax.engines.base import Engine, GenerationResult, PartialCounts, SamplingParams
 
 T = TypeVar("T")
 
@@ -68,6 +68,9 @@ class OnLoop(Engine):
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    def partial_counts(self) -> PartialCounts:
+        return self.engine.partial_counts()
 
     async def generate(
         self,

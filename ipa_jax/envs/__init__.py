@@ -2,6 +2,7 @@
 
 from ipa_jax.envs.base import Env, StepResult, Task, ToolError, normalize_answer
 from ipa_jax.envs.calculator import CalculatorEnv
+from ipa_jax.envs.kv_chain import KVChainEnv
 from ipa_jax.envs.lookup import LookupEnv
 from ipa_jax.envs.registry import BUILTIN_ENVS, list_envs, make_env, register_env
 from ipa_jax.envs.tool_calls import (
@@ -22,6 +23,7 @@ __all__ = [
     "ToolError",
     "normalize_answer",
     "CalculatorEnv",
+    "KVChainEnv",
     "LookupEnv",
     "list_envs",
     "make_env",

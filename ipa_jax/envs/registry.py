@@ -8,6 +8,7 @@ from typing import Any
 from ipa_jax.envs.base import Env
 from ipa_jax.envs.calculator import CalculatorEnv
 from ipa_jax.envs.dataset import DatasetEnv
+from ipa_jax.envs.kv_chain import KVChainEnv
 from ipa_jax.envs.lookup import LookupEnv
 from ipa_jax.envs.reasoning_gym import ReasoningGymEnv
 from ipa_jax.envs.terminal import TerminalEnv
@@ -44,6 +45,9 @@ register_env("calculator", CalculatorEnv)
 # The hard task (chunk-level initialized resampling): five lookups in a chain; a cold-start policy
 # almost never gets every hop right, while the expert's prefix makes the tail reachable.
 register_env("lookup_hard", lambda **kw: LookupEnv(**{"hops": 5, "num_people": 8, **kw}))
+# The long-horizon task: follow a chain of `hops` keys (6 by default) through a store with distractor fields and
+# decoy records; failures stop early or wander until the turn budget, successes take every hop.
+register_env("kv_chain", KVChainEnv)
 # Question -> answer tasks: a JSONL file of tasks (path=...), and reasoning-gym's generators (an optional extra,
 # imported when the environment is made).
 register_env("dataset", DatasetEnv)

@@ -38,9 +38,10 @@ class Qwen3Config:
     option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not
     in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted
     tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
-    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "blocked" on CPU and
-    "ragged" on GPU/TPU; "dense" is the reference), `attention_impl` (models/attention.py: "auto" = "cudnn" on
-    NVIDIA GPUs in 16-bit dtypes, "blocked" on CPU, "xla" elsewhere; "reference" is the einsum reference),
+    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "ragged" on GPU/TPU and
+    on CPU "blocked", or "dense" for calls with few tokens such as decode steps; "dense" is the reference),
+    `attention_impl` (models/attention.py: "auto" = "cudnn" on NVIDIA GPUs in 16-bit dtypes, "blocked" on CPU,
+    "xla" elsewhere; "reference" is the einsum reference),
     `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),
     `attention_query_block` (queries per attention block when a call has more; 0 = one block: bounds the
     float32 attention scores held at once to [B, H, block, S]), `scan_layers` (the decoder layers' parameters

@@ -10,7 +10,8 @@ anywhere: no token is ever dropped.
   blocked — the sorted assignments in per-expert runs of whole blocks of rows, three batched matmuls with each
             block's expert weights gathered: at most N*k + E*(block - 1) rows of work. The fastest on CPU
             (bench_model.py).
-`moe_impl="auto"` (the default) is blocked on CPU and ragged elsewhere.
+`moe_impl="auto"` (the default) is ragged on GPU and TPU; on CPU blocked, or dense for calls with few tokens
+(decode steps).
 """
 
 from __future__ import annotations
@@ -158,13 +159,21 @@ def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights
     return out.reshape(x.shape)
 
 
-def resolve_moe_impl(impl: str) -> str:
-    """The concrete dispatch path of `impl`: "auto" is blocked on CPU and ragged (grouped GEMM) elsewhere."""
+# On CPU the dense path beats the blocked one while tokens x experts stays this small (decode steps: the sort,
+# gathers and per-block weights cost more than the E/k x extra matmul rows; bench_engine.py --experts=16).
+SMALL_DENSE_ROWS = 1024
+
+
+def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0) -> str:
+    """The concrete dispatch path of `impl`: "auto" is ragged (grouped GEMM) on accelerators and on CPU blocked,
+    or dense when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS."""
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    return "blocked" if jax.devices()[0].platform == "cpu" else "ragged"
+    if jax.devices()[0].platform != "cpu":
+        return "ragged"
+    return "dense" if tokens is not None and tokens * num_experts <= SMALL_DENSE_ROWS else "blocked"
 
 
 class Experts(nnx.Module):

@@ -128,7 +128,8 @@ class Qwen3ForCausalLM(nnx.Module):
         """
         cfg = self.config
         b, t = input_ids.shape
-        moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl), batch_shards(self.mesh, self.rules, b))
+        shards = batch_shards(self.mesh, self.rules, b)
+        moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts), shards)
         if routed_experts is not None and routed_experts.shape != (b, t, cfg.num_hidden_layers,
                                                                    cfg.num_experts_per_tok):
             raise ValueError(f"routed_experts shape {routed_experts.shape} != "

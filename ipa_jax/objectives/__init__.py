@@ -1,10 +1,17 @@
 """Pure jnp objectives for IPA and FlashREINFORCE: every part of docs/design.md "The objective", switchable from an
-ObjectiveConfig, each function jit-compatible on [B, T] arrays (float32 compute; float64 stays float64)."""
+ObjectiveConfig, each function jit-compatible on [B, T] arrays (float32 compute; float64 stays float64), with one
+sequence per row or several in packed rows (segment ids, objectives/sequences.py)."""
 
 from ipa_jax.objectives.advantages import compute_advantages, negative_rows
 from ipa_jax.objectives.aggregation import aggregate, aggregation_weights, kept_row_scale
-from ipa_jax.objectives.chunks import chunk_mean, chunk_sum, num_chunks, row_mean
-from ipa_jax.objectives.composed import combine_terms, objective_terms, policy_loss, term_denominators
+from ipa_jax.objectives.chunks import chunk_mean, chunk_sum, num_chunks
+from ipa_jax.objectives.composed import (
+    combine_terms,
+    objective_terms,
+    policy_loss,
+    sequences_with_actions,
+    term_denominators,
+)
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.objectives.imitation import imitation_term
@@ -19,14 +26,15 @@ from ipa_jax.objectives.presets import (
     ipa_seed_config,
 )
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
+from ipa_jax.objectives.sequences import Sequences, sequences_of
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_objective_inputs
 
 __all__ = [
-    "PRESETS", "ObjectiveConfig", "aggregate", "aggregation_weights", "bernoulli_kl", "chunk_divergence",
+    "PRESETS", "ObjectiveConfig", "Sequences", "aggregate", "aggregation_weights", "bernoulli_kl", "chunk_divergence",
     "chunk_mean", "chunk_sum", "combine_terms", "compute_advantages", "credit_returns", "entropy_filter_mask",
     "flash_reinforce_config", "flash_reinforce_loss", "imitation_term", "importance_weights", "ipa_config",
     "ipa_loss", "ipa_roll_config", "ipa_seed_config", "kept_row_scale", "level_log_ratio", "level_mean",
     "mismatch_mask", "negative_rows", "num_chunks", "objective_terms", "policy_loss", "probability_difference_mask",
-    "row_mean", "sequence_divergence", "term_denominators", "validate_objective_inputs",
+    "sequence_divergence", "sequences_of", "sequences_with_actions", "term_denominators", "validate_objective_inputs",
 ]

@@ -1,13 +1,17 @@
 """Per-row chunk bookkeeping with segment sums over flattened (row, chunk) ids: memory O(B T), no one-hot.
 
 Chunk k of row i is the set of action tokens with chunk_ids == k. Every function is jit-compatible and takes
-[B, T] arrays; results are per token ([B, T], 0 outside actions) or per row ([B]).
+[B, T] arrays; results are per token ([B, T], 0 outside actions) or per row ([B]). In a packed row (several
+sequences, objectives/sequences.py) chunk ids are unique within the row: each sequence's chunks continue the
+numbering of the sequence before it, so chunk sums need no segment ids.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
 
 
 def compute_dtype(x: jax.Array) -> jnp.dtype:
@@ -35,15 +39,10 @@ def chunk_mean(values: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array) 
     return chunk_sum(values, action_mask, chunk_ids) / jnp.maximum(size, 1)
 
 
-def row_mean(values: jax.Array, action_mask: jax.Array) -> jax.Array:
-    """Per row: (1/T_i) sum_t v over action tokens (0 for a row without actions). [B, T] -> [B]."""
-    count = action_mask.sum(axis=1).astype(values.dtype)
-    return jnp.where(action_mask, values, 0).sum(axis=1) / jnp.maximum(count, 1)
-
-
-def num_chunks(action_mask: jax.Array, chunk_ids: jax.Array) -> jax.Array:
-    """K_i = 1 + the largest chunk id of row i (0 without actions). [B, T] -> int32[B]."""
-    return jnp.max(jnp.where(action_mask, chunk_ids.astype(jnp.int32), -1), axis=1) + 1
+def num_chunks(action_mask: jax.Array, chunk_ids: jax.Array, sequences: Sequences | None = None) -> jax.Array:
+    """K_i = the number of chunks of sequence i (0 without actions). [B, T] -> int32[B] (int32[B, S] packed)."""
+    seqs = sequences_of(action_mask.shape) if sequences is None else sequences
+    return as_given(sequence_count(chunk_starts(action_mask, chunk_ids), seqs), seqs)
 
 
 def chunk_starts(action_mask: jax.Array, chunk_ids: jax.Array) -> jax.Array:

@@ -16,6 +16,11 @@ combine_terms(terms_mb, config, denominators=full_dens) is a per-microbatch loss
 (and so whose summed gradient) equals the full-batch one. Rows are never split, so per-row quantities (the kept
 row denominator, sequence ratios) are exact in every microbatch.
 
+Packed rows (segment_ids, objectives/sequences.py): a row holds several sequences; every per-row quantity above
+is then per sequence (T_i, K_i, A_i, sequence ratios and trust region, the entropy filter's failures, the row
+divisors and the row count B of the aggregation), so a packed batch gives the loss of the same sequences one per
+row. Per-sequence inputs and outputs are [B, S] instead of [B]; chunk ids are unique within a row.
+
 Diagnostics (dict), by shape:
   scalars: acceptance_rate (admitted rows, or admitted chunks at chunk level, among rows/chunks with actions),
     kept_fraction (chunks with >= 1 kept token / chunks), kept_token_fraction, mean_is_ratio / max_is_ratio
@@ -26,9 +31,9 @@ Diagnostics (dict), by shape:
     mismatch weight was capped), mean_abs_log_ratio (mean |l - b| over action tokens: the whole drift),
     mean_kl (mean Bernoulli-KL proxy of p vs l over action tokens: the trust region's), nonfinite_weights (kept
     tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds rl_loss, il_loss, loss.
-  per row [B]: advantages, negatives (bool: the rows sign_by marks negative), sequence_kl (D_i, clamped at 0),
-    admitted (bool; at chunk level: every chunk admitted), num_chunks (int32), policy_tokens (T_i, int32),
-    retained_tokens (kept action tokens, int32).
+  per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative),
+    sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk admitted), num_chunks (int32),
+    policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
   per token [B, T]: chunk_returns (G), chunk_ratios (exp of the chunk-mean l - b, 0 outside actions),
     weights (w, before aggregation scaling).
 Scalars are over the arrays given (microbatch-local); per-row arrays concatenate across microbatches.
@@ -50,6 +55,7 @@ from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.objectives.imitation import imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
+from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_if_concrete
 
@@ -61,33 +67,35 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
 
 
 def _trust_region(kl: jax.Array, action: jax.Array, chunk_ids: jax.Array, starts: jax.Array,
-                  config: ObjectiveConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """kl [B, T] (Bernoulli-KL of p vs l per action token) -> (admitted bool[B], admitted tokens bool[B, T],
+                  config: ObjectiveConfig, seqs: Sequences) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """kl [B, T] (Bernoulli-KL of p vs l per action token) -> (admitted bool[B, S], admitted tokens bool[B, T],
     acceptance rate): admit a sequence (chunk) iff its mean KL D <= delta."""
-    has_actions = action.any(axis=1)
+    has_actions = sequence_count(action, seqs) > 0
     if config.trust_region_level == "sequence":
-        admitted = sequence_divergence(kl, action) <= config.trust_region_delta
-        return admitted, action & admitted[:, None], _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions))
+        admitted = as_slots(sequence_divergence(kl, action, seqs), seqs) <= config.trust_region_delta
+        return (admitted, action & to_tokens(admitted, seqs),
+                _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions)))
     if config.trust_region_level == "chunk":
         admit_tok = action & (chunk_divergence(kl, action, chunk_ids) <= config.trust_region_delta)
-        admitted = ~jnp.any(action & ~admit_tok, axis=1)
+        admitted = sequence_count(action & ~admit_tok, seqs) == 0
         return admitted, admit_tok, _ratio(jnp.sum(starts & admit_tok), jnp.sum(starts))
     return jnp.ones_like(has_actions), action, jnp.asarray(1.0, kl.dtype)
 
 
 def _mismatch_correction(learner: jax.Array, behavior: jax.Array, action: jax.Array, chunk_ids: jax.Array,
-                         config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
+                         config: ObjectiveConfig, seqs: Sequences) -> tuple[jax.Array, jax.Array]:
     """learner q, behaviour b [B, T] -> (kept bool[B, T], log of the mismatch ratio q / b at mismatch_level [B, T]):
     the range mask and the probability-difference filter; everything kept (log-ratio 0) at level none."""
     if config.mismatch_level == "none":
         return action, jnp.zeros_like(learner)
-    log_mismatch = level_log_ratio(jnp.where(action, learner - behavior, 0), action, chunk_ids, config.mismatch_level)
+    log_mismatch = level_log_ratio(jnp.where(action, learner - behavior, 0), action, chunk_ids, config.mismatch_level,
+                                   seqs)
     keep = mismatch_mask(log_mismatch, action, config.mismatch_range)
     if math.isfinite(config.mismatch_prob_diff):
         # keep iff |level mean of exp(q) - exp(b)| <= threshold
         prob_diff = jnp.exp(jnp.where(action, learner, 0)) - jnp.exp(jnp.where(action, behavior, 0))
-        keep &= probability_difference_mask(level_mean(prob_diff, action, chunk_ids, config.mismatch_level), action,
-                                            config.mismatch_prob_diff)
+        keep &= probability_difference_mask(level_mean(prob_diff, action, chunk_ids, config.mismatch_level, seqs),
+                                            action, config.mismatch_prob_diff)
     return keep, log_mismatch
 
 
@@ -95,7 +103,8 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
                     action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
                     config: ObjectiveConfig, entropies: jax.Array | None = None, *,
                     failures: jax.Array | None = None, old_log_probs: jax.Array | None = None,
-                    rewards: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
+                    rewards: jax.Array | None = None,
+                    segment_ids: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
 
     What the caller passes (inputs are assumed valid: validate_objective_inputs on the host):
@@ -111,12 +120,17 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
       failures bool[B]: the rows the entropy filter treats as failed (default: the negative rows); the train step
         passes reward < the task's success threshold.
       rewards R [B]: needed when config.sign_by == "reward" (negatives are R_i <= 0).
+      segment_ids int32[B, T]: packed rows (0 = padding, 1..S along each row); then advantages, failures and
+        rewards are per sequence slot, [B, S], and chunk ids are unique within a row (objectives/sequences.py).
     Computes in float32 (float64 if log_probs is float64).
     """
+    if segment_ids is not None and advantages.ndim != 2:
+        raise ValueError(f"advantages: must be [B, S] (per sequence slot) with segment_ids, got {advantages.shape}")
+    seqs = sequences_of(action_mask.shape, segment_ids, advantages.shape[-1])
     if chunk_ids is None:
         if config.uses_chunks:
             raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
-        chunk_ids = jnp.where(action_mask, 0, -1)
+        chunk_ids = jnp.where(action_mask, 0 if segment_ids is None else segment_ids - 1, -1)  # a chunk per sequence
     config.check_old_log_probs(old_log_probs is not None)
     dtype = compute_dtype(log_probs)
     action = action_mask.astype(bool)
@@ -129,32 +143,33 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
     learner = l_sg if old_log_probs is None else proximal
     policy_log_ratio = jnp.where(action, l_sg - proximal, 0)
 
-    returns = credit_returns(adv, action, chunk_ids, config.credit, config.gamma)
+    returns = credit_returns(adv, action, chunk_ids, config.credit, config.gamma, seqs)
 
     # Trust region: D = mean Bernoulli KL of p vs l over the sequence (or chunk), admit iff D <= delta.
     kl = jnp.where(action, bernoulli_kl(proximal, l_sg), 0)
     starts = chunk_starts(action, chunk_ids)
-    admitted, keep, acceptance = _trust_region(kl, action, chunk_ids, starts, config)
+    admitted, keep, acceptance = _trust_region(kl, action, chunk_ids, starts, config, seqs)
 
-    mismatch_kept, log_mismatch = _mismatch_correction(learner, b, action, chunk_ids, config)
+    mismatch_kept, log_mismatch = _mismatch_correction(learner, b, action, chunk_ids, config, seqs)
     keep &= mismatch_kept
     negatives = negative_rows(adv, rewards, config.sign_by)
+    negative_tokens = to_tokens(as_slots(negatives, seqs), seqs)
     if config.negative_token_fraction < 1.0:
         if entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")
         failed = negatives if failures is None else failures.astype(bool)
-        keep &= entropy_filter_mask(entropies, action, failed, config.negative_token_fraction)
+        keep &= entropy_filter_mask(entropies, action, failed, config.negative_token_fraction, seqs)
 
-    log_rho = level_log_ratio(policy_log_ratio, action, chunk_ids, config.is_level)
-    rho, clipped = importance_weights(log_rho, keep, negatives, config.is_apply_to, config.is_clip_max)
+    log_rho = level_log_ratio(policy_log_ratio, action, chunk_ids, config.is_level, seqs)
+    rho, clipped = importance_weights(log_rho, keep, negative_tokens, config.is_apply_to, config.is_clip_max)
     # c = min(mismatch ratio, cap) on kept tokens of every row; 1 when the cap is off
-    mismatch_weight, capped = (importance_weights(log_mismatch, keep, negatives, "all", config.mismatch_is_cap)
+    mismatch_weight, capped = (importance_weights(log_mismatch, keep, negative_tokens, "all", config.mismatch_is_cap)
                                if math.isfinite(config.mismatch_is_cap) else (1.0, jnp.zeros_like(keep)))
     weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
 
-    scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype)
+    scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs)
     if config.row_denominator == "kept":
-        scale = kept_row_scale(keep, dtype)
+        scale = kept_row_scale(keep, dtype, seqs)
     num_rl = -jnp.sum(jnp.where(keep, weights * scale * l, 0))
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
     terms = {"rl": (num_rl, den_rl), "il": imitation_term(l, expert)}
@@ -179,11 +194,11 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
         "nonfinite_weights": jnp.sum(keep & ~jnp.isfinite(weights)),
         "advantages": adv,
         "negatives": negatives,
-        "sequence_kl": sequence_divergence(kl, action),
-        "admitted": admitted,
-        "num_chunks": num_chunks(action, chunk_ids),
-        "policy_tokens": action.sum(axis=1, dtype=jnp.int32),
-        "retained_tokens": keep.sum(axis=1, dtype=jnp.int32),
+        "sequence_kl": sequence_divergence(kl, action, seqs),
+        "admitted": as_given(admitted, seqs),
+        "num_chunks": num_chunks(action, chunk_ids, seqs),
+        "policy_tokens": as_given(sequence_count(action, seqs), seqs),
+        "retained_tokens": as_given(sequence_count(keep, seqs), seqs),
         "chunk_returns": returns,
         "chunk_ratios": jnp.exp(jnp.where(action, chunk_mean(total_log_ratio, action, chunk_ids), -jnp.inf)),
         "weights": jax.lax.stop_gradient(weights),
@@ -192,15 +207,16 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
 
 
 def term_denominators(action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
-                      config: ObjectiveConfig) -> dict[str, jax.Array]:
+                      config: ObjectiveConfig, segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
     """The denominators objective_terms returns, from the masks alone ([B, T] -> scalars): compute them on the
-    full batch first, then pass them to combine_terms for each microbatch."""
+    full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows."""
     action = action_mask.astype(bool)
     if chunk_ids is None:
         if config.aggregation == "chunk_mean":
             raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
-        chunk_ids = jnp.where(action, 0, -1)
-    _, den_rl = aggregation_weights(action, chunk_ids, config.aggregation)
+        chunk_ids = jnp.where(action, 0 if segment_ids is None else segment_ids - 1, -1)
+    _, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, sequences=sequences_of(action.shape,
+                                                                                                  segment_ids))
     den_il = jnp.zeros((), jnp.float32) if expert_mask is None else expert_mask.astype(bool).sum().astype(jnp.float32)
     return {"rl": den_rl, "il": den_il}
 
@@ -223,25 +239,34 @@ def policy_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: ja
                 chunk_ids: jax.Array | None = None, expert_mask: jax.Array | None = None,
                 group_ids: jax.Array | None = None, entropies: jax.Array | None = None,
                 config: ObjectiveConfig = ObjectiveConfig(), *, failures: jax.Array | None = None,
-                old_log_probs: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+                old_log_probs: jax.Array | None = None,
+                segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
 
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
+    segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
     validate_if_concrete(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                         entropies, config, failures=failures, old_log_probs=old_log_probs)
+                         entropies, config, failures=failures, old_log_probs=old_log_probs, segment_ids=segment_ids)
     return _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                        entropies, config, failures, old_log_probs)
+                        entropies, config, failures, old_log_probs, segment_ids)
+
+
+def sequences_with_actions(action_mask: jax.Array, segment_ids: jax.Array | None, num_slots: int) -> jax.Array:
+    """bool[B] ([B, S] packed): the sequences with at least one action token, the rows baselines average over."""
+    seqs = sequences_of(action_mask.shape, segment_ids, num_slots)
+    return as_given(sequence_count(action_mask, seqs) > 0, seqs)
 
 
 @functools.partial(jax.jit, static_argnames="config")
 def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
-                 config, failures, old_log_probs):
-    adv = compute_advantages(rewards, config.baseline, group_ids, action_mask.any(axis=1))
+                 config, failures, old_log_probs, segment_ids):
+    rl_rows = sequences_with_actions(action_mask, segment_ids, rewards.shape[-1])
+    adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows)
     terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
                                          config, entropies, failures=failures, old_log_probs=old_log_probs,
-                                         rewards=rewards)
+                                         rewards=rewards, segment_ids=segment_ids)
     loss = combine_terms(terms, config)
     diagnostics["rl_loss"] = _ratio(*terms["rl"])
     diagnostics["il_loss"] = _ratio(*terms["il"])

@@ -5,29 +5,35 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.chunks import num_chunks
+from ipa_jax.objectives.chunks import chunk_starts
 from ipa_jax.objectives.config import CREDITS
+from ipa_jax.objectives.sequences import Sequences, as_slots, count_before, sequence_count, sequences_of, to_tokens
 
 
 def credit_returns(advantages: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array | None, credit: str,
-                   gamma: float) -> jax.Array:
-    """advantages [B] -> per-token returns G [B, T] (0 outside actions).
+                   gamma: float, sequences: Sequences | None = None) -> jax.Array:
+    """advantages [B] ([B, S] packed) -> per-token returns G [B, T] (0 outside actions).
 
-    chunk:      G_{i,t} = gamma^(K_i - 1 - k(t)) * A_i   (k(t) = chunk of t, K_i chunks in row i)
+    chunk:      G_{i,t} = gamma^(K_i - 1 - k(t)) * A_i   (k(t) = chunk of t, K_i chunks in sequence i)
     token:      G_{i,t} = gamma^(n_i - 1 - j(t)) * A_i   (j(t) = index of t among the n_i action tokens)
     trajectory: G_{i,t} = A_i
     """
     if credit not in CREDITS:
         raise ValueError(f"credit: {credit!r} is not one of {CREDITS}")
-    a = advantages[:, None]
+    seqs = sequences_of(action_mask.shape) if sequences is None else sequences
+    a = to_tokens(as_slots(advantages, seqs), seqs)
     if credit == "trajectory":
         return jnp.where(action_mask, a, 0).astype(a.dtype)
     if credit == "chunk":
         if chunk_ids is None:
             raise ValueError("chunk_ids: required for credit='chunk'")
-        steps_to_end = num_chunks(action_mask, chunk_ids)[:, None] - 1 - chunk_ids
+        # ids run 0, 1, ... along the row (a packed sequence continues its predecessor's numbering), so the last
+        # chunk of sequence i is (chunks of the sequences before it) + K_i - 1
+        k = sequence_count(chunk_starts(action_mask, chunk_ids), seqs)
+        steps_to_end = to_tokens(count_before(k) + k - 1, seqs) - chunk_ids.astype(jnp.int32)
     else:
-        index = jnp.cumsum(action_mask, axis=1, dtype=jnp.int32) - 1
-        steps_to_end = action_mask.sum(axis=1, dtype=jnp.int32)[:, None] - 1 - index
+        # actions after t in its sequence = actions up to the sequence's end - actions up to t (row prefix counts)
+        n = sequence_count(action_mask, seqs)
+        steps_to_end = to_tokens(count_before(n) + n, seqs) - jnp.cumsum(action_mask, axis=1, dtype=jnp.int32)
     discount = jnp.power(jnp.asarray(gamma, a.dtype), jnp.maximum(steps_to_end, 0).astype(a.dtype))
     return jnp.where(action_mask, discount * a, 0)

@@ -8,6 +8,8 @@ from fractions import Fraction
 import jax
 import jax.numpy as jnp
 
+from ipa_jax.objectives.sequences import Sequences, as_slots, count_before, sequence_count, sequences_of, to_tokens
+
 
 def mismatch_mask(log_rho: jax.Array, action_mask: jax.Array, ratio_range: tuple[float, float]) -> jax.Array:
     """keep = low <= exp(log_rho) <= high on action tokens; log_rho [B, T] is the token or chunk level
@@ -24,20 +26,27 @@ def probability_difference_mask(prob_diff: jax.Array, action_mask: jax.Array, th
     return action_mask & (jnp.abs(prob_diff) <= threshold)
 
 
-def entropy_filter_mask(entropies: jax.Array, action_mask: jax.Array, failures: jax.Array,
-                        fraction: float) -> jax.Array:
-    """Keep every action token of a successful row and the ceil(q T_i) highest-entropy action tokens of a
-    failed row (ties: earlier token first). entropies [B, T], failures bool[B] -> bool[B, T].
+def entropy_filter_mask(entropies: jax.Array, action_mask: jax.Array, failures: jax.Array, fraction: float,
+                        sequences: Sequences | None = None) -> jax.Array:
+    """Keep every action token of a successful sequence and the ceil(q T_i) highest-entropy action tokens of a
+    failed sequence (ties: earlier token first). entropies [B, T], failures bool[B] ([B, S] packed) ->
+    bool[B, T].
 
     q is a static Python float. ceil(q T_i) is evaluated exactly in integers with q as a fraction of
     denominator <= 1000 (q = 0.2, T_i = 5 keeps 1 token; float32 rounding could say 2)."""
     if fraction >= 1.0:
         return action_mask
+    seqs = sequences_of(action_mask.shape) if sequences is None else sequences
     q = Fraction(fraction).limit_denominator(1000)
-    n = action_mask.sum(axis=1, dtype=jnp.int32)
-    keep_count = (n * q.numerator + q.denominator - 1) // q.denominator
+    n = sequence_count(action_mask, seqs)
+    keep_count = to_tokens((n * q.numerator + q.denominator - 1) // q.denominator, seqs)
     score = jnp.where(action_mask, entropies.astype(jnp.float32), -jnp.inf)
     order = jnp.argsort(score, axis=1, descending=True, stable=True)
-    rank = jnp.argsort(order, axis=1)  # rank[t] = position of token t in the descending order
-    top = rank < keep_count[:, None]
-    return action_mask & (top | ~failures[:, None])
+    if seqs.packed:  # group the order by sequence (stable: still descending entropy within each sequence)
+        order = jnp.take_along_axis(order, jnp.argsort(jnp.take_along_axis(seqs.slot, order, axis=1), axis=1,
+                                                       stable=True), axis=1)
+    rank = jnp.argsort(order, axis=1)  # rank[t] = position of token t in that order
+    if seqs.packed:  # ... counted from where its sequence's block starts (a block per sequence, as long as it)
+        rank -= to_tokens(count_before(sequence_count(jnp.ones(action_mask.shape, bool), seqs)), seqs)
+    top = rank < keep_count
+    return action_mask & (top | ~to_tokens(as_slots(failures, seqs), seqs))

@@ -7,7 +7,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.chunks import chunk_mean, row_mean
+from ipa_jax.objectives.chunks import chunk_mean
+from ipa_jax.objectives.sequences import Sequences, as_given, sequence_mean, sequences_of
 
 PROB_CLAMP = 1e-6
 
@@ -24,10 +25,11 @@ def bernoulli_kl(behavior_log_probs: jax.Array, log_probs: jax.Array) -> jax.Arr
     return p * (log_p - log_q) + (1 - p) * (jnp.log1p(-p) - jnp.log1p(-q))
 
 
-def sequence_divergence(kl: jax.Array, action_mask: jax.Array) -> jax.Array:
-    """D_i = max(0, (1/T_i) sum_t d_{i,t}) over action tokens; the clamp at 0 keeps float round-off from
-    rejecting an on-policy sample. [B, T] -> [B]."""
-    return jnp.maximum(row_mean(kl, action_mask), 0)
+def sequence_divergence(kl: jax.Array, action_mask: jax.Array, sequences: Sequences | None = None) -> jax.Array:
+    """D_i = max(0, (1/T_i) sum_t d_{i,t}) over the action tokens of sequence i; the clamp at 0 keeps float
+    round-off from rejecting an on-policy sample. [B, T] -> [B] ([B, S] packed)."""
+    seqs = sequences_of(action_mask.shape) if sequences is None else sequences
+    return as_given(jnp.maximum(sequence_mean(kl, action_mask, seqs), 0), seqs)
 
 
 def chunk_divergence(kl: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array) -> jax.Array:

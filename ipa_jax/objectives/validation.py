@@ -26,13 +26,17 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
                               chunk_ids: Any = None, expert_mask: Any = None, group_ids: Any = None,
                               entropies: Any = None, config: ObjectiveConfig | None = None, *,
                               failures: Any = None, tokens: Any = None, vocab_size: int | None = None,
-                              old_log_probs: Any = None) -> None:
+                              old_log_probs: Any = None, segment_ids: Any = None) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
     no action and no expert token; action log-probs (current, behaviour or old) NaN, inf or > 0; non-finite
     rewards; chunk ids not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty)
     inside; expert tokens overlapping actions; token ids outside [0, vocab_size); inputs the config needs but
     lacks (chunk_ids, group_ids, entropies, old_log_probs) and old_log_probs it does not use. Config values
-    (delta < 0 or NaN, fractions outside [0, 1]) are checked by ObjectiveConfig itself."""
+    (delta < 0 or NaN, fractions outside [0, 1]) are checked by ObjectiveConfig itself.
+
+    Packed rows (segment_ids [B, T]): rewards, group_ids and failures are [B, S]; segment ids are in [0, S], each
+    row's non-zero ids form increasing contiguous runs; every sequence (not every row) needs an action or expert
+    token, never on its first token or on padding; chunk ids run 0..K-1 along the whole row."""
     lp = _host("log_probs", log_probs)
     if lp.ndim != 2 or lp.size == 0:
         raise ValueError(f"log_probs: must be a non-empty [B, T] array, got shape {lp.shape}")
@@ -45,9 +49,13 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
             raise ValueError(f"{name}: shape {arr.shape} does not match log_probs shape {(B, T)}")
     per_row = {"rewards": rewards, "group_ids": group_ids, "failures": failures}
     rows = {name: _host(name, x) for name, x in per_row.items() if x is not None}
+    segments = None if segment_ids is None else _check_segment_ids(_host("segment_ids", segment_ids), B, T)
     for name, arr in rows.items():
-        if arr.shape != (B,):
+        if segments is None and arr.shape != (B,):
             raise ValueError(f"{name}: shape {arr.shape} must be [B] = ({B},)")
+        if segments is not None and (arr.ndim != 2 or arr.shape[0] != B or arr.shape[1] < segments.max(initial=0)):
+            raise ValueError(f"{name}: shape {arr.shape} must be [B, S] = ({B}, S) with S >= the largest segment id "
+                             f"{int(segments.max(initial=0))} (one per sequence slot of the packed rows)")
     for name in ("action_mask", "expert_mask", "failures"):
         arr = arrays.get(name, rows.get(name))
         if arr is not None and arr.dtype != np.bool_:
@@ -56,11 +64,13 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
     if action[:, 0].any():
         raise ValueError(f"action_mask: row {int(np.argmax(action[:, 0]))} has an action at position 0, which "
                          "has no predictor")
-    empty = ~action.any(axis=1)
-    if "expert_mask" in arrays:  # a row of expert tokens only is a pure imitation row
-        empty &= ~arrays["expert_mask"].any(axis=1)
-    if empty.any():
-        raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token (and no expert token)")
+    targets = action | arrays["expert_mask"] if "expert_mask" in arrays else action
+    if segments is None:
+        empty = ~targets.any(axis=1)  # a row of expert tokens only is a pure imitation row
+        if empty.any():
+            raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token (and no expert token)")
+    else:
+        _check_packed_targets(targets, segments)
     log_prob_arrays = {"log_probs": lp, **{k: arrays[k] for k in ("behavior_log_probs", "old_log_probs")
                                            if k in arrays}}
     for name, arr in log_prob_arrays.items():
@@ -98,6 +108,34 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
         if config.negative_token_fraction < 1.0 and entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")
         config.check_old_log_probs(old_log_probs is not None)
+
+
+def _check_segment_ids(seg: np.ndarray, B: int, T: int) -> np.ndarray:
+    """segment_ids int[B, T] >= 0 whose non-zero ids form increasing contiguous runs in each row; returns them."""
+    if seg.shape != (B, T):
+        raise ValueError(f"segment_ids: shape {seg.shape} does not match log_probs shape {(B, T)}")
+    if seg.dtype.kind not in "iu" or (seg < 0).any():
+        raise ValueError(f"segment_ids: must be integers >= 0 (0 = padding), got dtype {seg.dtype}")
+    for i in range(B):
+        runs = seg[i][np.r_[True, seg[i, 1:] != seg[i, :-1]]]  # the id of each run, left to right
+        runs = runs[runs > 0]
+        if (np.diff(runs) <= 0).any():
+            raise ValueError(f"segment_ids: row {i} is not increasing contiguous runs of ids "
+                             f"(runs {runs[:12].tolist()})")
+    return seg
+
+
+def _check_packed_targets(targets: np.ndarray, seg: np.ndarray) -> None:
+    """Every sequence of a packed row has an action or expert token, none on padding or on its first token."""
+    first = np.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (1, 0)), constant_values=True)
+    bad = targets & ((seg == 0) | first)
+    if bad.any():
+        raise ValueError(f"action_mask: row {_first_bad_row(bad)} has an action or expert token on padding or on the "
+                         "first token of a segment, which has no predictor")
+    for i in range(seg.shape[0]):
+        for s in np.unique(seg[i][seg[i] > 0]):
+            if not targets[i][seg[i] == s].any():
+                raise ValueError(f"action_mask: row {i}, segment {int(s)} has no action token (and no expert token)")
 
 
 def _check_chunk_ids(cid: np.ndarray, action: np.ndarray) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any
 
 import jax
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh
-from ipa_jax.models.sharding import DEFAULT_RULES, batch_sharding
+from ipa_jax.models.sharding import DEFAULT_RULES
 from ipa_jax.objectives import ObjectiveConfig
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
@@ -34,6 +33,7 @@ from ipa_jax.train import (
     train_flops_per_token,
 )
 from ipa_jax.train.metrics import peak_flops_per_device
+from ipa_jax.train.step import data_parallel_size
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,6 @@ def step_options(exp: ExperimentConfig, objective: ObjectiveConfig | None = None
         compute_dtype=None if m.dtype == m.param_dtype else m.dtype,
         success_reward=exp.resample.success_reward,  # the one definition of a successful episode
     )
-
-
-def data_parallel_size(mesh: Mesh) -> int:
-    """How many ways the batch axis is split (the mesh axes of the "batch" sharding rule)."""
-    axes = batch_sharding(mesh, DEFAULT_RULES, 1).spec[0]
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    return math.prod(mesh.shape[a] for a in axes)
 
 
 def check_batch_divisibility(train_cfg: TrainConfig, mesh: Mesh) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ml_collections import ConfigDict, config_dict
 
+from ipa_jax.engines.base import PARTIAL_MODES
 from ipa_jax.envs import Env, list_envs, make_env
 from ipa_jax.models import MeshConfig
 from ipa_jax.models.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
@@ -59,7 +60,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 # ---------------------------------------------------------------------------------------------- sections
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("embedded", "sglang")
-ONLINE_SOURCES = ("auto", "queue", "resample")
+ONLINE_SOURCES = ("auto", "queue", "resample", "expert")
 
 # The tiny model a config without model.path initialises (HF config.json field names, Qwen3Config.from_hf_dict).
 DEFAULT_ARCH: dict[str, Any] = dict(
@@ -80,8 +81,8 @@ class ModelConfig:
     dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
     param_dtype: dtype of the master weights and the optimizer state.
     remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
-    moe_impl: MoE dispatch: auto (blocked on CPU, ragged elsewhere), blocked (sorted tokens in per-expert blocks,
-      batched matmuls), ragged (grouped lax.ragged_dot) or dense (the reference).
+    moe_impl: MoE dispatch: auto (ragged on GPU/TPU; blocked on CPU, dense for few-token calls), blocked (sorted
+      tokens in per-expert blocks, batched matmuls), ragged (grouped lax.ragged_dot) or dense (the reference).
     attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, blocked elsewhere), blocked (causal query
       blocks), xla (jax.nn.dot_product_attention per block), cudnn or reference (the einsum reference).
     scan_layers: decoder layers stacked and run under nnx.scan (compile time independent of depth; layers of one
@@ -156,7 +157,9 @@ class RolloutConfig:
     concurrency: episodes generated at once.
     group_size: samples per task (> 1 for GRPO-style group baselines).
     weight_sync_every: learner steps between weight syncs to the engines.
-    source: auto (resample when resample.mode is not none or resample.il_fallback), queue or resample.
+    source: auto (resample when resample.mode is not none or resample.il_fallback; expert when objective.rl_weight
+      is 0; else queue), queue, resample, or expert (after the warm start too, every batch is fresh scripted-expert
+      episodes: imitation only, e.g. the imitation control of an ablation).
     eval_temperature: sampling temperature of held-out evaluations; 0 = greedy.
     enable_thinking: Qwen3 thinking mode, passed to the chat template (the hybrid template's switch; a thinking-only
       template ignores it): the policy reasons in <think>...</think> before each turn's content.
@@ -172,6 +175,9 @@ class RolloutConfig:
     api_key_env: environment variable holding the servers' API key (SGLang's --api-key), sent as a bearer token; unset
       or empty = no key. The key itself stays out of the config and the run folder.
     keep_weight_folders: sglang: the newest weights/v* folders kept in the run folder (older ones are deleted).
+    partial: what a weight update does to the generation requests in flight (docs/off_policy.md): finish (they end on
+      the weights they started with; the update waits for them) or abort_resume (they are interrupted and continue
+      from their tokens so far on the new weights; each chunk records the newest version that sampled it).
     """
 
     engine: str = "embedded"
@@ -196,6 +202,7 @@ class RolloutConfig:
     outage_budget_s: float = 600.0
     api_key_env: str = "SGLANG_API_KEY"
     keep_weight_folders: int = 2
+    partial: str = "finish"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
@@ -220,6 +227,8 @@ class RolloutConfig:
             _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(1 <= self.min_sync_servers <= max(len(self.sglang_urls), 1), "rollout.min_sync_servers",
                  f"must be in [1, len(rollout.sglang_urls)], got {self.min_sync_servers}")
+        _require(self.partial in PARTIAL_MODES, "rollout.partial",
+                 f"must be one of {PARTIAL_MODES}, got {self.partial!r}")
 
     def sglang_client_options(self) -> dict[str, Any]:
         """SGLangEngine's keyword arguments: timeouts, retries, and the API key read from api_key_env."""
@@ -354,6 +363,8 @@ class ExperimentConfig:
         if self.online:
             _require(self.objective.baseline != "group_mean" or self.rollout.group_size > 1, "objective.baseline",
                      "'group_mean' needs several samples per task: set rollout.group_size > 1")
+            _require(self.online_source != "expert" or self.objective.il_weight > 0, "objective.il_weight",
+                     "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0")
         else:
             missing = [p for p in self.train.data if not glob.glob(os.path.expanduser(p))]
             _require(not missing, "train.data", f"no file matches {missing[0]!r}" if missing else "")
@@ -362,6 +373,16 @@ class ExperimentConfig:
     def online(self) -> bool:
         """Trajectories come from rollouts (no offline train.data)."""
         return not self.train.data
+
+    @property
+    def online_source(self) -> str:
+        """rollout.source resolved: auto is resample when resampling or its IL fallback is on, expert when
+        objective.rl_weight is 0 (the policy's own rollouts would carry no gradient), else queue."""
+        if self.rollout.source != "auto":
+            return self.rollout.source
+        if self.resample.mode != "none" or self.resample.il_fallback:
+            return "resample"
+        return "expert" if self.objective.rl_weight == 0 else "queue"
 
     @property
     def run_dir(self) -> str:

@@ -3,12 +3,14 @@
     python experiments/evaluate.py --run=runs/quickstart [--step=N] [--k=4] [--temperature=1.0]
 
 The held-out tasks are `env.tasks(split, episodes, seed=EVAL_SEED)`, the set the learner's evaluations play
-(`OnlineSource.evaluate`): at k = 1 and rollout.eval_temperature, `evaluate` measures what a run logs as
-eval/success. `load_run_policy` (a run folder's Orbax checkpoint) and `load_hf_policy` (a Hugging Face folder) give
-the policy; `evaluate` plays k episodes of every task with the embedded engine or SGLang servers
-(`evaluate_policy`) and returns an `EvalReport`: success (mean over episodes = pass@1), pass@k (tasks with at
-least one success among their k samples), reward, tool calls, tool errors, turns, and every task's and episode's
-outcome.
+(`OnlineSource.evaluate`): the same tasks for every run, whatever its config or train.seed, so arms and seeds of an
+ablation are evaluated on the same tasks and compare task by task. The learner plays train.eval_samples episodes of
+each at `eval_temperature` and writes their per-task outcomes to eval_tasks/ (`eval_tasks_record`); at k =
+train.eval_samples and that temperature, `evaluate` measures what a run logs as eval/success. `load_run_policy` (a
+run folder's Orbax checkpoint) and `load_hf_policy` (a Hugging Face folder) give the policy; `evaluate` plays k
+episodes of every task with the embedded engine or SGLang servers (`evaluate_policy`) and returns an `EvalReport`:
+success (mean over episodes = pass@1), pass@k (tasks with at least one success among their k samples), reward, tool
+calls, tool errors, turns, and every task's and episode's outcome.
 """
 
 from __future__ import annotations
@@ -65,12 +67,22 @@ def pass_at_k(outcomes: Sequence[Sequence[bool]]) -> float:
     return float(np.mean([any(samples) for samples in outcomes]))
 
 
-def eval_agent_config(exp: ExperimentConfig, temperature: float | None = None) -> AgentConfig:
-    """How held-out episodes are played: exp.rollout's budgets at `temperature` (default rollout.eval_temperature),
-    full support otherwise (no top-p / top-k), as in the learner's evaluations."""
+def eval_temperature(exp: ExperimentConfig, samples: int | None = None) -> float:
+    """The temperature held-out episodes are sampled at: rollout.eval_temperature, except that with several samples
+    per task (`samples`, default train.eval_samples) a greedy setting (0) becomes rollout.temperature, since greedy
+    samples of one task would all be the same episode."""
+    r = exp.rollout
+    samples = exp.train.eval_samples if samples is None else samples
+    return r.temperature if samples > 1 and r.eval_temperature == 0 else r.eval_temperature
+
+
+def eval_agent_config(exp: ExperimentConfig, temperature: float | None = None,
+                      samples: int | None = None) -> AgentConfig:
+    """How held-out episodes are played: exp.rollout's budgets at `temperature` (default `eval_temperature(exp,
+    samples)`), full support otherwise (no top-p / top-k), as in the learner's evaluations."""
     r = exp.rollout
     return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
-                       temperature=r.eval_temperature if temperature is None else temperature)
+                       temperature=eval_temperature(exp, samples) if temperature is None else temperature)
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -119,6 +131,19 @@ class EvalReport:
         first = ["policy", "step", "engine", "split", "seed"]
         out = {name: getattr(self, name) for name in first + [n for n in names if n not in first]}
         return {**out, "per_task": list(self.per_task), "per_episode": list(self.per_episode)}
+
+    def task_outcomes(self) -> list[dict[str, Any]]:
+        """[{task_id, samples, successes}] per task, in task order: finished samples and how many succeeded."""
+        return [{"task_id": t["task_id"], "samples": len(t["successes"]), "successes": sum(t["successes"])}
+                for t in self.per_task]
+
+
+def eval_tasks_record(report: EvalReport) -> dict[str, Any]:
+    """A learner evaluation's eval_tasks/ record (docs/run_folder.md): the held-out split and its task seed, samples
+    per task, temperature, the episodes' counts and success, and `report.task_outcomes()` under "tasks"."""
+    return {"split": "eval", "task_seed": EVAL_SEED, "samples_per_task": report.k,
+            "temperature": report.temperature, "episodes": report.episodes, "aborted": report.aborted,
+            "success": report.success, "tasks": report.task_outcomes()}
 
 
 def episode_record(traj: Trajectory, sample: int) -> dict[str, Any]:
@@ -239,11 +264,11 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
              temperature: float | None = None, split: str = "eval", sglang_urls: Sequence[str] = (),
              seed: int = 0) -> EvalReport:
     """Plays `k` episodes of each of the first `episodes` (default train.eval_episodes) tasks of `split` (seed
-    EVAL_SEED) of exp.env with exp.rollout's budgets at `temperature` (default rollout.eval_temperature), on the
+    EVAL_SEED) of exp.env with exp.rollout's budgets at `temperature` (default `eval_temperature(exp, k)`), on the
     embedded engine (sampling seed `seed`) or on SGLang servers that already serve the policy; returns the report."""
     if not exp.env.name:
         raise ConfigError("env.name", "evaluation needs an environment (ipa_jax.envs.list_envs())")
-    agent = eval_agent_config(exp, temperature)
+    agent = eval_agent_config(exp, temperature, samples=k)
     if k > 1 and agent.temperature == 0:
         log.warning("k=%d samples per task at temperature 0 (greedy): the samples will be identical and pass@%d "
                     "will equal success; sample with a temperature > 0", k, k)

@@ -4,7 +4,7 @@ held-out evaluation and samples.
     learner step s < rl_start:              batches of scripted-expert episodes (IL only); rl_start is
                                             train.il_warmup_steps, or earlier once train.il_warmup_target is met
     learner step s >= rl_start:             batches from the TrajectoryQueue fed by a RolloutWorker
-                                            (or from a ResampleSource, see `rollout.source`)
+                                            (or from a ResampleSource, or more expert episodes: `rollout.source`)
     after every update:                     weights -> engines (every rollout.weight_sync_every steps;
                                             queue.forced_lag pushes the weights of step s - forced_lag)
     eval_fn:                                held-out tasks, success / reward / tool calls / turns
@@ -13,10 +13,11 @@ Expert episodes are token rows built from the expert's chat messages through the
 bookkeeping as the agent loop): every assistant turn, the final answer and its `<|im_end|>` included, is an
 imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).
 
-What it writes into the run folder (`RunFolder`): tokenizer/ (when built), samples/, trajectories/train.jsonl
-(every trajectory the learner consumed; on resume cut back to what the restored checkpoint had consumed),
-trajectories/unconsumed.jsonl (finished ones still waiting at exit or Ctrl-C), weights/v<version>/ (SGLang weight
-sync; the newest rollout.keep_weight_folders are kept) and, with resampling, forks.json.
+What it writes into the run folder (`RunFolder`): tokenizer/ (when built), samples/, eval_tasks/ (every
+evaluation's per-task outcomes), trajectories/train.jsonl (every trajectory the learner consumed; on resume cut back
+to what the restored checkpoint had consumed), trajectories/unconsumed.jsonl (finished ones still waiting at exit or
+Ctrl-C), weights/v<version>/ (SGLang weight sync; the newest rollout.keep_weight_folders are kept) and, with
+resampling, forks.json.
 
 The run stops with a checkpoint (`TrainingStopped`) when the SGLang pool stays below rollout.min_sync_servers for
 longer than rollout.outage_budget_s (a weight sync or a resampling round fails), when the rollout worker gives up,
@@ -38,11 +39,12 @@ import jax
 from flax import nnx
 
 from ipa_jax.engines import EngineError, SGLangEngine
+from ipa_jax.engines.base import PartialCounts
 from ipa_jax.engines.threads import LoopThread, OnLoop
 from ipa_jax.envs import Env, Task
 from ipa_jax.models import save_pretrained
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
-from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, evaluate_policy
+from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks_record, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, ChatFormat, RolloutWorker, TrajectoryQueue
@@ -109,14 +111,15 @@ class EngineHost:
             from ipa_jax.engines import EmbeddedEngine
 
             model = _engine_model(state)
-            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer)
+            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer, partial=r.partial)
             self.rollout = EmbeddedEngine(model, seed=exp.train.seed, **kw)
             self.control = EmbeddedEngine(model, seed=exp.train.seed + 1,
                                           **{**kw, "max_batch": max(exp.train.eval_episodes, 1)})
         else:
-            self.control = SGLangEngine(list(r.sglang_urls), **r.sglang_client_options())
+            self.control = SGLangEngine(list(r.sglang_urls), partial=r.partial, **r.sglang_client_options())
             self.rollout = OnLoop(self.control, self.thread)
         self.version = -1
+        self._counted = PartialCounts()  # the rollout engine's counts at the previous partial_metrics()
 
     def run(self, coro):
         """`await coro` on the control engine's loop, from the learner thread."""
@@ -137,6 +140,17 @@ class EngineHost:
                 raise TrainingStopped(f"weight sync to version {version} failed: {e}") from e
             self.folder.prune_weights(keep=self.keep_weight_folders, current=version)
         self.version = version
+
+    def partial_metrics(self) -> dict[str, float]:
+        """Rollout requests that weight updates interrupted (rollout.partial = "abort_resume") and that continued on
+        the new weights: per update since the previous call (one training line), and in total."""
+        now = self.rollout.partial_counts()
+        updates = max(now.updates - self._counted.updates, 1)
+        out = {"partial_interrupted_per_update": (now.interrupted - self._counted.interrupted) / updates,
+               "partial_resumed_per_update": (now.resumed - self._counted.resumed) / updates,
+               "partial_interrupted": float(now.interrupted), "partial_resumed": float(now.resumed)}
+        self._counted = now
+        return out
 
     def close(self) -> None:
         self.run(self.control.close())
@@ -177,9 +191,7 @@ class OnlineSource:
         self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
         self.eval_agent = dataclasses.replace(eval_agent_config(exp), record_messages=True)  # for samples/
-        source = r.source
-        if source == "auto":
-            source = "resample" if exp.resample.mode != "none" or exp.resample.il_fallback else "queue"
+        source = exp.online_source
         self.kind = source
         self.queue: TrajectoryQueue | None = None
         self.worker: RolloutWorker | None = None
@@ -188,7 +200,7 @@ class OnlineSource:
             self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
                                          reward_range=t.reward_range)
             self.train_tasks = env.task_stream("train", seed=t.seed)
-        else:
+        elif source == "resample":
             tasks = env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=t.seed)
             self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
                                            self.engines.rollout, self.chat, self.agent, concurrency=r.concurrency)
@@ -205,7 +217,7 @@ class OnlineSource:
 
     # ---- TrajectorySource ---------------------------------------------------------------------------
     def next_trajectories(self, n: int) -> list[Trajectory]:
-        if self.step < self.rl_start:
+        if self.step < self.rl_start or self.kind == "expert":
             out = self.experts.take(n)
         elif self.resample is not None:  # synchronous: the learner waits while a round is sampled
             t0 = time.perf_counter()
@@ -304,6 +316,8 @@ class OnlineSource:
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
         if self.resample is not None:
             out.update({f"resample_{k}": float(v) for k, v in self.resample.resampler.metrics().items()})
+        if self.worker is not None or self.resample is not None:
+            out.update(self.engines.partial_metrics())
         return out
 
     # ---- hooks --------------------------------------------------------------------------------------
@@ -326,16 +340,19 @@ class OnlineSource:
         self.engines.push(_HostState(state, params), version)
 
     def evaluate(self, state: TrainState) -> dict[str, float]:
-        """Held-out episodes with the current weights: success, reward, tool calls, turns (and samples)."""
+        """Held-out episodes with the current weights, train.eval_samples per task: success, reward, tool calls,
+        turns (and samples/, and the per-task outcomes in eval_tasks/)."""
         step = int(jax.device_get(state.step))
         if self.engines.kind == "embedded":
             self.engines.control.set_params_from_model(_engine_params(state), step)
         report = self.engines.run(evaluate_policy(
-            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(), k=1))
+            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(),
+            k=self.exp.train.eval_samples))
         done = list(report.trajectories)
         for traj in done:
             traj.info["split"] = "eval"
         self.folder.write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
+        self.folder.write_eval_tasks(step, eval_tasks_record(report))
         return report.scalars()
 
     # ---- shutdown -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
       trajectories/train.jsonl         every trajectory the learner consumed (up to its latest checkpoint, on resume)
       trajectories/unconsumed.jsonl    finished rollouts still waiting when the run stopped
       forks.json                       resampling runs: success per expert anchor and crucial forks per task
+      eval_tasks/step_<8 digits>.json  every held-out evaluation of the learner, task by task (samples, successes)
       eval/step_<8 digits>_k<k>_t<T>.json  experiments/evaluate.py's reports on a checkpoint of the run
       weights/v<8 digits>/             SGLang runs: the HF weights of the last synced versions
       hf/                              the final policy as a Hugging Face folder (checkpoint.export_hf)
@@ -111,6 +112,9 @@ class RunFolder:
 
     def eval_report_path(self, step: int, k: int, temperature: float) -> str:
         return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")
+
+    def eval_tasks_path(self, step: int) -> str:
+        return self.file("eval_tasks", f"step_{step:08d}.json")
 
     def samples_path(self, step: int) -> str:
         return self.file("samples", f"step_{step:08d}.jsonl")
@@ -228,6 +232,28 @@ class RunFolder:
                 f.readline()
             f.truncate()
 
+    # ---- eval_tasks/
+    def write_eval_tasks(self, step: int, record: dict[str, Any]) -> None:
+        """eval_tasks/step_<step>.json = {"step": step, **record}: the per-task outcomes of the held-out evaluation
+        at `step` (`ipa_jax.pipeline.evaluation.eval_tasks_record`); evaluating a step again overwrites it."""
+        if is_writer():
+            _write_json(self.eval_tasks_path(step), {"step": int(step), **record})
+
+    def read_eval_tasks(self, step: int) -> dict[str, Any]:
+        return _read_json(self.eval_tasks_path(step), f"per-task record of the evaluation at step {step}")
+
+    def eval_tasks_steps(self) -> list[int]:
+        """The steps with a per-task evaluation record, ascending (none in run folders from before the records)."""
+        names = os.listdir(self.file("eval_tasks")) if os.path.isdir(self.file("eval_tasks")) else []
+        return sorted(int(m.group(1)) for name in names if (m := re.fullmatch(r"step_(\d+)\.json", name)))
+
+    def drop_eval_tasks_after(self, step: int) -> None:
+        """Deletes the per-task records of steps > `step`: what a killed run evaluated after the checkpoint it
+        resumes from (-1: a fresh start drops them all)."""
+        if is_writer():
+            for later in (s for s in self.eval_tasks_steps() if s > step):
+                os.remove(self.eval_tasks_path(later))
+
     # ---- forks.json
     def write_forks(self, report: dict[str, Any]) -> None:
         if is_writer():
@@ -278,9 +304,9 @@ class MetricsLog:
     `tensorboard_tag`, to TensorBoard and (logging.wandb) Weights & Biases: the learner's metrics sink.
 
     `start(resume_step)`: resuming from step s removes the lines with step > s (written after the checkpoint by
-    a killed run) and the TensorBoard events after it, so the files read as one uninterrupted run, and continues
-    the W&B run of wandb_id.txt; None = a fresh start, which drops whatever a run killed before its first
-    checkpoint wrote and starts a new W&B run. Non-finite values go to metrics.jsonl only.
+    a killed run), the TensorBoard events and the eval_tasks/ records after it, so the files read as one
+    uninterrupted run, and continues the W&B run of wandb_id.txt; None = a fresh start, which drops whatever a run
+    killed before its first checkpoint wrote and starts a new W&B run. Non-finite values go to metrics.jsonl only.
     """
 
     def __init__(self, folder: RunFolder, logging: LoggingConfig, config: dict[str, Any] | None = None):
@@ -294,6 +320,7 @@ class MetricsLog:
             return
         os.makedirs(self.folder.path, exist_ok=True)
         self._truncate(-1 if resume_step is None else resume_step)
+        self.folder.drop_eval_tasks_after(-1 if resume_step is None else resume_step)
         self._file = open(self.folder.metrics_path, "a", encoding="utf-8")
         if self.logging.tensorboard:
             from tensorboardX import SummaryWriter

@@ -19,6 +19,12 @@ tokens stay action tokens of their chunk: they are trained and credited like the
 (prefill, expert episodes) are rendered with the same template and thinking mode (`ChatFormat.assistant_turn_ids`),
 so an imitation target is exactly what the policy would emit there.
 
+Versions: each chunk records the weight version that sampled it (`chunk_versions`); a turn that a weight update
+interrupted and the engine continued on the new weights (`rollout.partial = "abort_resume"`) records the newest
+version that sampled any of its tokens, and `info["resumed_chunks"]` lists it as [chunk, version of its first
+token]. The behaviour log-probs are those each token was sampled with, old weights or new. `policy_version` is the
+oldest chunk's version (what the queue's staleness bound applies to).
+
 An optional `prefill` (expert messages after the initial ones) starts the episode at a later state: its
 assistant turns are expert-masked (imitation targets, never actions), its tool calls are replayed in the
 environment, and sampling continues from there (chunk-level initialized resampling).
@@ -299,6 +305,7 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
         raise ValueError(f"prefill uses {turns_used} turns, leaving none of max_turns={max_turns} to sample")
     reward, finish = 0.0, "max_turns"
     chunk_versions: list[int] = []
+    resumed_chunks: list[list[int]] = []  # [chunk, version of its first token] of turns continued after an update
     routed: np.ndarray | None = None
     gen_tokens = 0
     engine_s = 0.0
@@ -321,7 +328,9 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
             break
         chunk = len(chunk_versions)
         row.extend(ids, action=True, logprobs=[float(x) for x in res.logprobs], chunk=chunk)
-        chunk_versions.append(int(res.weight_version))
+        chunk_versions.append(int(max(res.token_versions)))  # a resumed turn: the newest version that sampled it
+        if min(res.token_versions) != chunk_versions[-1]:
+            resumed_chunks.append([chunk, int(res.token_versions[0])])
         gen_tokens += len(ids)
         if res.routed_experts is not None:
             routed = np.asarray(res.routed_experts)
@@ -362,6 +371,7 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
         "env": task.env,
         "finish_reason": finish,
         "num_turns": len(chunk_versions),
+        "resumed_chunks": resumed_chunks,
         "num_prefill_turns": turns_used,
         "num_tool_calls": env.num_tool_calls - prefill_calls,  # the policy's own (executed) calls
         "num_tool_errors": env.num_tool_errors - prefill_errors,

@@ -1,7 +1,8 @@
 """The trajectory queue between rollout workers (producers, any thread) and the learner (consumer).
 
-Bounded and thread-safe. Admission by policy lag: a trajectory sampled by weight version v is admitted
-while `current_version - v <= max_policy_lag`; when the learner advances the version (`set_version`),
+Bounded and thread-safe. Admission by policy lag: a trajectory is admitted while `current_version - v <=
+max_policy_lag`, v the version of its oldest chunk (`sampling_version`; a chunk continued across a weight update
+counts as the newest version that sampled it); when the learner advances the version (`set_version`),
 trajectories already waiting that became too stale are evicted. Every admitted trajectory is delivered
 exactly once (by `take` or, at shutdown, by `drain`); a uid is admitted at most once. Drops (stale,
 duplicate, invalid: `Trajectory.validate`, with versions ahead of the queue's and rewards outside
@@ -26,6 +27,13 @@ log = logging.getLogger(__name__)
 DROP_REASONS = ("stale", "duplicate", "invalid")
 DROP_LOG_INTERVAL_S = 30.0
 _DROP_DETAIL = {"stale": "policy lag above max_policy_lag", "duplicate": "uid already admitted"}
+
+
+def sampling_version(traj: Trajectory) -> int:
+    """The version the staleness bound applies to: the oldest of the trajectory's chunk versions (its
+    policy_version when they are not recorded)."""
+    cv = traj.chunk_versions
+    return int(cv.min()) if cv is not None and cv.size else int(traj.policy_version)
 
 
 class QueueClosed(Exception):
@@ -85,7 +93,7 @@ class TrajectoryQueue:
         return self._version
 
     def _lag(self, traj: Trajectory) -> int:
-        return self._version - int(traj.policy_version)  # >= 0: a version ahead of the queue's is invalid
+        return self._version - sampling_version(traj)  # >= 0: a version ahead of the queue's is invalid
 
     def _is_stale(self, traj: Trajectory) -> bool:
         return self.max_policy_lag is not None and self._lag(traj) > self.max_policy_lag

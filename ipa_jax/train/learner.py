@@ -1,4 +1,4 @@
-"""The learner loop: trajectories from a source -> validated, padded batches -> train steps -> metrics,
+"""The learner loop: trajectories from a source -> validated, padded (or packed) batches -> train steps -> metrics,
 evaluations, weight-sync hook and checkpoints.
 
 One update per fresh batch by default (FlashREINFORCE); `epochs_per_batch` / `minibatches` > 1 exist for
@@ -17,17 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ipa_jax.objectives import compute_advantages
 from ipa_jax.train.checkpoint import Checkpointer
 from ipa_jax.train.metrics import LoggingConfig
 from ipa_jax.train.progress import Progress
 from ipa_jax.train.sources import TrajectorySource
 from ipa_jax.train.state import TrainState
-from ipa_jax.train.step import TrainStep
-from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pad_batch
+from ipa_jax.train.step import TrainStep, batch_advantages
+from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pack_batch, pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +51,18 @@ class TrainConfig:
     eval_every: RL steps between held-out evaluations, counted from the warm start's end; 0 = only at the
       start, at the end of the warm start and at the end.
     eval_episodes: held-out tasks per evaluation.
+    eval_samples: episodes per held-out task in each evaluation (success = their mean, pass@1 with less noise); > 1
+      samples at rollout.eval_temperature, or at rollout.temperature when that is 0 (greedy samples are identical).
     il_warmup_steps: at most this many IL-only updates on scripted expert episodes first (the warm start).
     il_warmup_target: > 0: end the warm start once greedy decoding would reproduce this fraction of fresh expert
       episodes (mean il_greedy_match over il_warmup_window batches); RL then still runs steps - il_warmup_steps.
     il_warmup_window: batches averaged for il_warmup_target.
     data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
     buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
+    packing: pack several trajectories into each row of the bucket length (first-fit decreasing; attention and
+      every per-trajectory term of the objective stay within each trajectory: the same loss and gradient as one
+      trajectory per row) instead of padding every trajectory to the bucket; with minibatches > 1 a minibatch
+      is a set of packed rows.
     reward_range: (low, high): a trajectory whose reward is outside it is dropped as invalid (a reward that a float32
       loss cannot represent would make every batch holding it a skipped update).
     allow_config_change: resume a run folder whose config.json differs from this config (the changes are
@@ -75,16 +79,19 @@ class TrainConfig:
     run_dir: str = ""
     eval_every: int = 0
     eval_episodes: int = 32
+    eval_samples: int = 1
     il_warmup_steps: int = 0
     il_warmup_target: float = 0.0
     il_warmup_window: int = 10
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    packing: bool = False
     reward_range: tuple[float, float] = (-1e6, 1e6)
     allow_config_change: bool = False
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes"):
+        for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes",
+                     "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.minibatches:
@@ -103,6 +110,8 @@ class TrainConfig:
             raise ValueError(f"train.il_warmup_window: must be >= 1, got {self.il_warmup_window}")
         if not self.buckets or any(b < 2 for b in self.buckets):
             raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
+        if not isinstance(self.packing, bool):
+            raise ValueError(f"train.packing: must be True or False, got {self.packing!r}")
         if not self.name:
             raise ValueError("train.name: must be non-empty")
         r = self.reward_range
@@ -270,6 +279,15 @@ class Learner:
             self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
         self._progress.evaluated(step, results)
 
+    def make_batch(self, trajs: list[Trajectory]) -> TrajectoryBatch:
+        """One trajectory per row (pad_batch), or packed rows (train.packing) in a row count the minibatches,
+        microbatches and data-parallel devices divide."""
+        cfg = self.config
+        if not cfg.packing:
+            return pad_batch(trajs, cfg.buckets)
+        multiple = cfg.minibatches * cfg.microbatches * self.step_fn.data_parallel_size
+        return pack_batch(trajs, cfg.buckets, row_multiple=multiple)[0]
+
     def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState):
         """(device batch, device advantages | None, device old log-probs | None) for each update made from one
         batch; `state` is the one before the batch's first update."""
@@ -277,15 +295,15 @@ class Learner:
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
             yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
             return
-        # Advantages from the whole batch, then per-epoch shuffled minibatches (seeded: resumable).
-        adv = np.asarray(compute_advantages(jnp.asarray(batch.rewards), self.step_fn.options.objective.baseline,
-                                            jnp.asarray(batch.group_ids), jnp.asarray(batch.action_mask.any(axis=1))))
+        # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable).
+        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective.baseline))
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
-        size = cfg.batch_size // cfg.minibatches
+        num_rows = batch.tokens.shape[0]
+        size = num_rows // cfg.minibatches
         for _ in range(cfg.epochs_per_batch):
-            order = rng.permutation(cfg.batch_size)
+            order = rng.permutation(num_rows)
             for j in range(cfg.minibatches):
                 rows = np.sort(order[j * size:(j + 1) * size])
                 sub = jax.tree.map(operator.itemgetter(rows), batch)
@@ -313,8 +331,8 @@ class Learner:
             while step < self.total_steps:
                 trajs, dropped = self.next_batch()
                 self.dropped_total += dropped
-                batch = pad_batch(trajs, cfg.buckets)
-                lag = step - batch.policy_versions
+                batch = self.make_batch(trajs)
+                lag = step - np.asarray([tr.policy_version for tr in trajs])
                 for device_batch, adv, old in self._updates(batch, step, self.state):
                     t0 = time.perf_counter()
                     self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)

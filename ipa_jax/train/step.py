@@ -14,6 +14,10 @@
 
 Current log-probs (and entropies when asked) come from the model's blockwise `token_logprobs`.
 
+Packed batches (batch.segment_ids, `pack_batch`): the model attends within each segment and restarts positions
+there, the objective computes every per-trajectory quantity per segment, and per-trajectory inputs (rewards,
+advantages) are [B, S]; the loss and gradient are those of the same trajectories one per row.
+
 Old log-probs (objective.old_logprobs = "recompute"): the learner's log-probs under the parameters at the start of
 the update, without gradient. On the first update of a batch those are the current parameters, so the step takes
 stop_gradient(l) from the very forward that computes l (same parameters, dtype, block size and routing, no second
@@ -21,6 +25,7 @@ forward). When a batch makes several updates (train.minibatches / train.epochs_p
 them once before the first (`TrainStep.old_log_probs`, microbatched like the step) and passes each update its rows.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +40,15 @@ from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models import token_logprobs
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
-from ipa_jax.objectives import ObjectiveConfig, combine_terms, compute_advantages, objective_terms, term_denominators
+from ipa_jax.objectives import (
+    ObjectiveConfig,
+    combine_terms,
+    compute_advantages,
+    objective_terms,
+    sequences_with_actions,
+    term_denominators,
+)
+from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
 from ipa_jax.train.optimizer import PhaseSchedule, apply_direction
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
@@ -83,22 +96,35 @@ def _cast_floating(tree: Any, dtype: str | None) -> Any:
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def greedy_reproduced_rows(logp: jax.Array, expert_mask: jax.Array) -> jax.Array:
-    """bool[B]: rows with expert tokens, each of which has probability > 1/2, so that greedy decoding under
-    teacher forcing reproduces them (p > 1/2 implies the argmax). logp, expert_mask: [B, T].
+def greedy_reproduced_rows(logp: jax.Array, expert_mask: jax.Array, sequences: Sequences | None = None) -> jax.Array:
+    """bool[B] ([B, S] packed: per sequence): rows with expert tokens, each of which has probability > 1/2, so that
+    greedy decoding under teacher forcing reproduces them (p > 1/2 implies the argmax). logp, expert_mask: [B, T].
 
     On fresh expert episodes this is a lower bound of the greedy success rate on the expert's tasks (the
     argmax may also be right with p <= 1/2), at the cost of no extra forward pass."""
-    # all_t (p_t > 1/2 or not expert_t) and any_t expert_t
-    confident = (logp > jnp.log(0.5)) | ~expert_mask
-    return jnp.all(confident, axis=1) & jnp.any(expert_mask, axis=1)
+    seqs = sequences_of(logp.shape) if sequences is None else sequences
+    # no expert token with p_t <= 1/2, and at least one expert token
+    unsure = sequence_count(expert_mask & ~(logp > jnp.log(0.5)), seqs)
+    return as_given((unsure == 0) & (sequence_count(expert_mask, seqs) > 0), seqs)
+
+
+def batch_sequences(batch: TrajectoryBatch) -> Sequences:
+    """The batch's sequences: one per row, or its packed rows' segments with [B, S] per-trajectory fields."""
+    return sequences_of(batch.tokens.shape, batch.segment_ids, batch.rewards.shape[-1])
+
+
+def batch_advantages(batch: TrajectoryBatch, baseline: str) -> jax.Array:
+    """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the baseline averages over the
+    trajectories with action tokens (compute_advantages)."""
+    rl_rows = sequences_with_actions(batch.action_mask, batch.segment_ids, batch.rewards.shape[-1])
+    return compute_advantages(batch.rewards, baseline, batch.group_ids, rl_rows)
 
 
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
     """The learner's forward: (log-probs float32 [b, T], entropies [b, T] | None, aux) of one microbatch."""
     model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
     logp, entropy, aux = token_logprobs(
-        model, mb.tokens, mb.attention_mask, mb.positions, return_entropy=return_entropy,
+        model, mb.tokens, mb.attention_mask, mb.positions, segment_ids=mb.segment_ids, return_entropy=return_entropy,
         block_size=options.logprob_block_size,
         routed_experts=mb.routed_experts if options.routing_replay else None,
     )
@@ -114,7 +140,7 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
         old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
     terms, diag = objective_terms(logp, mb.behavior_logprobs, adv, mb.action_mask, mb.chunk_ids, mb.expert_mask,
                                   options.objective, entropy, failures=mb.rewards < options.success_reward,
-                                  old_log_probs=old, rewards=mb.rewards)
+                                  old_log_probs=old, rewards=mb.rewards, segment_ids=mb.segment_ids)
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
     # per-microbatch means, averaged over microbatches (not exactly the full-batch value).
@@ -125,6 +151,8 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
     n_action = jnp.sum(action).astype(jnp.float32)
     n_keep = jnp.sum(diag["retained_tokens"]).astype(jnp.float32)
     n_chunks = jnp.sum(diag["num_chunks"]).astype(jnp.float32)
+    seqs = batch_sequences(mb)
+    present = as_given(sequence_count(mb.attention_mask, seqs) > 0, seqs)  # the slots holding a trajectory
     # Sums (not means) so that microbatches combine exactly into full-batch statistics.
     stats = {
         "rl_num": terms["rl"][0],
@@ -142,10 +170,11 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
         "n_mismatch_masked": diag["mismatch_masked_fraction"] * n_action,
         "n_mismatch_capped": diag["mismatch_capped_fraction"] * n_keep,
         "nonfinite_weights": diag["nonfinite_weights"].astype(jnp.float32),
-        "admitted": jnp.sum(diag["admitted"]).astype(jnp.float32),
+        "n_trajectories": jnp.sum(present).astype(jnp.float32),
+        "admitted": jnp.sum(diag["admitted"] & present).astype(jnp.float32),
         "max_chunks": jnp.max(diag["num_chunks"]).astype(jnp.float32),
-        "n_il_rows": jnp.sum(jnp.any(mb.expert_mask, axis=1)).astype(jnp.float32),
-        "n_il_greedy_rows": jnp.sum(greedy_reproduced_rows(logp, mb.expert_mask)).astype(jnp.float32),
+        "n_il_rows": jnp.sum(sequence_count(mb.expert_mask, seqs) > 0).astype(jnp.float32),
+        "n_il_greedy_rows": jnp.sum(greedy_reproduced_rows(logp, mb.expert_mask, seqs)).astype(jnp.float32),
         "sum_entropy": (jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None
                         else jnp.zeros((), jnp.float32)),
         **aux_losses,
@@ -168,13 +197,12 @@ def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: S
     return _merge_microbatches(jax.lax.map(forward, mbs))
 
 
-def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
-               old_log_probs: jax.Array | None = None, *, options: StepOptions,
-               schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] or None (computed
-    here from batch.rewards with the objective's baseline); old_log_probs [B, T] (objective.old_logprobs =
-    "recompute" only) or None (then the current ones: this update is the batch's first). Returns the new state
-    and scalar metrics."""
+def batch_gradients(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
+                    old_log_probs: jax.Array | None = None, *, options: StepOptions):
+    """The loss of one update on `batch` and its gradient w.r.t. state.params (float32 leaves), accumulated over
+    options.microbatches. Returns (loss, grads, stats, advantages, denominators): statistics summed over the
+    microbatches (maxima for the _MAX_STATS), the advantages and the full-batch denominators it used. Arguments as
+    train_step's."""
     objective, m = options.objective, options.microbatches
     b = batch.tokens.shape[0]
     if b % m:
@@ -182,32 +210,40 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
     if old_log_probs is not None and not objective.needs_old_log_probs:
         raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
     if advantages is None:
-        advantages = compute_advantages(batch.rewards, objective.baseline, batch.group_ids,
-                                        batch.action_mask.any(axis=1))
+        advantages = batch_advantages(batch, objective.baseline)
     advantages = advantages.astype(jnp.float32)
-    dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective)
+    dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
 
     if m == 1:
         (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, batch, advantages, old_log_probs,
                                        dens, options)
-        grads = f32(grads)
-    else:
-        split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
+        return loss, f32(grads), stats, advantages, dens
+    split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
-        def accumulate(carry, xs):
-            grads_acc, loss_acc = carry
-            mb, adv, old = xs
-            (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, dens, options)
-            grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-            return (grads_acc, loss_acc + loss), stats
+    def accumulate(carry, xs):
+        grads_acc, loss_acc = carry
+        mb, adv, old = xs
+        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, dens, options)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        return (grads_acc, loss_acc + loss), stats
 
-        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)),
-                                             split((batch, advantages, old_log_probs)))
-        stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)),
+                                         split((batch, advantages, old_log_probs)))
+    stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
+    return loss, grads, stats, advantages, dens
 
+
+def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
+               old_log_probs: jax.Array | None = None, *, options: StepOptions,
+               schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
+    None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
+    (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first).
+    Returns the new state and scalar metrics."""
+    loss, grads, stats, advantages, dens = batch_gradients(state, batch, advantages, old_log_probs, options=options)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -236,7 +272,13 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         rng=jax.random.split(state.rng)[0],
     )
 
+    # Means over the trajectories (the used slots of packed rows; every row of a one-per-row batch).
+    seqs = batch_sequences(batch)
+    present = as_given(sequence_count(batch.attention_mask, seqs) > 0, seqs)
+    n_traj = jnp.maximum(stats["n_trajectories"], 1.0)
     rewards = batch.rewards.astype(jnp.float32)
+    reward_mean, advantage_mean = (jnp.sum(jnp.where(present, x, 0)) / n_traj for x in (rewards, advantages))
+    spread = lambda x, mean: jnp.sqrt(jnp.sum(jnp.where(present, (x - mean) ** 2, 0)) / n_traj)  # noqa: E731
     n_action = jnp.maximum(stats["n_action"], 1.0)
     n_keep = jnp.maximum(stats["n_keep"], 1.0)
     metrics = {
@@ -247,13 +289,13 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "lr": lr,
         "skipped": skipped,
         "skipped_total": new_state.skipped,
-        "reward_mean": jnp.mean(rewards),
-        "reward_std": jnp.std(rewards),
-        "advantage_mean": jnp.mean(advantages),
-        "advantage_std": jnp.std(advantages),
-        "advantage_min": jnp.min(advantages),
-        "advantage_max": jnp.max(advantages),
-        "admitted_fraction": stats["admitted"] / b,
+        "reward_mean": reward_mean,
+        "reward_std": spread(rewards, reward_mean),
+        "advantage_mean": advantage_mean,
+        "advantage_std": spread(advantages, advantage_mean),
+        "advantage_min": jnp.min(jnp.where(present, advantages, jnp.inf)),
+        "advantage_max": jnp.max(jnp.where(present, advantages, -jnp.inf)),
+        "admitted_fraction": stats["admitted"] / n_traj,
         "kept_token_fraction": stats["n_keep"] / n_action,
         "il_rows": stats["n_il_rows"],
         # Fraction of imitation rows greedy decoding would reproduce (greedy_reproduced_rows); 0 without any.
@@ -268,7 +310,7 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
         "mismatch_ratio_mean": stats["sum_mismatch_ratio"] / n_action,
         "mismatch_masked_fraction": stats["n_mismatch_masked"] / n_action,  # dropped by its range / prob-diff masks
         "mismatch_capped_fraction": stats["n_mismatch_capped"] / n_keep,  # kept tokens whose weight was capped
-        "chunks_mean": stats["n_chunks"] / b,
+        "chunks_mean": stats["n_chunks"] / n_traj,
         "chunks_max": stats["max_chunks"],
         "action_tokens": stats["n_action"],
         "real_tokens": jnp.sum(batch.attention_mask).astype(jnp.float32),
@@ -278,6 +320,13 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
     if options.needs_entropy:
         metrics["entropy"] = stats["sum_entropy"] / n_action
     return new_state, metrics
+
+
+def data_parallel_size(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:
+    """How many ways the batch axis is split (the mesh axes of the "batch" sharding rule)."""
+    axes = batch_sharding(mesh, rules, 1).spec[0]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return math.prod(mesh.shape[a] for a in axes)
 
 
 def place_state(state: TrainState, mesh: Mesh) -> TrainState:
@@ -306,8 +355,8 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool, bool], Any] = {}
-        self._compiled_old: dict[bool, Any] = {}
+        self._compiled: dict[tuple[bool, bool, bool, bool], Any] = {}
+        self._compiled_old: dict[tuple[bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
         """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
@@ -320,12 +369,19 @@ class TrainStep:
 
         return device_put_global(batch, self.batch_shardings(batch))
 
+    @property
+    def data_parallel_size(self) -> int:
+        """How many ways the mesh splits a batch's rows."""
+        return data_parallel_size(self.mesh, self.rules)
+
     def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool):
-        key = (batch.routed_experts is not None, with_advantages, with_old)
+        packed = batch.segment_ids is not None
+        key = (batch.routed_experts is not None, packed, with_advantages, with_old)
         if key not in self._compiled:
             fn = lambda state, batch, adv, old: train_step(  # noqa: E731
                 state, batch, adv, old, options=self.options, schedule=self.schedule)
-            adv_sharding = batch_sharding(self.mesh, self.rules, 1) if with_advantages else None
+            # advantages are per row [B], or per sequence slot [B, S] in packed rows
+            adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
             old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
             self._compiled[key] = jax.jit(
                 fn,
@@ -343,7 +399,7 @@ class TrainStep:
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on
         the host of every process (`recompute_log_probs`; the learner passes each update its rows)."""
-        key = batch.routed_experts is not None
+        key = (batch.routed_experts is not None, batch.segment_ids is not None)
         if key not in self._compiled_old:
             self._compiled_old[key] = jax.jit(
                 lambda state, batch: recompute_log_probs(state, batch, options=self.options),

@@ -126,6 +126,18 @@ ABLATIONS = {
     "offpolicy_lag4_nomismatch": ("offpolicy_lag4", {_OBJ + "mismatch_level"}),
     "offpolicy_lag4_recompute": ("offpolicy_lag4", {_OBJ + "old_logprobs"}),
     "offpolicy_lag4_recompute_nomismatch": ("offpolicy_lag4_recompute", {_OBJ + "mismatch_level"}),
+    # Controls (tests/pipeline/test_pipeline_controls.py checks what each one does).
+    "control_il_continue": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
+    "control_no_update": ("common", {"optimizer.lr"}),
+    "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
+    # The long-horizon task's base (longhorizon_common) and its arms.
+    "longhorizon_credit_chunk": ("longhorizon_common", set()),
+    "longhorizon_credit_token": ("longhorizon_common", {_OBJ + "credit"}),
+    "longhorizon_agg_token_mean": ("longhorizon_common", {_OBJ + "aggregation"}),
+    "longhorizon_control_il_continue": ("longhorizon_common", {_OBJ + "rl_weight", _OBJ + "il_weight",
+                                                               "optimizer.lr"}),
+    "longhorizon_control_no_update": ("longhorizon_common", {"optimizer.lr"}),
+    "longhorizon_credit_token_matched": ("longhorizon_common", {_OBJ + "credit", _OBJ + "gamma"}),
 }
 
 
@@ -137,7 +149,7 @@ def _flat_resolved(name: str) -> dict:
 def test_every_ablation_config_changes_one_thing():
     files = {os.path.splitext(os.path.basename(p))[0]
              for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))}
-    assert files - {"common", "common_negatives"} == set(ABLATIONS)
+    assert files - {"common", "common_negatives", "longhorizon_common"} == set(ABLATIONS)
     # The negative branch's base: the common base with negative advantages, at the lr stable with them.
     negatives, common = _flat_resolved("common_negatives"), _flat_resolved("common")
     assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline",
@@ -167,7 +179,8 @@ def test_every_ablation_config_changes_one_thing():
 # ------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    """Two tiny configs x one seed, trained by `python experiments/ablate.py --isolation=inprocess`."""
+    """Two tiny configs x one seed, trained by `python experiments/ablate.py --isolation=inprocess`, evaluated on 3
+    held-out tasks x 2 samples (--eval_tasks, --eval_samples), differences against the second config."""
     tmp = tmp_path_factory.mktemp("ablate")
     paths = []
     for credit in ("chunk", "token"):
@@ -176,7 +189,8 @@ def tiny_sweep(tmp_path_factory):
         paths.append(str(path))
     out = tmp / "out"
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), f"--configs={','.join(paths)}",
-           "--seeds=0", "--set=train.steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess"]
+           "--seeds=0", "--set=train.steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess",
+           "--eval_tasks=3", "--eval_samples=2", "--reference=tiny_token", "--claim=lower"]
     # One CPU device (not conftest's 8): a batch of 4 needs no data-parallel split, and 2 cores run it faster.
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -221,7 +235,25 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
     assert [r["step"] for r in chunk] == [r["step"] for r in token]
     assert [r for r in chunk if r["step"] <= 2] == [r for r in token if r["step"] <= 2]
     md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
-    assert md in stdout and md.count("\n| tiny_") == 2
+    assert md in stdout and md.count("\n| tiny_") == 3  # two configs, then tiny_chunk - tiny_token
+    assert "verdict on the claim: config < tiny_token" in md
+    # Every evaluation stored task by task: 3 tasks x 2 samples at the rollout temperature (eval_temperature is 0),
+    # the same tasks in both arms; the warm start's evaluation (step 2) copied into both.
+    records = {name: RunFolder(run_dir) for name, (run_dir,) in manifest["runs"].items()}
+    for name, folder in records.items():
+        assert folder.eval_tasks_steps() == [0, 2, 4], name
+        last = folder.read_eval_tasks(4)
+        assert (last["samples_per_task"], last["temperature"], len(last["tasks"])) == (2, 1.0, 3)
+        assert all(t["samples"] == 2 for t in last["tasks"])
+        assert last["success"] == pytest.approx(RunFolder(folder.path).read_summary()["success_after"])
+        # The CI and the paired columns come from these records.
+        assert table[name]["ci_resampled"] == "seeds, tasks" and table[name]["reference"] == "tiny_token"
+    chunk_tasks, token_tasks = (f.read_eval_tasks(4)["tasks"] for f in records.values())
+    assert [t["task_id"] for t in chunk_tasks] == [t["task_id"] for t in token_tasks]
+    assert records["tiny_chunk"].read_eval_tasks(2) == records["tiny_token"].read_eval_tasks(2)
+    rate = {name: sum(t["successes"] for t in f.read_eval_tasks(4)["tasks"]) / 6 for name, f in records.items()}
+    assert float(table["tiny_chunk"]["diff_mean"]) == pytest.approx(rate["tiny_chunk"] - rate["tiny_token"])
+    assert table["tiny_chunk"]["diff_seeds"] == "1" and table["tiny_chunk"]["diff_tasks"] == "3"
     for filename, *_ in analysis.ABLATION_PLOTS:
         with open(os.path.join(out, filename), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -92,36 +92,48 @@ def test_stop_length_abort_and_sticky_sessions(servers):
     run(go())
 
 
-def test_weight_update_changes_outputs_and_version_and_resumes_inflight(servers, tmp_path):
+@pytest.mark.parametrize("partial", ["finish", "abort_resume"])
+def test_weight_update_changes_outputs_and_version_and_treats_inflight_as_partial_says(servers, tmp_path, partial):
     prompt = [2, 2, 2]
     ckpt = write_fake_weights(str(tmp_path / "step1"), offset=5)
 
     async def go():
-        eng = SGLangEngine([s.url for s in servers], **FAST)
+        eng = SGLangEngine([s.url for s in servers], partial=partial, **FAST)
         try:
             (before,) = await eng.generate([prompt], SamplingParams(6))
             inflight = asyncio.create_task(eng.generate([prompt] * 4, SamplingParams(150)))
             await asyncio.sleep(0.1)
             await eng.update_weights(ckpt, 1)
+            waited = inflight.done()
             assert eng.weight_version == 1
             (after,) = await eng.generate([prompt], SamplingParams(6))
-            return before, after, await inflight
+            return before, after, await inflight, waited, eng.partial_counts()
         finally:
             await eng.close()
 
-    before, after, resumed = run(go())
+    before, after, inflight, waited, counts = run(go())
     assert before.weight_version == 0 and after.weight_version == 1
     assert after.token_ids == expected_tokens(prompt, 6, offset=5) != before.token_ids
     for s in servers:
         assert s.engine.weight_version == 1
-    # in-flight requests were aborted by the pause and resubmitted with the remaining budget: the first k
-    # tokens follow the old weights, the rest the new ones, and the total is exactly max_new_tokens
-    for r in resumed:
+    old = expected_tokens(prompt, 150)
+    if partial == "finish":  # the sync waited for them: every token from the old weights
+        assert waited and counts.interrupted == counts.resumed == 0 and counts.updates == 1
+        for r in inflight:
+            assert r.token_ids == old and r.weight_version == 0 and r.token_versions == [0] * 150
+        return
+    # abort_resume: aborted by the pause and resubmitted with the remaining budget: the first k tokens follow the old
+    # weights, the rest the new ones, the total is exactly max_new_tokens, and each token has its version
+    assert not waited and counts.interrupted == counts.resumed == 4 and counts.updates == 1
+    for r in inflight:
         assert len(r.token_ids) == 150 and r.finish_reason == "length" and r.weight_version == 1
-        old = expected_tokens(prompt, 150)
         k = next(i for i, (a, b) in enumerate(zip(r.token_ids, old)) if a != b)
         assert 0 < k < 150
         assert r.token_ids[k:] == expected_tokens(prompt + r.token_ids[:k], 150 - k, offset=5)
+        split = r.token_versions.index(1)  # the new weights may repeat the old ones' next token
+        assert r.token_versions == [0] * split + [1] * (150 - split) and split <= k
+        assert r.token_ids[:split] == old[:split]
+        assert r.token_ids[split:] == expected_tokens(prompt + r.token_ids[:split], 150 - split, offset=5)
 
 
 def test_killed_server_requests_retried_none_lost_and_comeback_used(servers, tmp_path):

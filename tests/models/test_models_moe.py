@@ -177,8 +177,12 @@ def test_sharded_blocked_model_equals_dense_reference(moe_model, path="blocked")
     _assert_same_grads(g_replay, g_ref)
 
 
-def test_auto_is_blocked_on_cpu_and_tokens_group_by_batch_shard():
+def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_shard():
     assert resolve_moe_impl("auto") == "blocked"
+    assert resolve_moe_impl("auto", tokens=2048, num_experts=16) == "blocked"
+    assert resolve_moe_impl("auto", tokens=32, num_experts=16) == "dense"  # a decode step of batch 32
+    assert resolve_moe_impl("auto", tokens=32, num_experts=128) == "blocked"
+    assert resolve_moe_impl("blocked", tokens=8, num_experts=16) == "blocked"  # an explicit path is kept
     assert moe_dispatch("blocked", 4) == MoeDispatch("blocked", 4)
     assert moe_dispatch("ragged", 4) == MoeDispatch("ragged", 1)  # ragged_dot cannot be vmapped over groups
     with pytest.raises(ValueError, match="moe_impl"):

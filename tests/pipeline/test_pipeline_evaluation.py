@@ -22,6 +22,8 @@ from ipa_jax.pipeline import RunFolder, load_config, run, validate
 from ipa_jax.pipeline.evaluation import (
     EVAL_SEED,
     PolicyError,
+    eval_tasks_record,
+    eval_temperature,
     evaluate,
     evaluate_policy,
     load_hf_policy,
@@ -102,6 +104,27 @@ def test_evaluate_policy_counts_successes_per_task_and_leaves_out_aborted_episod
     assert report.turns == 1.0 and report.tool_calls == 0.0 and report.temperature == 0.5
     assert [e["sample"] for e in report.per_episode] == [0, 1, 2] * 4
     assert {e["finish_reason"] for e in report.per_episode} == {"answer"} and len(report.trajectories) == 12
+    # The eval_tasks/ record: finished samples and successes per task (the aborted task: 0 of 0).
+    record = eval_tasks_record(report)
+    assert [(t["task_id"], t["samples"], t["successes"]) for t in record["tasks"]] == \
+        list(zip([t.task_id for t in tasks], [3, 3, 3, 3, 0], [0, 1, 3, 2, 0]))
+    assert (record["split"], record["task_seed"], record["samples_per_task"], record["temperature"]) == \
+        ("eval", EVAL_SEED, 3, 0.5)
+    assert (record["episodes"], record["aborted"], record["success"]) == (12, 3, report.success)
+    json.dumps(record)  # JSON values only
+
+
+def test_several_eval_samples_sample_at_the_rollout_temperature_unless_one_is_set():
+    def temperature(**overrides):
+        return eval_temperature(validate(tiny_config("/tmp/unused", **overrides)))
+
+    assert temperature() == 0.0  # one sample: rollout.eval_temperature (greedy)
+    assert temperature(**{"train.eval_samples": 4, "rollout.temperature": 0.8}) == 0.8
+    assert temperature(**{"train.eval_samples": 4, "rollout.eval_temperature": 0.6}) == 0.6
+    exp = validate(tiny_config("/tmp/unused", **{"train.eval_samples": 4}))
+    assert eval_temperature(exp, samples=1) == 0.0  # evaluate(k=1) of that run: greedy
+    with pytest.raises(ValueError, match="train.eval_samples"):
+        validate(tiny_config("/tmp/unused", **{"train.eval_samples": 0}))
 
 
 def test_report_numbers_are_those_of_its_episodes(trained_run, tmp_path):
@@ -134,6 +157,15 @@ def test_report_numbers_are_those_of_its_episodes(trained_run, tmp_path):
     assert logged["step"] == 2 and greedy.episodes == 4 and greedy.temperature == 0.0
     for key in ("success", "reward", "tool_calls", "tool_errors", "turns"):
         assert getattr(greedy, key) == pytest.approx(logged[f"eval/{key}"]), key
+    # The learner stored each evaluation task by task (eval_tasks/): greedy, so the same outcomes as here.
+    folder = RunFolder(trained_run)
+    assert folder.eval_tasks_steps() == [0, 2]
+    record = folder.read_eval_tasks(2)
+    assert record["tasks"] == [{"task_id": t["task_id"], "samples": 1, "successes": sum(t["successes"])}
+                               for t in greedy.per_task]
+    assert record["success"] == pytest.approx(logged["eval/success"]) and record["samples_per_task"] == 1
+    assert sum(t["successes"] for t in record["tasks"]) / sum(t["samples"] for t in record["tasks"]) == \
+        pytest.approx(logged["eval/success"])
 
 
 def test_cli_on_a_run_folder_prints_the_table_and_writes_the_report(trained_run):

@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import pytest
 
+from ipa_jax.engines.base import PartialCounts
 from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state, build_steps
 from ipa_jax.pipeline.evaluation import episode_metrics
-from ipa_jax.pipeline.online import OnlineSource
+from ipa_jax.pipeline.online import EngineHost, OnlineSource
 from ipa_jax.pipeline.run_folder import tensorboard_tag
 from ipa_jax.rollout.resample import Resampler
 from ipa_jax.train import Learner, LoggingConfig
@@ -42,8 +43,9 @@ TRAIN = (  # train_step's metrics and the learner's own numbers about the update
     "policy_lag_max", "rl_start",
 )
 PERF = ("step_time_s", "tokens_per_s", "mfu", "seq_len")
-EVAL = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s")
-ROLLOUT = ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed")
+EVAL = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s", "pass_at_k")
+ROLLOUT = ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed",
+           "partial_interrupted_per_update", "partial_resumed_per_update", "partial_interrupted", "partial_resumed")
 RESAMPLE = ("episodes", "success_rate", "il_groups", "rollback_moves", "rollback_anchor_frac", "tasks_at_start")
 QUEUE = ("depth", "dropped_total", "dropped_stale", "dropped_invalid", "dropped_duplicate", "lag_taken_mean",
          "put_per_s", "admitted_fraction")
@@ -99,14 +101,18 @@ def _logged_names() -> set[str]:
     zeros = lambda: collections.defaultdict(float)  # noqa: E731  (stats() with every key at 0)
     resampler = SimpleNamespace(metrics=functools.partial(
         Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros())))
+    engines = SimpleNamespace(rollout=SimpleNamespace(partial_counts=PartialCounts), _counted=PartialCounts())
     online = SimpleNamespace(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
-                             worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler))
+                             worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
+                             engines=SimpleNamespace(partial_metrics=functools.partial(EngineHost.partial_metrics,
+                                                                                       engines)))
     learner = SimpleNamespace(rl_start=0, dropped_total=0, flops_per_token=lambda t: 1.0, peak_flops=1.0,
                               source=SimpleNamespace(metrics=functools.partial(OnlineSource.metrics, online)))
     host = Learner._host_metrics(learner, {"real_tokens": 100.0}, batch, 0, np.zeros(8), 0.5)
 
     episode = SimpleNamespace(reward=1.0, info={"num_tool_calls": 1, "num_tool_errors": 0, "num_turns": 2})
-    evaluation = {**episode_metrics([episode]), "time_s": 1.0}  # what OnlineSource.evaluate returns
+    # What OnlineSource.evaluate returns (EvalReport.scalars): pass_at_k with train.eval_samples > 1.
+    evaluation = {**episode_metrics([episode]), "time_s": 1.0, "pass_at_k": 1.0}
     return set(metrics) | set(host) | {f"eval/{k}" for k in evaluation}
 
 
@@ -190,20 +196,26 @@ def test_the_trajectory_log_is_cut_back_to_a_count(tmp_path):
     assert [t.uid for t in folder.read_trajectories("train")] == ["t0", "t1", "t2"]
 
 
-def test_resume_truncates_metrics_jsonl(tmp_path):
+def test_resume_truncates_metrics_jsonl_and_eval_task_records(tmp_path):
     folder = RunFolder(tmp_path)
     lines = "".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(1, 6))
     with open(folder.metrics_path, "w", encoding="utf-8") as f:
         f.write(lines + '{"step": 6, "lo')  # a line cut short by a kill
+    for step in (0, 2, 4):  # evaluations; the one at step 4 came after the checkpoint of step 3
+        folder.write_eval_tasks(step, {"tasks": [{"task_id": "a", "samples": 1, "successes": step % 3}]})
     log = folder.metrics_log(LoggingConfig(tensorboard=False))
     log.start(resume_step=3)
     log.write(4, {"loss": 4.5})
     log.close()
     assert [(r["step"], r["loss"]) for r in folder.read_metrics()] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5)]
+    assert folder.eval_tasks_steps() == [0, 2]
+    assert folder.read_eval_tasks(2) == {"step": 2, "tasks": [{"task_id": "a", "samples": 1, "successes": 2}]}
+    with pytest.raises(FileNotFoundError, match="per-task record of the evaluation at step 4"):
+        folder.read_eval_tasks(4)
 
     log.start(resume_step=None)  # a fresh start drops everything
     log.close()
-    assert folder.read_metrics() == []
+    assert folder.read_metrics() == [] and folder.eval_tasks_steps() == []
 
 
 def test_wandb_missing_names_the_extra(tmp_path, monkeypatch):

@@ -97,7 +97,9 @@ def fake_logprob(token: int) -> float:
 class ScriptedEngine(Engine):
     """Engine whose output is `script(prompt_ids, call_index) -> str | list[int]` (a str is encoded and closed
     with <|im_end|>). Applies the stop-token and max_new_tokens semantics of SamplingParams, records every call,
-    and tracks the number of requests in flight."""
+    and tracks the number of requests in flight. `updates_mid_call`: call indices (per session) during which a weight
+    update interrupts the turn and it continues on the next version (rollout.partial = "abort_resume"): its first
+    half is sampled by the current version, the rest by the next one."""
 
     def __init__(self, chat, script, delay: float = 0.0, routed_layout: tuple[int, int] | None = None):
         self.chat, self.script, self.delay, self.routed_layout = chat, script, delay, routed_layout
@@ -106,6 +108,7 @@ class ScriptedEngine(Engine):
         self.in_flight = self.max_in_flight = 0
         self.abort_sessions: set[str] = set()
         self.bump_version_each_call = False
+        self.updates_mid_call: set[int] = set()
 
     @property
     def weight_version(self) -> int:
@@ -134,13 +137,17 @@ class ScriptedEngine(Engine):
             if len(ids) > p.max_new_tokens:
                 ids, finish, matched = ids[: p.max_new_tokens], "length", None
             lps = [fake_logprob(t) for t in ids]
+            versions = [self.version] * len(ids)
+            if len(calls) in self.updates_mid_call:
+                self.version += 1
+                versions[len(ids) // 2:] = [self.version] * (len(ids) - len(ids) // 2)
             calls.append((list(prompt), ids, lps))
             routed = None
             if p.return_routed_experts and self.routed_layout:
                 n = len(prompt) + len(ids) - 1
                 routed = (np.arange(n * np.prod(self.routed_layout)) % 7).reshape(n, *self.routed_layout)
                 routed = routed.astype(np.int32)
-            out.append(GenerationResult(ids, lps, finish, matched, self.version, routed))
+            out.append(GenerationResult(ids, lps, finish, matched, self.version, routed, versions))
             if self.bump_version_each_call:
                 self.version += 1
         return out

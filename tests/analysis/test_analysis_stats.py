@@ -1,0 +1,193 @@
+"""ipa_jax.analysis.stats against independent references: the bootstrap's spread against the analytic variance of
+the same resampling scheme (and the normal interval), the exact sign test against an enumeration of every sign
+pattern and hand-computed binomial sums, and degenerate inputs (one seed, all-equal outcomes, no per-task records)
+that must give clear output, not NaN warnings or crashes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from ipa_jax.analysis import stats
+from ipa_jax.analysis.stats import TaskOutcomes
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def outcomes(successes, samples=None) -> TaskOutcomes:
+    successes = np.asarray(successes, dtype=np.float64)
+    samples = np.ones_like(successes) if samples is None else np.asarray(samples, dtype=np.float64)
+    return TaskOutcomes(tuple(f"task/{i}" for i in range(len(successes))), successes, samples)
+
+
+def bernoulli_runs(rates, tasks: int, seed: int) -> list[TaskOutcomes]:
+    rng = np.random.default_rng(seed)
+    return [outcomes(rng.random(tasks) < p) for p in rates]
+
+
+# ------------------------------------------------------------------------------------ the sign test
+def test_sign_test_matches_an_enumeration_of_every_sign_pattern():
+    """p = P(a pattern of n fair signs is at least as unbalanced as the observed one), counted over all 2^n."""
+    for n_pos, n_neg in [(0, 1), (3, 0), (5, 1), (4, 4), (7, 2), (1, 9), (6, 6)]:
+        n = n_pos + n_neg
+        observed = abs(n_pos - n_neg)
+        extreme = sum(abs(2 * sum(p) - n) >= observed for p in itertools.product((0, 1), repeat=n))
+        test = stats.sign_test([0.5] * n_pos + [-0.25] * n_neg + [0.0] * 3)
+        assert (test.positive, test.negative, test.ties) == (n_pos, n_neg, 3)
+        assert test.p_value == pytest.approx(extreme / 2**n, rel=1e-12)
+
+
+def test_sign_test_hand_computed_values():
+    # 9 of 10 positive: 2 * (C(10,0) + C(10,1)) / 2^10 = 22 / 1024.
+    assert stats.sign_test([1] * 9 + [-1]).p_value == pytest.approx(22 / 1024, rel=1e-12)
+    # 6 of 6: 2 / 64, the smallest two-sided p of six seeds.
+    assert stats.sign_test([0.1] * 6).p_value == pytest.approx(2 / 64, rel=1e-12)
+    # 2 of 2 seeds: p = 0.5 (two seeds can never reach 0.05).
+    assert stats.sign_test([0.3, 0.1]).p_value == 0.5
+    # A large n: the exact integer sum still works (k = 1000 of 2500 positive: far in the tail, no underflow to nan).
+    big = stats.sign_test([1.0] * 1000 + [-1.0] * 1500)
+    assert 0.0 <= big.p_value < 1e-20 and math.isfinite(big.p_value)
+    nothing = stats.sign_test([0.0, 0.0])
+    assert (nothing.positive, nothing.negative, nothing.ties, nothing.p_value) == (0, 0, 2, 1.0)
+
+
+# ------------------------------------------------------------------------------------ the bootstrap
+def test_single_seed_interval_is_the_normal_interval_of_a_proportion():
+    """One seed of 2000 Bernoulli tasks: the task bootstrap of the mean approaches p +- z * sqrt(p (1 - p) / T)."""
+    (run,) = bernoulli_runs([0.3], tasks=2000, seed=1)
+    est = stats.arm_estimate([run], resamples=20_000, seed=3)
+    p = run.successes.mean()
+    half = Z95 * math.sqrt(p * (1 - p) / 2000)
+    assert est.mean == pytest.approx(p, abs=1e-15) and est.seeds == 1 and est.tasks == 2000
+    assert est.low == pytest.approx(p - half, abs=0.05 * half)
+    assert est.high == pytest.approx(p + half, abs=0.05 * half)
+    assert est.resampled == stats.SEEDS_AND_TASKS and "one seed" in est.note
+
+
+def test_hierarchical_bootstrap_spread_matches_its_analytic_variance():
+    """S seeds with different success rates, T tasks each (n = 1). One bootstrap slot is a seed drawn uniformly,
+    then its task mean over T drawn tasks, so Var(slot) = mean_s p_s (1 - p_s) / T + var_s(p_s) (ddof 0, over the
+    observed rates p_s), and the mean of S independent slots has variance Var(slot) / S."""
+    rates = np.linspace(0.2, 0.8, 12)
+    runs = bernoulli_runs(rates, tasks=60, seed=2)
+    observed = np.array([r.successes.mean() for r in runs])
+    within = np.mean(observed * (1 - observed) / 60)
+    between = observed.var()
+    analytic_sd = math.sqrt((within + between) / len(runs))
+    counts = [np.stack([r.successes, r.samples]) for r in runs]
+    draws = stats.hierarchical_bootstrap(counts, lambda sums: sums[..., 0] / sums[..., 1], resamples=20_000, seed=5)
+    assert draws.dtype == np.float64 and draws.shape == (20_000,)
+    assert draws.mean() == pytest.approx(observed.mean(), abs=0.02 * analytic_sd)
+    assert draws.std() == pytest.approx(analytic_sd, rel=0.03)
+    # Seed variance dominates here: an interval of tasks alone would be far too narrow.
+    assert between > 5 * within
+    est = stats.arm_estimate(runs, resamples=20_000, seed=5)
+    assert est.high - est.low == pytest.approx(2 * Z95 * analytic_sd, rel=0.06)
+
+
+def test_ratio_of_sums_weights_tasks_by_their_finished_samples():
+    run = outcomes([3, 0, 1], samples=[4, 2, 1])  # 4 successes of 7 finished episodes
+    assert run.rate == pytest.approx(4 / 7)
+    assert stats.arm_estimate([run, outcomes([1, 1])], resamples=200).mean == pytest.approx((4 / 7 + 1) / 2)
+
+
+def test_paired_difference_spread_matches_the_variance_of_task_differences():
+    """One seed, both arms on the same tasks: the paired bootstrap of the mean difference approaches
+    var_t(b_t - a_t) / T, far narrower than the two arms' independent spreads combined."""
+    rng = np.random.default_rng(4)
+    base = rng.random(400) < 0.5
+    better = base | (rng.random(400) < 0.15)  # the arm fixes some tasks and breaks none
+    ref, arm = outcomes(base), outcomes(better)
+    diff = stats.paired_difference({0: ref}, {0: arm}, resamples=20_000, seed=1)
+    d = better.astype(float) - base.astype(float)
+    sd = math.sqrt(d.var() / 400)
+    assert diff.mean == pytest.approx(d.mean(), abs=1e-15)
+    assert diff.high - diff.low == pytest.approx(2 * Z95 * sd, rel=0.08)
+    independent = math.sqrt(base.var() / 400 + better.var() / 400)
+    assert diff.high - diff.low < 0.6 * 2 * Z95 * independent
+    assert diff.low > 0 and diff.verdict("higher") == "supported" and diff.verdict("lower") == "contradicted"
+    assert diff.tasks_sign.negative == 0 and diff.tasks_sign.positive == int(d.sum())
+    assert diff.tasks_sign.p_value == pytest.approx(2 * 0.5 ** d.sum(), rel=1e-12)
+
+
+def test_paired_difference_pairs_by_seed_and_task_id():
+    """Seeds present in one arm only and tasks played by one arm only are left out; task order does not matter."""
+    ref = {0: outcomes([1, 0, 1, 0]), 1: outcomes([0, 0, 1, 1]), 2: outcomes([1, 1, 1, 1])}
+    swapped = TaskOutcomes(("task/3", "task/2", "task/1", "task/9"), np.array([1.0, 1, 1, 1]), np.ones(4))
+    arm = {0: swapped, 1: outcomes([1, 0, 1, 1]), 5: outcomes([0, 0, 0, 0])}
+    diff = stats.paired_difference(ref, arm, resamples=500)
+    # Seed 0 on tasks 1..3: ref (0, 1, 0) -> arm (1, 1, 1): +2/3; seed 1 on tasks 0..3: +1/4.
+    assert diff.seeds == 2 and diff.tasks == 3
+    assert diff.mean == pytest.approx((2 / 3 + 1 / 4) / 2)
+    assert (diff.tasks_sign.positive, diff.tasks_sign.negative, diff.tasks_sign.ties) == (3, 0, 4)
+    assert (diff.seeds_sign.positive, diff.seeds_sign.negative) == (2, 0)
+    assert "paired on the tasks both arms played" in diff.note
+    with pytest.raises(ValueError, match="no seed in common"):
+        stats.paired_difference({0: ref[0]}, {1: arm[1]})
+
+
+def test_repeated_tasks_are_merged_and_aborted_tasks_dropped():
+    run = TaskOutcomes.from_records([{"task_id": "a", "samples": 2, "successes": 1},
+                                     {"task_id": "b", "samples": 0, "successes": 0},
+                                     {"task_id": "a", "samples": 2, "successes": 2}])
+    assert run.task_ids == ("a",) and run.successes.tolist() == [3.0] and run.samples.tolist() == [4.0]
+    with pytest.raises(ValueError, match="no task with a finished sample"):
+        TaskOutcomes.from_records([{"task_id": "a", "samples": 0, "successes": 0}])
+    with pytest.raises(ValueError, match="distinct"):
+        TaskOutcomes(("a", "a"), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="successes <= samples"):
+        outcomes([2], samples=[1])
+
+
+# ------------------------------------------------------------------------------------ verdicts, degenerate cases
+@pytest.mark.parametrize("low, high, claim, expected", [
+    (0.01, 0.2, "higher", "supported"), (0.01, 0.2, "lower", "contradicted"),
+    (-0.3, -0.1, "higher", "contradicted"), (-0.3, -0.1, "lower", "supported"),
+    (-0.1, 0.2, "higher", "inconclusive"), (0.0, 0.2, "higher", "inconclusive"), (0.0, 0.0, "lower", "inconclusive"),
+    (math.nan, math.nan, "higher", "inconclusive"),
+])
+def test_verdict(low, high, claim, expected):
+    assert stats.verdict(low, high, claim) == expected
+
+
+def test_verdict_rejects_an_unknown_claim():
+    with pytest.raises(ValueError, match="claim must be one of"):
+        stats.verdict(0.1, 0.2, "better")
+
+
+def test_degenerate_inputs_give_clear_output_without_nan_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a 0/0 or an empty mean would raise here
+        # All tasks solved by both arms, one seed: zero-width intervals at 1 and at 0, every pair tied.
+        solved = outcomes(np.ones(16))
+        est = stats.arm_estimate([solved], resamples=300)
+        assert (est.mean, est.low, est.high) == (1.0, 1.0, 1.0) and "one seed" in est.note
+        diff = stats.paired_difference({3: solved}, {3: solved}, resamples=300)
+        assert (diff.mean, diff.low, diff.high) == (0.0, 0.0, 0.0) and diff.verdict("higher") == "inconclusive"
+        assert diff.tasks_sign.ties == 16 and diff.tasks_sign.p_value == 1.0 and diff.seeds_sign.p_value == 1.0
+        # No per-task records, one seed: no interval at all, said so; two seeds: the seeds' range.
+        old = stats.arm_estimate([TaskOutcomes.from_rate(0.4)], resamples=300)
+        assert old.mean == 0.4 and math.isnan(old.low) and math.isnan(old.high) and old.tasks == 0
+        assert old.resampled == stats.SEEDS_ONLY and "no interval" in old.note and stats.NO_RECORDS in old.note
+        two = stats.arm_estimate([TaskOutcomes.from_rate(0.4), TaskOutcomes.from_rate(0.6)], resamples=300)
+        assert two.mean == pytest.approx(0.5) and (two.low, two.high) == (0.4, 0.6)
+        # A run without records makes its arm's pairs seed-level: no task sign test.
+        mixed = stats.paired_difference({0: outcomes([1, 0]), 1: outcomes([1, 1])},
+                                        {0: TaskOutcomes.from_rate(1.0), 1: outcomes([1, 1])}, resamples=300)
+        assert mixed.resampled == stats.SEEDS_ONLY and mixed.tasks_sign is None and mixed.tasks == 0
+        assert mixed.mean == pytest.approx(0.25) and stats.NO_RECORDS in mixed.note
+        # Same tasks, different ids in every seed: nothing to pair task by task.
+        disjoint = stats.paired_difference({0: outcomes([1, 0])}, {0: TaskOutcomes(("x",), np.ones(1), np.ones(1))})
+        assert disjoint.resampled == stats.SEEDS_ONLY and "no held-out task in common" in disjoint.note
+        assert math.isnan(disjoint.low) and disjoint.mean == pytest.approx(0.5)
+
+
+def test_the_same_seed_gives_the_same_interval():
+    runs = bernoulli_runs([0.4, 0.6, 0.5], tasks=32, seed=0)
+    a, b = (stats.arm_estimate(runs, resamples=1000, seed=7) for _ in range(2))
+    assert (a.low, a.high) == (b.low, b.high)
+    assert stats.arm_estimate(runs, resamples=1000, seed=8).low != a.low

@@ -1,0 +1,140 @@
+"""The ablation table's statistics on synthetic ablation folders: the per-config interval and the paired
+difference against the reference read the runs' eval_tasks/ records (numbers recomputed here from the files with
+NumPy and written-out binomial sums), run folders without per-task records fall back to seeds only and the table
+says so, and the reference / claim choices show in table.md and table.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from ipa_jax import analysis
+from ipa_jax.pipeline import RunFolder
+
+TASKS = 24
+FINAL_STEP = 10
+
+
+def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: float | None = None) -> None:
+    """A finished run folder: summary.json (success_after, one evaluation at FINAL_STEP), metrics.jsonl, config.json
+    and, unless task_success is None (a folder from before per-task records), eval_tasks/ at FINAL_STEP with 2
+    samples per task (task_success[t] successes of 2)."""
+    folder = RunFolder(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    if task_success is not None:
+        rate = float(task_success.sum() / (2 * len(task_success)))
+        folder.write_eval_tasks(FINAL_STEP, {"split": "eval", "samples_per_task": 2, "tasks": [
+            {"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": int(c)} for t, c in enumerate(task_success)]})
+        folder.write_eval_tasks(0, {"tasks": [{"task_id": "calc/eval/0/0", "samples": 2, "successes": 0}]})
+    folder.write_summary({"success_before": 0.1, "success_after": rate, "steps": FINAL_STEP, "seed": seed,
+                          "wall_time_s": 1.0, "eval_history": [{"step": 0, "success": 0.1},
+                                                               {"step": FINAL_STEP, "success": rate}]})
+    with open(folder.metrics_path, "w", encoding="utf-8") as f:
+        for step, success in ((0, 0.1), (FINAL_STEP, rate)):
+            f.write(json.dumps({"step": step, "eval/success": success}) + "\n")
+    folder.write_config({"train": {"il_warmup_steps": 0}})
+
+
+def write_ablation(out: str, successes: dict[str, dict[int, np.ndarray | None]]) -> dict[str, list[str]]:
+    runs = {}
+    for name, by_seed in successes.items():
+        for seed, task_success in by_seed.items():
+            run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
+            write_run(run_dir, seed, task_success, rate=0.5)
+            runs.setdefault(name, []).append(run_dir)
+    return runs
+
+
+@pytest.fixture
+def three_seeds():
+    """ref, better (fixes tasks in every seed), same (= ref): 3 seeds x TASKS tasks x 2 samples."""
+    rng = np.random.default_rng(0)
+    ref = {s: rng.integers(0, 3, TASKS) for s in range(3)}
+    better = {s: np.minimum(ref[s] + (rng.random(TASKS) < 0.5), 2) for s in range(3)}
+    return {"ref": ref, "better": better, "same": {s: ref[s].copy() for s in range(3)}}
+
+
+def read_csv(path: str) -> dict[str, dict[str, str]]:
+    with open(path, encoding="utf-8") as f:
+        return {row["config"]: row for row in csv.DictReader(f)}
+
+
+def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_path, three_seeds):
+    runs = write_ablation(str(tmp_path), three_seeds)
+    analysis.write_tables(str(tmp_path), runs, threshold=0.5)
+    table = read_csv(str(tmp_path / "table.csv"))
+    ref, better = three_seeds["ref"], three_seeds["better"]
+    # The difference straight from the files' numbers: mean over seeds of (arm rate - reference rate).
+    expected = np.mean([(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(3)])
+    row = table["better"]
+    assert row["reference"] == "ref" and row["claim"] == "higher"
+    assert float(row["diff_mean"]) == pytest.approx(expected)
+    assert float(row["diff_ci_low"]) > 0 and row["verdict"] == "supported"
+    assert row["diff_resampled"] == "seeds, tasks" and row["diff_seeds"] == "3" and row["diff_tasks"] == str(TASKS)
+    wins = sum(int((better[s] > ref[s]).sum()) for s in range(3))
+    assert row["tasks_better"] == str(wins) and row["tasks_worse"] == "0"
+    assert row["tasks_tied"] == str(3 * TASKS - wins)
+    assert float(row["sign_p_tasks"]) == pytest.approx(min(1.0, 2 * 0.5**wins), rel=1e-9)
+    assert (row["seeds_better"], row["sign_p_seeds"]) == ("3", "0.25")
+    # The interval is the stats module's on the same numbers (the plumbing), around the seeds' mean.
+    arm = analysis.arm_estimate([analysis.TaskOutcomes.from_records(
+        [{"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": c} for t, c in enumerate(better[s])])
+        for s in range(3)])
+    assert (float(row["success_after_ci_low"]), float(row["success_after_ci_high"])) == \
+        pytest.approx((arm.low, arm.high))
+    assert float(row["success_after_ci_low"]) <= float(row["success_after_mean"]) <= \
+        float(row["success_after_ci_high"])
+    same = table["same"]
+    assert float(same["diff_mean"]) == 0.0 and same["verdict"] == "inconclusive" and same["sign_p_tasks"] == "1.0"
+    assert table["ref"]["diff_mean"] == "" and table["ref"]["verdict"] == ""
+    md = open(tmp_path / "table.md", encoding="utf-8").read()
+    assert "config - ref (same seeds, same tasks); verdict on the claim: config > ref" in md
+    assert f"| better | 3 | {TASKS} | {expected:+.3f} | [" in md and "| supported |" in md
+    assert md.count("\n| ref |") == 1  # the reference is not compared with itself
+    assert "] (seeds only)" not in md
+
+
+def test_reference_and_claim_are_chosen(tmp_path, three_seeds):
+    runs = write_ablation(str(tmp_path), three_seeds)
+    rows, _ = analysis.ablation_rows(runs, 0.5, reference="better", claim="lower", resamples=500)
+    by_name = {r["config"]: r for r in rows}
+    assert by_name["ref"]["verdict"] == "supported"  # ref is below better, as claimed
+    assert by_name["ref"]["diff_mean"] < 0 and math.isnan(by_name["better"]["diff_mean"])
+    md = analysis.table_markdown(rows, 0.5)
+    assert "verdict on the claim: config < better" in md
+    with pytest.raises(ValueError, match="no finished run"):
+        analysis.ablation_rows(runs, 0.5, reference="missing")
+    with pytest.raises(ValueError, match="claim must be one of"):
+        analysis.ablation_rows(runs, 0.5, claim="better")
+
+
+def test_old_run_folders_fall_back_to_seeds_and_the_table_says_so(tmp_path, three_seeds):
+    successes = {**three_seeds, "old": {0: None, 1: None}}
+    runs = write_ablation(str(tmp_path), successes)
+    analysis.write_tables(str(tmp_path), runs, threshold=0.5)
+    table = read_csv(str(tmp_path / "table.csv"))
+    old = table["old"]
+    assert old["ci_resampled"] == "seeds" and old["diff_resampled"] == "seeds" and old["diff_seeds"] == "2"
+    assert old["tasks_better"] == "" and old["sign_p_tasks"] == ""
+    ref_rates = [three_seeds["ref"][s].sum() / (2 * TASKS) for s in (0, 1)]
+    assert float(old["diff_mean"]) == pytest.approx(np.mean([0.5 - r for r in ref_rates]))
+    md = open(tmp_path / "table.md", encoding="utf-8").read()
+    assert "] (seeds only)" in md and "- old: run folders without per-task records: seeds resampled, tasks not\n" in md
+    # One seed without records: no interval, and the table says why instead of printing nan.
+    one = write_ablation(str(tmp_path / "one"), {"a": {0: None}, "b": {0: None}})
+    rows, _ = analysis.ablation_rows(one, 0.5, resamples=200)
+    md = analysis.table_markdown(rows, 0.5)
+    assert "nan" not in md and "one seed: no interval" in md and "| b | 1 | 0 | +0.000 | - |" in md
+
+
+def test_final_outcomes_read_the_last_evaluation(tmp_path):
+    run_dir = str(tmp_path / "run")
+    write_run(run_dir, seed=4, task_success=np.array([2, 1, 0]))
+    seed, run = analysis.final_outcomes(run_dir)
+    assert seed == 4 and run.per_task and run.successes.tolist() == [2.0, 1.0, 0.0] and run.rate == 0.5
+    assert RunFolder(run_dir).eval_tasks_steps() == [0, FINAL_STEP]
