@@ -10,6 +10,7 @@ them on the quickstart's expert episodes (a success writes the same turns) and c
 
 from pathlib import Path
 
+from ipa_jax.objectives.credit import matched_token_gamma
 from ipa_jax.pipeline import load_config, validate
 
 CHUNKS, ACTION_TOKENS, FIRST_CHUNK_TOKENS = 3, 62, 29
@@ -20,5 +21,5 @@ def get_config():
     chunk_gamma = validate(c).objective.gamma  # the base's (the ipa preset's 0.95)
     c.train.name = "credit_token_matched"
     c.objective.credit = "token"
-    c.objective.gamma = chunk_gamma ** ((CHUNKS - 1) / (ACTION_TOKENS - (FIRST_CHUNK_TOKENS + 1) / 2))
+    c.objective.gamma = matched_token_gamma(chunk_gamma, CHUNKS, ACTION_TOKENS, FIRST_CHUNK_TOKENS)
     return c

@@ -4,6 +4,7 @@ action tokens, m = 19 in chunk 0 (every success of the base's kv_chain: six call
 
 from pathlib import Path
 
+from ipa_jax.objectives.credit import matched_token_gamma
 from ipa_jax.pipeline import load_config, validate
 
 CHUNKS, ACTION_TOKENS, FIRST_CHUNK_TOKENS = 7, 116, 19
@@ -14,5 +15,5 @@ def get_config():
     chunk_gamma = validate(c).objective.gamma  # the base's (the ipa preset's 0.95)
     c.train.name = "longhorizon_credit_token_matched"
     c.objective.credit = "token"
-    c.objective.gamma = chunk_gamma ** ((CHUNKS - 1) / (ACTION_TOKENS - (FIRST_CHUNK_TOKENS + 1) / 2))
+    c.objective.gamma = matched_token_gamma(chunk_gamma, CHUNKS, ACTION_TOKENS, FIRST_CHUNK_TOKENS)
     return c

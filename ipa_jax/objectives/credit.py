@@ -37,3 +37,13 @@ def credit_returns(advantages: jax.Array, action_mask: jax.Array, chunk_ids: jax
         steps_to_end = to_tokens(count_before(n) + n, seqs) - jnp.cumsum(action_mask, axis=1, dtype=jnp.int32)
     discount = jnp.power(jnp.asarray(gamma, a.dtype), jnp.maximum(steps_to_end, 0).astype(a.dtype))
     return jnp.where(action_mask, discount * a, 0)
+
+
+def matched_token_gamma(gamma: float, chunks: int, action_tokens: int, first_chunk_tokens: int) -> float:
+    """The token-credit discount g under which the first chunk's mean credit weight equals chunk credit's.
+
+    Chunk credit gives chunk 0 gamma^(K-1); token credit gives its m tokens (1/m) sum_{j<m} g^(n-1-j) ~
+    g^(n-(m+1)/2) (K chunks, n action tokens, m of them in chunk 0), so
+    g = gamma^((K - 1) / (n - (m + 1) / 2)).
+    """
+    return gamma ** ((chunks - 1) / (action_tokens - (first_chunk_tokens + 1) / 2))
