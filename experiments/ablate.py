@@ -39,9 +39,11 @@ flags.DEFINE_integer("eval_tasks", None, "Held-out tasks per evaluation, every a
 flags.DEFINE_integer("eval_samples", None, "Episodes per held-out task and evaluation, every arm "
                      "(--set=train.eval_samples=N); > 1 samples at the rollout temperature unless "
                      "rollout.eval_temperature is > 0.", lower_bound=1)
-flags.DEFINE_string("reference", None, "The config the paired differences are taken against; default the first.")
-flags.DEFINE_enum("claim", "higher", list(CLAIMS), "The claimed direction of (config - reference) the verdicts "
-                  "judge: higher (each config beats the reference) or lower (the reference beats each config).")
+flags.DEFINE_string("reference", None, "The config the paired differences are taken against; default the "
+                    "preset's, else the first.")
+flags.DEFINE_enum("claim", None, list(CLAIMS), "The claimed direction of (config - reference) the verdicts judge: "
+                  "higher (each config beats the reference) or lower (the reference beats each config); default "
+                  "the preset's, else higher.")
 flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to threshold' column.")
 flags.DEFINE_enum("isolation", "subprocess", ["subprocess", "inprocess"], "One process per run, or all in this one.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
@@ -55,7 +57,8 @@ def print_listing() -> None:
     print("presets (--preset=NAME):")
     width = max(map(len, PRESETS))
     for name, preset in PRESETS.items():
-        print(f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}\n"
+        print(f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
+              f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}\n"
               f"  {'':<{width}} {preset.description}")
     print(f"configs (--configs=NAME,...; files in {os.path.relpath(CONFIG_DIR)}):")
     names = sorted(filename[:-3] for filename in os.listdir(CONFIG_DIR) if filename.endswith(".py"))
@@ -87,17 +90,18 @@ def main(argv):
         configs = [resolve_config(c, CONFIG_DIR) for c in preset.configs]
     except ValueError as e:
         raise app.UsageError(f"--configs: {e}") from None
-    if FLAGS.reference is not None and FLAGS.reference not in [name for name, _ in configs]:
+    reference = FLAGS.reference if FLAGS.reference is not None else preset.reference
+    if reference is not None and reference not in [name for name, _ in configs]:
         raise app.UsageError(f"--reference must be one of the configs ({', '.join(n for n, _ in configs)}), "
-                             f"got {FLAGS.reference!r}")
+                             f"got {reference!r}")
     out = os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", FLAGS.preset or "custom"))
     quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None
     manifest = sweep(configs, seeds, out, overrides=overrides, threshold=FLAGS.threshold, train_command=train,
-                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start, reference=FLAGS.reference,
-                     claim=FLAGS.claim)
+                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start, reference=reference,
+                     claim=FLAGS.claim or preset.claim)
     print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
           f"{time.perf_counter() - t0:.0f} s; table, plots and runs in {out}")
     if manifest["failed"]:

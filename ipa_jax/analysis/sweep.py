@@ -48,26 +48,36 @@ WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories",
 
 @dataclass(frozen=True)
 class Preset:
-    """A named sweep: config names (files of the ablation config folder), seeds and overrides for every arm."""
+    """A named sweep: config names (files of the ablation config folder), seeds, overrides for every arm, and the
+    paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS)."""
 
     configs: tuple[str, ...]
     seeds: tuple[int, ...]
     description: str = ""
     overrides: tuple[tuple[str, Any], ...] = ()
+    reference: str | None = None
+    claim: str = "higher"
+
+    def __post_init__(self) -> None:
+        if self.reference is not None and self.reference not in self.configs:
+            raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
+        if self.claim not in CLAIMS:
+            raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {self.claim!r}")
 
 
 PRESETS: dict[str, Preset] = {
     "small": Preset(("credit_chunk", "credit_token"), (0, 1),
-                    "chunk vs token credit, 2 seeds: a sweep that finishes on 2 CPU cores in < 1 h"),
-    "claims": Preset(("credit_chunk", "credit_token", "agg_token_mean", "lag4", "lag4_tr"), (0, 1),
-                     "the README's table: chunk vs token credit, sample- vs token-mean, the trust region at policy "
-                     "lag 4 (credit_chunk is the base), 2 seeds, shared warm starts"),
+                    "chunk vs token credit, 2 seeds: a sweep that finishes on 2 CPU cores in < 1 h", claim="lower"),
+    "claims": Preset(("credit_chunk", "control_il_continue", "credit_token", "credit_token_matched"), (0, 1, 2, 3),
+                     "the README's headline table: IPA (chunk credit) against imitation continued for as many "
+                     "updates, token credit, and token credit with the early turns' weight matched; 4 seeds, shared "
+                     "warm starts, each arm paired with credit_chunk", reference="credit_chunk", claim="lower"),
     "credit": Preset(("credit_chunk", "credit_token", "credit_trajectory"), (0, 1, 2),
-                     "IPA's claim: chunk-level credit beats token-level (and trajectory-level)"),
+                     "IPA's claim: chunk-level credit beats token-level (and trajectory-level)", claim="lower"),
     "staleness": Preset(("lag4", "lag4_tr", "lag8", "lag8_tr"), (0, 1, 2),
                         "FlashREINFORCE's claim: the sequence trust region keeps stale updates stable"),
     "aggregation": Preset(("agg_sample_mean", "agg_token_mean", "agg_chunk_mean"), (0, 1, 2),
-                          "FlashREINFORCE's claim: sample-mean beats token-mean aggregation"),
+                          "FlashREINFORCE's claim: sample-mean beats token-mean aggregation", claim="lower"),
     "staleness_offpolicy": Preset(
         ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
          "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",

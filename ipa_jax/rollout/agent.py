@@ -284,7 +284,9 @@ async def run_episode(
         return await _play(engine, chat, task, config, env, uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
                            prefill)
     finally:
-        env.close()
+        # Off the loop for a blocking env (removing a sandbox's folder takes a while); a second cancellation during
+        # the await leaves the close running in its thread.
+        await env_caller(env)(env.close)
 
 
 async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfig, env: Env, uid: str,

@@ -160,6 +160,13 @@ def test_every_ablation_config_changes_one_thing():
         assert {k for k in config if config[k] != base[k]} - {"train.name"} == changed, name
     for preset in ablate.PRESETS.values():
         assert set(preset.configs) <= files
+    claims = ablate.PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
+    assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
+    assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)
+    with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
+        ablate.Preset(("credit_chunk",), (0,), reference="lag4")
+    with pytest.raises(ValueError, match="claim must be one of"):
+        ablate.Preset(("credit_chunk",), (0,), claim="better")
     # The values the names promise (a few; the rest follow the same pattern).
     assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf

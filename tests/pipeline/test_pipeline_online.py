@@ -209,9 +209,11 @@ def test_ipa_roll_preset_trains_online_and_logs_both_ratios(tmp_path, tokenizer_
     for r in rows[1:]:  # RL on trajectories of the weights one update before the learner's
         assert r["policy_lag_mean"] == 1.0 and np.isfinite(r["loss"]) and r["skipped"] == 0
         assert r["is_ratio_mean"] == 1.0 and r["clip_fraction"] == 0
-        assert 0 < r["mismatch_ratio_mean"] < np.inf and abs(r["mismatch_ratio_mean"] - 1) > 1e-4
+        assert 0 < r["mismatch_ratio_mean"] < np.inf
         assert 0 <= r["mismatch_masked_fraction"] <= 1 and r["mismatch_capped_fraction"] == 0  # no weight cap
-    assert rows[1]["mismatch_abs"] > 1e-4  # the IL step moved the learner away from the sampler's weights
+    # The IL step moved the learner away from the sampler's weights. The drift shows in the mean |log old - log mu|,
+    # not in the mean ratio: that is ~1 by construction (E_mu[old / mu] = 1 over the sampled tokens).
+    assert rows[1]["mismatch_abs"] > 1e-4
 
 
 def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, tokenizer_dir):
