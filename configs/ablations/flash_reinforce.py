@@ -1,5 +1,7 @@
-"""Ablation: the FlashREINFORCE objective preset (batch baseline, trajectory credit, token IS, sequence trust
-region 3e-3, sample mean, no IL) in place of the base's IPA objective; everything else unchanged."""
+"""Ablation: the FlashREINFORCE objective preset (batch baseline, trajectory credit, detached token ratio, sequence
+trust region 3e-3, sample mean, no IL) in place of IPA's, on the negatives' base (common_negatives.py: its learning
+rate is the one stable once failures carry negative advantages). The base of FlashREINFORCE's own ablations
+(flash_*.py), each of which changes one of its parts."""
 
 from pathlib import Path
 
@@ -8,7 +10,7 @@ from ipa_jax.pipeline.config import OBJECTIVE_FIELDS
 
 
 def get_config():
-    c = load_config(Path(__file__).with_name("common.py"))
+    c = load_config(Path(__file__).with_name("common_negatives.py"))
     c.train.name = "flash_reinforce"
     c.objective.preset = "flash_reinforce"
     for name in OBJECTIVE_FIELDS:  # drop the base's per-field overrides: the preset's values apply

@@ -78,6 +78,17 @@ PRESETS: dict[str, Preset] = {
                         "FlashREINFORCE's claim: the sequence trust region keeps stale updates stable"),
     "aggregation": Preset(("agg_sample_mean", "agg_token_mean", "agg_chunk_mean"), (0, 1, 2),
                           "FlashREINFORCE's claim: sample-mean beats token-mean aggregation", claim="lower"),
+    "negatives": Preset(("is_chunk", "is_none", "is_token", "is_sequence", "trunc_neg_off"), (0, 1, 2, 3),
+                        "IPA's negative branch (batch-mean baseline): its chunk-level ratio on negatives, truncated "
+                        "at 1, against no ratio, token- and sequence-level ratios, and no truncation",
+                        claim="lower"),
+    "flash": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean", "flash_entropy_q05"), (0, 1, 2, 3),
+                    "FlashREINFORCE's parts on its own objective (negatives' base): without the trust region, "
+                    "token-mean aggregation, the entropy filter at q = 0.5; each paired with the full objective",
+                    claim="lower"),
+    "flash_staleness": Preset(("flash_lag4", "flash_lag4_tr_off"), (0, 1, 2, 3),
+                              "FlashREINFORCE's claim: its sequence trust region keeps updates at policy lag 4 "
+                              "stable (flash_lag8*.py for lag 8)", claim="lower"),
     "staleness_offpolicy": Preset(
         ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
          "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",

@@ -111,9 +111,17 @@ ABLATIONS = {
     "il_warmup_off": ("common", {"train.il_warmup_steps"}),
     "il_term_off": ("common", {"rollout.source"}),
     "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
-    "flash_reinforce": ("common", {_OBJ + k for k in ("baseline", "credit", "gamma", "is_apply_to", "is_clip_max",
-                                                      "is_level", "mismatch_level", "trust_region_level")}),
-    "grpo": ("common", {"rollout.group_size", _OBJ + "baseline"}),
+    "grpo": ("common_negatives", {"rollout.group_size", _OBJ + "baseline"}),
+    # FlashREINFORCE's objective on the negatives' base, then its own ablations.
+    "flash_reinforce": ("common_negatives", {_OBJ + k for k in ("credit", "gamma", "is_apply_to", "is_clip_max",
+                                                                "is_level", "mismatch_level", "trust_region_level")}),
+    "flash_tr_off": ("flash_reinforce", {_OBJ + "trust_region_level"}),
+    "flash_token_mean": ("flash_reinforce", {_OBJ + "aggregation"}),
+    "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
+    "flash_lag4": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "flash_lag8": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "flash_lag4_tr_off": ("flash_lag4", {_OBJ + "trust_region_level"}),
+    "flash_lag8_tr_off": ("flash_lag8", {_OBJ + "trust_region_level"}),
     "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}), "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
@@ -179,6 +187,10 @@ def test_every_ablation_config_changes_one_thing():
     flash = _flat_resolved("flash_reinforce")
     assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == \
         ("trajectory", "token", "sequence")
+    assert flash["optimizer.lr"] == _flat_resolved("common_negatives")["optimizer.lr"] < _flat_resolved("common")[
+        "optimizer.lr"]
+    assert _flat_resolved("flash_lag8_tr_off")["queue.forced_lag"] == 8
+    assert _flat_resolved("flash_entropy_q05")[_OBJ + "negative_token_fraction"] == 0.5
     assert _flat_resolved("common")[_OBJ + "baseline"] == "none"  # IPA as published
     assert _flat_resolved("is_none")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
 
