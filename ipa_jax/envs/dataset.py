@@ -126,7 +126,7 @@ class QuestionEnv(SandboxedEnv):
         names = [spec["function"]["name"] for spec in task.tools]
         if names:
             sandbox_tool_specs(names)  # only sandbox tools can run here
-            self.sandbox = shared_backend(self.backend_name, self.limits).create()
+            self.create_sandbox(shared_backend(self.backend_name, self.limits).create)
         return prompt
 
     def _execute(self, call: ToolCall) -> StepResult:

@@ -1,10 +1,11 @@
 """Sandboxed episodes through the agent loop: sixteen episodes' commands run together off the event loop, a
-cancelled episode releases its sandbox, nothing is left behind."""
+cancelled episode releases its sandbox (also one cancelled while the sandbox is being built), nothing is left behind."""
 
 import asyncio
 import os
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from rollout_fakes import ScriptedEngine, append_only_chat
 
 from ipa_jax.envs import ToolCall, format_tool_call, make_env
 from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
+from ipa_jax.envs.sandbox.bubblewrap import BubblewrapBackend
 from ipa_jax.rollout import AgentConfig
 from ipa_jax.rollout.agent import run_episode, run_episodes
 
@@ -84,3 +86,35 @@ def test_a_cancelled_episode_releases_its_sandbox():
             time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == b""
+
+
+def test_an_episode_cancelled_while_its_sandbox_is_built_leaves_nothing(monkeypatch):
+    """The cancel's close runs while reset (in its thread) still builds the sandbox: the sandbox that reset then
+    finishes must not outlive the episode."""
+    chat = append_only_chat()
+    engine = ScriptedEngine(chat, _stamp_script(chat, 300))
+    task = make_env("terminal").tasks("train", 1)[0]
+    built = threading.Event()
+    create = BubblewrapBackend.create
+
+    def slow_create(self, *args, **kwargs):
+        sandbox = create(self, *args, **kwargs)  # the workspace exists ...
+        built.set()
+        time.sleep(1.0)  # ... and reset is still running when the episode is cancelled
+        return sandbox
+
+    monkeypatch.setattr(BubblewrapBackend, "create", slow_create)
+
+    async def main():
+        episode = asyncio.create_task(run_episode(engine, chat, task, AgentConfig(max_new_tokens=64)))
+        await asyncio.get_running_loop().run_in_executor(None, built.wait)
+        assert len(_own_workspaces()) == 1
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10.0  # reset's thread ends ~1 s later; a leaked workspace stays for good
+    while _own_workspaces() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _own_workspaces() == []

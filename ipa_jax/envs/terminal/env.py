@@ -128,8 +128,8 @@ class TerminalEnv(SandboxedEnv):
         prompt = super().reset(task)
         self.spec = TerminalSpec.from_dict(task.data["spec"])
         backend = shared_backend(self.backend_name, self.limits, self.workdir)
-        self.sandbox = backend.create(self.spec.files, source_dir=self.spec.environment_dir,
-                                      executable=self.spec.executable)
+        self.create_sandbox(backend.create, self.spec.files, source_dir=self.spec.environment_dir,
+                            executable=self.spec.executable)
         self.command_time_s = 0.0
         return prompt
 
