@@ -6,8 +6,9 @@ no visible key a finite average of the values (never NaN). `attention_impl` pick
 
   reference  one einsum over every key, queries in `lax.map` blocks (each rematerialised) to bound memory.
   blocked    causal blocks: queries in blocks of `query_block`, block i against keys [0, end of block i) only,
-             einsums with the G query heads of a KV head folded into the query axis ([B, Hkv, G * T, S] scores,
-             no transposes of the scores). Fastest on CPU (3-5x the reference, bench_model.py).
+             einsums with the G query heads of a KV head folded into the query axis ([B, Hkv, T * G, S] scores,
+             q/k/v transposed once per call, the softmax normaliser applied to the output). Fastest on CPU
+             (bench_model.py).
   xla        the same causal blocks, each one `jax.nn.dot_product_attention(implementation="xla")`.
   cudnn      one `jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)`: cuDNN flash attention
              (NVIDIA GPUs, 16-bit dtypes); `visible` goes in as an additive bias.
@@ -65,18 +66,44 @@ def _einsum_attention(q, k, v, visible, scale):
     return out.reshape(b, t, hq * d)
 
 
-def _head_major_attention(q, k, v, visible, scale):
-    """`_einsum_attention` with query heads folded into the query axis: q [B, Hkv, G * T, D], so both matmuls are
-    plain batched matmuls over (row, KV head) and the scores need no transpose."""
+def _to_head_major(q, k, v):
+    """q [B, T, Hq, D] -> [B, Hkv, T * G, D] (the G query heads of a KV head folded into the query axis, each
+    query's G heads adjacent, so a block of queries is a contiguous run of rows); k, v -> [B, Hkv, S, D]."""
     b, t, hq, d = q.shape
     hkv = k.shape[2]
-    groups = hq // hkv
-    q = q.reshape(b, t, hkv, groups, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * t, d)
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, S, D]
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k) * jnp.asarray(scale, q.dtype)
-    probs = _masked_softmax(scores, jnp.tile(visible, (1, groups, 1))[:, None]).astype(v.dtype)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
-    return out.reshape(b, hkv, groups, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
+    q = q.reshape(b, t, hkv, hq // hkv, d).transpose(0, 2, 1, 3, 4).reshape(b, hkv, t * (hq // hkv), d)
+    return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+
+def _head_major_block(q, k, v, visible, scale):
+    """Attention of head-major queries q [B, Hkv, Q, D] over k/v [B, Hkv, S, D], visible bool[B, Q, S]: two plain
+    batched matmuls, no transposes. out = (exp(s - max) v) / sum exp(s - max): the normaliser divides the
+    [Q, D] output, not the [Q, S] probabilities."""
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k).astype(jnp.float32) * scale
+    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+    weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    out = jnp.einsum("bkqs,bksd->bkqd", weights.astype(v.dtype), v)
+    return out / jnp.sum(weights, axis=-1, keepdims=True).astype(out.dtype)
+
+
+def blocked_attention(q, k, v, visible, scale: float, query_block: int, causal: bool) -> jax.Array:
+    """The `blocked` path: q, k, v to head-major once; with `causal`, queries in blocks of `query_block`, block i
+    against the keys up to the end of its block only (later keys are invisible to it; ~half the work).
+
+    q [B, T, Hq, D], k/v [B, S, Hkv, D], visible bool[B, T, S] -> [B, T, Hq * D].
+    """
+    b, t, hq, d = q.shape
+    groups = hq // k.shape[2]
+    qh, kh, vh = _to_head_major(q, k, v)
+    visible = jnp.repeat(visible, groups, axis=1)  # [B, T * G, S], rows in qh's order
+    block = query_block if causal and 0 < query_block < t else t
+    outs = []
+    for start in range(0, t, block):
+        rows = slice(start * groups, min(start + block, t) * groups)
+        keys = slice(0, min(start + block, t)) if causal else slice(None)
+        outs.append(_head_major_block(qh[:, :, rows], kh[:, :, keys], vh[:, :, keys], visible[:, rows, keys], scale))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)  # [B, Hkv, T * G, D]
+    return out.reshape(b, -1, t, groups, d).transpose(0, 2, 1, 3, 4).reshape(b, t, hq * d)
 
 
 def _fused_attention(q, k, v, visible, scale, implementation: str, is_causal: bool = False):
@@ -145,8 +172,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: 
         return reference_attention(q, k, v, visible, scale, query_block)
     if impl == "cudnn" and self_attention:
         return _fused_attention(q, k, v, visible, scale, "cudnn", is_causal=True)
-    kernel = _head_major_attention if impl == "blocked" else functools.partial(_fused_attention,
-                                                                               implementation="xla")
+    if impl == "blocked":
+        return blocked_attention(q, k, v, visible, scale, query_block, causal=self_attention)
+    kernel = functools.partial(_fused_attention, implementation="xla")
     if not self_attention:
         return kernel(q, k, v, visible, scale)
     return causal_block_attention(kernel, q, k, v, visible, scale, query_block)

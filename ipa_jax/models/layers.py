@@ -44,18 +44,22 @@ class RMSNorm(nnx.Module):
 
 
 def rope_tables(config: Qwen3Config, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, T, head_dim] for int positions [B, T]: angle = pos * inv_freq (float32), halves duplicated."""
+    """cos, sin [B, T, head_dim / 2] for int positions [B, T]: angle = pos * inv_freq (float32). (transformers
+    duplicates the halves to [.., head_dim]; both halves of a head use the same angles.)"""
     inv_freq, scale = config.rope_inv_freq()
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    return (jnp.cos(angles) * scale).astype(dtype), (jnp.sin(angles) * scale).astype(dtype)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin; x [B, T, N, D], cos/sin [B, T, D]."""
+    """x * cos + rotate_half(x) * sin with x = [x1, x2] halves: [x1 cos - x2 sin, x2 cos + x1 sin].
+
+    x [B, T, N, D], cos/sin [B, T, D / 2] -> [B, T, N, D]. (Per half, not on the duplicated tables: no
+    concatenated rotation whose backward adds two full-size gradients.)"""
     half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 class Attention(nnx.Module):

@@ -37,7 +37,7 @@ class ModelOutput(NamedTuple):
 
 
 class LayerInputs(NamedTuple):
-    """What every decoder layer reads besides the hidden states: RoPE tables cos/sin [B, T, head_dim], visible
+    """What every decoder layer reads besides the hidden states: RoPE tables cos/sin [B, T, head_dim / 2], visible
     bool[B, T, S] (attention), token_mask bool[B, T] (real tokens, for the MoE statistics), slots int32[B, T]
     (cache slots) or None."""
 

@@ -118,6 +118,7 @@ ABLATIONS = {
     "flash_tr_off": ("flash_reinforce", {_OBJ + "trust_region_level"}),
     "flash_token_mean": ("flash_reinforce", {_OBJ + "aggregation"}),
     "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
+    "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}), "flash_lr4e4": ("flash_reinforce", {"optimizer.lr"}),
     "flash_lag4": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag8": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag4_tr_off": ("flash_lag4", {_OBJ + "trust_region_level"}),
