@@ -47,6 +47,23 @@ def sampling_logprobs(logits: jax.Array, temperature: jax.Array, top_p: jax.Arra
     return jnp.where(greedy[:, None], jax.nn.log_softmax(logits, axis=-1), jax.nn.log_softmax(masked, axis=-1))
 
 
+def sample_categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
+    """One token per row from softmax(logp) (logp float32[B, V], -inf outside the support) -> int32[B].
+
+    Exact and in two levels, so that a row needs ~2 sqrt(V) random numbers instead of V (on CPU the random bits of
+    a Gumbel-max draw over the whole vocabulary cost more than the rest of a small model's decode step): the
+    vocabulary in blocks of b = the power of two >= sqrt(V); a block j ~ softmax(logsumexp of each block), then
+    a token within it ~ softmax(logp[block j]). P(token) = (M_j / sum M) (p_token / M_j) = p_token.
+    """
+    rows, vocab = logp.shape
+    size = 1 << max(0, (int(vocab ** 0.5 + 0.5) - 1).bit_length())
+    blocks = jnp.pad(logp, ((0, 0), (0, -vocab % size)), constant_values=-jnp.inf).reshape(rows, -1, size)
+    block_key, token_key = jax.random.split(key)
+    block = jax.random.categorical(block_key, jax.nn.logsumexp(blocks, axis=-1), axis=-1)
+    within = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
+    return (block * size + jax.random.categorical(token_key, within, axis=-1)).astype(jnp.int32)
+
+
 def sample_tokens(
     key: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -56,6 +73,6 @@ def sample_tokens(
     temperature == 0); logprob = log mu(token).
     """
     logp = sampling_logprobs(logits, temperature, top_p, top_k)
-    drawn = jax.random.categorical(key, logp, axis=-1)
+    drawn = sample_categorical(key, logp)
     tokens = jnp.where(temperature <= 0.0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

@@ -16,8 +16,10 @@ no visible key a finite average of the values (never NaN). `attention_impl` pick
 
 The causal paths skip the keys after a query's index. That is exact for every query that sees no later key of
 its row: all real tokens of rows whose real tokens' positions grow along the row, as right- or left-padded rows
-and packed segments have (a left pad, which nothing reads, may differ). With a KV cache the keys are cache
-slots, not this call's tokens: every path then uses all keys.
+and packed segments have (a left pad, which nothing reads, may differ).
+
+With a KV cache (`attend_cache`) the keys are cache slots, not this call's tokens, and come head-major
+([B, Hkv, S, D], models/cache.py): every path uses all keys; blocked multiplies the cache as it is stored.
 """
 
 from __future__ import annotations
@@ -66,13 +68,17 @@ def _einsum_attention(q, k, v, visible, scale):
     return out.reshape(b, t, hq * d)
 
 
-def _to_head_major(q, k, v):
-    """q [B, T, Hq, D] -> [B, Hkv, T * G, D] (the G query heads of a KV head folded into the query axis, each
-    query's G heads adjacent, so a block of queries is a contiguous run of rows); k, v -> [B, Hkv, S, D]."""
+def _queries_head_major(q: jax.Array, num_kv_heads: int) -> jax.Array:
+    """q [B, T, Hq, D] -> [B, Hkv, T * G, D]: the G query heads of a KV head folded into the query axis, each
+    query's G heads adjacent, so a block of queries is a contiguous run of rows."""
     b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    q = q.reshape(b, t, hkv, hq // hkv, d).transpose(0, 2, 1, 3, 4).reshape(b, hkv, t * (hq // hkv), d)
-    return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    groups = hq // num_kv_heads
+    return q.reshape(b, t, num_kv_heads, groups, d).transpose(0, 2, 1, 3, 4).reshape(b, num_kv_heads, t * groups, d)
+
+
+def _to_head_major(q, k, v):
+    """q as `_queries_head_major`; k, v [B, S, Hkv, D] -> [B, Hkv, S, D]."""
+    return _queries_head_major(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def _head_major_block(q, k, v, visible, scale):
@@ -86,24 +92,29 @@ def _head_major_block(q, k, v, visible, scale):
     return out / jnp.sum(weights, axis=-1, keepdims=True).astype(out.dtype)
 
 
-def blocked_attention(q, k, v, visible, scale: float, query_block: int, causal: bool) -> jax.Array:
-    """The `blocked` path: q, k, v to head-major once; with `causal`, queries in blocks of `query_block`, block i
-    against the keys up to the end of its block only (later keys are invisible to it; ~half the work).
+def _from_head_major(out: jax.Array, t: int, groups: int) -> jax.Array:
+    """Head-major attention output [B, Hkv, T * G, D] -> [B, T, Hq * D] (the inverse of `_to_head_major` on q)."""
+    b, hkv, _, d = out.shape
+    return out.reshape(b, hkv, t, groups, d).transpose(0, 2, 1, 3, 4).reshape(b, t, hkv * groups * d)
 
-    q [B, T, Hq, D], k/v [B, S, Hkv, D], visible bool[B, T, S] -> [B, T, Hq * D].
+
+def blocked_attention(q, k, v, visible, scale: float, query_block: int) -> jax.Array:
+    """The `blocked` path: q, k, v to head-major once; queries in blocks of `query_block`, block i against the keys
+    up to the end of its block only (later keys are invisible to it; ~half the work).
+
+    q [B, T, Hq, D], k/v [B, T, Hkv, D], visible bool[B, T, T] -> [B, T, Hq * D].
     """
-    b, t, hq, d = q.shape
-    groups = hq // k.shape[2]
+    t = q.shape[1]
+    groups = q.shape[2] // k.shape[2]
     qh, kh, vh = _to_head_major(q, k, v)
-    visible = jnp.repeat(visible, groups, axis=1)  # [B, T * G, S], rows in qh's order
-    block = query_block if causal and 0 < query_block < t else t
+    visible = jnp.repeat(visible, groups, axis=1)  # [B, T * G, T], rows in qh's order
+    block = query_block if 0 < query_block < t else t
     outs = []
     for start in range(0, t, block):
         rows = slice(start * groups, min(start + block, t) * groups)
-        keys = slice(0, min(start + block, t)) if causal else slice(None)
+        keys = slice(0, min(start + block, t))
         outs.append(_head_major_block(qh[:, :, rows], kh[:, :, keys], vh[:, :, keys], visible[:, rows, keys], scale))
-    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)  # [B, Hkv, T * G, D]
-    return out.reshape(b, -1, t, groups, d).transpose(0, 2, 1, 3, 4).reshape(b, t, hq * d)
+    return _from_head_major(outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2), t, groups)
 
 
 def _fused_attention(q, k, v, visible, scale, implementation: str, is_causal: bool = False):
@@ -162,19 +173,33 @@ def resolve_attention_impl(impl: str, dtype) -> str:
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: float, *, impl: str,
-           query_block: int, self_attention: bool) -> jax.Array:
-    """Attention of q [B, T, Hq, D] over k/v [B, S, Hkv, D] with `visible` bool[B, T, S] -> [B, T, Hq * D].
+           query_block: int) -> jax.Array:
+    """Self-attention of q [B, T, Hq, D] over k/v [B, T, Hkv, D], the keys of these queries' own tokens in index
+    order (so the causal paths may skip later keys), with `visible` bool[B, T, T] -> [B, T, Hq * D].
 
-    impl: a concrete path (`resolve_attention_impl`). self_attention: the keys are these queries' tokens in
-    index order (no KV cache), so the causal paths may skip later keys.
+    impl: a concrete path (`resolve_attention_impl`).
     """
     if impl == "reference":
         return reference_attention(q, k, v, visible, scale, query_block)
-    if impl == "cudnn" and self_attention:
+    if impl == "cudnn":
         return _fused_attention(q, k, v, visible, scale, "cudnn", is_causal=True)
     if impl == "blocked":
-        return blocked_attention(q, k, v, visible, scale, query_block, causal=self_attention)
+        return blocked_attention(q, k, v, visible, scale, query_block)
     kernel = functools.partial(_fused_attention, implementation="xla")
-    if not self_attention:
-        return kernel(q, k, v, visible, scale)
     return causal_block_attention(kernel, q, k, v, visible, scale, query_block)
+
+
+def attend_cache(q: jax.Array, k_heads: jax.Array, v_heads: jax.Array, visible: jax.Array, scale: float, *,
+                 impl: str) -> jax.Array:
+    """Attention of q [B, T, Hq, D] over a KV cache's head-major k/v [B, Hkv, S, D] with `visible` bool[B, T, S]
+    -> [B, T, Hq * D]. Every path uses all S slots; blocked (the CPU path) multiplies the buffers as stored,
+    the others take them [B, S, Hkv, D] (a transposed copy: what `jax.nn.dot_product_attention` reads)."""
+    if impl == "blocked":
+        t, groups = q.shape[1], q.shape[2] // k_heads.shape[1]
+        qh = _queries_head_major(q, k_heads.shape[1])
+        out = _head_major_block(qh, k_heads, v_heads, jnp.repeat(visible, groups, axis=1), scale)
+        return _from_head_major(out, t, groups)
+    k, v = k_heads.swapaxes(1, 2), v_heads.swapaxes(1, 2)
+    if impl == "reference":
+        return reference_attention(q, k, v, visible, scale)
+    return _fused_attention(q, k, v, visible, scale, "xla")

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ipa_jax.models.attention import attend, resolve_attention_impl
-from ipa_jax.models.cache import scatter_rows
+from ipa_jax.models.attention import attend, attend_cache, resolve_attention_impl
+from ipa_jax.models.cache import write_heads
 from ipa_jax.models.config import Qwen3Config
 
 INIT_STD = 0.02  # transformers' initializer_range default for Qwen3
@@ -89,9 +89,9 @@ class Attention(nnx.Module):
                  kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None):
         """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None).
 
-        Without a cache, keys are this call's tokens and visible is bool[B, T, T]; with a cache, the new keys are
-        written at `slots` and the queries attend to all slots (slot index = key position) with visible
-        bool[B, T, S] (models/attention.py).
+        Without a cache, keys are this call's tokens and visible is bool[B, T, T]; with a cache (head-major
+        [B, Hkv, S, D] buffers), the new keys are written at `slots` and the queries attend to all slots (slot
+        index = key position) with visible bool[B, T, S] (models/attention.py).
         """
         b, t, _ = x.shape
         q, k, v = x @ self.q_proj[...], x @ self.k_proj[...], x @ self.v_proj[...]
@@ -103,13 +103,14 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        impl, scale = resolve_attention_impl(self.impl, x.dtype), self.head_dim**-0.5
         new_cache = None
-        if kv_cache is not None:
-            k_buf, v_buf = scatter_rows(kv_cache[0], slots, k), scatter_rows(kv_cache[1], slots, v)
-            new_cache = (k_buf, v_buf)
-            k, v = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
-        out = attend(q, k, v, visible, self.head_dim**-0.5, impl=resolve_attention_impl(self.impl, x.dtype),
-                     query_block=self.query_block, self_attention=kv_cache is None)
+        if kv_cache is None:
+            out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block)
+        else:
+            new_cache = (write_heads(kv_cache[0], slots, k), write_heads(kv_cache[1], slots, v))
+            out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale,
+                               impl=impl)
         out = out @ self.o_proj[...]
         return (out + self.o_proj_bias[...] if self.o_bias else out), new_cache
 

@@ -55,7 +55,10 @@ def swiglu_experts_dense(x: jax.Array, experts: jax.Array, weights: jax.Array, w
     """
     n, num_experts = x.shape[0], w_gate.shape[0]
     combine = jnp.zeros((n, num_experts), x.dtype).at[jnp.arange(n)[:, None], experts].add(weights)
-    h = jax.nn.silu(jnp.einsum("nh,ehi->eni", x, w_gate)) * jnp.einsum("nh,ehi->eni", x, w_up)
+    # Batched over experts, each W_e read as stored: "nh,ehi->eni" made XLA transpose every expert weight per call
+    # (in a decode loop, at every step).
+    xe = jnp.broadcast_to(x, (num_experts, *x.shape))
+    h = jax.nn.silu(jnp.einsum("enh,ehi->eni", xe, w_gate)) * jnp.einsum("enh,ehi->eni", xe, w_up)
     y = jnp.einsum("eni,eih->enh", h, w_down)
     return jnp.einsum("ne,enh->nh", combine, y)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ipa_jax.engines.sampling import sample_tokens
+from ipa_jax.engines.sampling import sample_categorical, sample_tokens
 
 LOGITS = np.array([2.0, 1.5, 0.3, 0.0, -0.7, -2.0])
 sample = jax.jit(sample_tokens)  # one compile for every case below
@@ -66,3 +66,23 @@ def test_rows_have_independent_params_and_greedy():
     log_softmax = LOGITS - np.log(np.exp(LOGITS).sum())
     np.testing.assert_allclose(np.asarray(logprobs), [log_softmax[0], log_softmax[0], 0.0], atol=1e-6)
     assert int(tokens[2]) == 0
+
+
+def test_two_level_draw_matches_a_large_vocabulary():
+    """sample_categorical over V = 1000 (blocks of 32, the last one padded): chi-square on 20 equal-mass bins of a
+    skewed distribution whose mass spans many blocks, and no draw outside the support."""
+    rng = np.random.RandomState(0)
+    vocab, n = 1000, 40000
+    logits = rng.standard_normal(vocab) * 2.0
+    logits[rng.rand(vocab) < 0.3] = -np.inf  # outside the support (as top-k / top-p leave it)
+    p = np.exp(logits - logits[np.isfinite(logits)].max())
+    p /= p.sum()
+    logp = jnp.asarray(np.tile(np.log(p), (n, 1)), jnp.float32)
+    tokens = np.asarray(jax.jit(sample_categorical)(jax.random.key(3), logp))
+    assert np.all(p[tokens] > 0), "sampled outside the support"
+    order = np.argsort(p)
+    bins = np.zeros(vocab, int)
+    bins[order] = np.minimum((np.cumsum(p[order]) * 20).astype(int), 19)  # 20 bins of ~equal mass
+    want = np.bincount(bins, weights=p, minlength=20) * n
+    chi2 = stats.chisquare(np.bincount(bins[tokens], minlength=20), want)
+    assert chi2.pvalue > 1e-3, chi2

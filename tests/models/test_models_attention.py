@@ -11,6 +11,7 @@ from tiny_models import tiny_qwen3_config
 from ipa_jax.models import MeshConfig, batch_sharding, init_model, make_mesh, token_logprobs
 from ipa_jax.models.attention import (
     attend,
+    attend_cache,
     reference_attention,
     resolve_attention_impl,
     segment_positions,
@@ -32,7 +33,7 @@ def test_segment_positions_restart_per_segment():
     np.testing.assert_array_equal(np.asarray(_positions()[2]), [0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1])
 
 
-@pytest.mark.parametrize("impl", ["blocked", "xla"])
+@pytest.mark.parametrize("impl", ["blocked", "xla", "reference"])
 def test_paths_equal_reference_forward_and_gradients(impl):
     rng = np.random.RandomState(0)
     q, k, v = (jnp.asarray(rng.randn(B, T, n, 8), jnp.float32) for n in (4, 2, 2))
@@ -49,15 +50,16 @@ def test_paths_equal_reference_forward_and_gradients(impl):
         f = lambda q, k, v: jnp.where(real, fn(q, k, v, visible, 8**-0.5), 0.0)  # noqa: E731
         return f(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), (0, 1, 2))(q, k, v)
 
-    path = lambda self_attention: lambda *a: attend(*a, impl=impl, query_block=4,  # noqa: E731
-                                                    self_attention=self_attention)
-    for fn_path, k_, v_, visible, self_attention in ((path(True), k, v, self_visible, True),
-                                                     (path(False), k16, v16, cache_visible, False)):
+    self_path = lambda *a: attend(*a, impl=impl, query_block=4)  # noqa: E731
+    # the cache path reads head-major [B, Hkv, S, D] buffers (models/cache.py)
+    cache_path = lambda q, k, v, *a: attend_cache(q, k.swapaxes(1, 2), v.swapaxes(1, 2), *a, impl=impl)  # noqa: E731
+    for fn_path, k_, v_, visible, name in ((self_path, k, v, self_visible, "self"),
+                                           (cache_path, k16, v16, cache_visible, "cache")):
         want, want_grads = jax.jit(lambda k, v, vis: value_and_grads(reference_attention, k, v, vis))(k_, v_, visible)
         got, got_grads = jax.jit(lambda k, v, vis, f=fn_path: value_and_grads(f, k, v, vis))(k_, v_, visible)
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=str(self_attention))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=name)
         for a, b in zip(got_grads, want_grads):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=str(self_attention))
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
 
 
 def test_auto_is_blocked_on_cpu():
