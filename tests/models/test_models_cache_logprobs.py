@@ -8,8 +8,8 @@ from flax import nnx
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.models import init_kv_cache, init_model, token_logprobs
-from ipa_jax.models.logprobs import blockwise_logprobs, reference_logprobs
 from ipa_jax.models.attention import reference_attention, visible_keys
+from ipa_jax.models.logprobs import blockwise_logprobs, reference_logprobs
 
 B, T = 3, 11
 _token_logprobs = nnx.jit(token_logprobs, static_argnames=("return_entropy", "block_size"))

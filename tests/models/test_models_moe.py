@@ -78,16 +78,20 @@ def test_dispatch_paths_agree_and_drop_nothing(expert_weights, routing):
             assert _rel(g, gd) < 1e-5, name
 
 
-def test_expert_blocks_hold_every_assignment_once():
+def test_expert_blocks_cover_every_sorted_row_once_with_its_expert():
     rows = expert_block_rows(N * K, E)
-    assert rows == 8  # 48 assignments over 6 experts: the smallest block
+    assert rows == 16  # 48 assignments over 6 experts: twice the mean, to a power of two
     for routing in _routings().values():
-        row_token, assignment_row, block_expert = (np.asarray(a) for a in expert_blocks(jnp.asarray(routing), E,
-                                                                                         rows))
-        np.testing.assert_array_equal(row_token[assignment_row], np.arange(N * K) // K)  # each row its token
-        assert len(set(assignment_row)) == N * K  # no two assignments share a row
-        np.testing.assert_array_equal(block_expert[assignment_row // rows], routing.reshape(-1))  # right expert
-        assert np.sum(row_token < N) == N * K  # the other rows are empty
+        flat = routing.reshape(-1)
+        counts = np.bincount(flat, minlength=E)
+        blocks = expert_blocks(jnp.asarray(counts, jnp.int32), N * K, rows)
+        expert, start, length = (np.asarray(a) for a in blocks[:3])
+        used = int(blocks.num_blocks)
+        assert used == np.sum(-(-counts // rows)) and len(expert) == N * K // rows + E  # the static bound
+        sorted_expert = np.sort(flat, kind="stable")
+        covered = np.concatenate([np.arange(s, s + n) for s, n in zip(start[:used], length[:used])])
+        np.testing.assert_array_equal(np.sort(covered), np.arange(N * K))  # every sorted row exactly once ...
+        np.testing.assert_array_equal(sorted_expert[covered], np.repeat(expert[:used], length[:used]))  # ... its own
 
 
 def test_router_matches_numpy():
