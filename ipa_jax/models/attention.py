@@ -12,7 +12,13 @@ no visible key a finite average of the values (never NaN). `attention_impl` pick
   xla        the same causal blocks, each one `jax.nn.dot_product_attention(implementation="xla")`.
   cudnn      one `jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)`: cuDNN flash attention
              (NVIDIA GPUs, 16-bit dtypes); `visible` goes in as an additive bias.
-  auto       cudnn on NVIDIA GPUs in bfloat16/float16, blocked on CPU, xla elsewhere.
+  splash     splash attention (a Pallas TPU kernel with its own backward pass), causal within segments: it reads
+             the rows' segment ids (0 = padding, which only padding sees) instead of `visible`; the sequence is
+             padded to whole blocks of SPLASH_BLOCK; off TPU it runs in Pallas' interpreter (tests; slow). On a
+             mesh it runs under `shard_map` over the batch (and KV heads over the tensor axis when they divide):
+             GSPMD cannot split a Pallas call.
+  auto       cudnn on NVIDIA GPUs in bfloat16/float16, blocked on CPU, splash on TPU when head_dim is a multiple
+             of 128 (TPU lanes), xla elsewhere.
 
 The causal paths skip the keys after a query's index. That is exact for every query that sees no later key of
 its row: all real tokens of rows whose real tokens' positions grow along the row, as right- or left-padded rows
@@ -24,12 +30,30 @@ With a KV cache (`attend_cache`) the keys are cache slots, not this call's token
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models.config import ATTENTION_IMPLS
+
+# Query and key block of the splash kernel (TPU lanes: a multiple of 128); sequences are padded to whole blocks.
+SPLASH_BLOCK = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMesh:
+    """Where a forward's attention runs when a Pallas kernel needs `shard_map`: the mesh, the axes its batch is
+    split over (empty when the batch does not divide) and the axes of the attention heads (the "kv_heads" rule)."""
+
+    mesh: Mesh
+    batch_axes: tuple[str, ...]
+    head_axes: tuple[str, ...]
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -160,8 +184,48 @@ def causal_block_attention(kernel, q, k, v, visible, scale: float, query_block: 
     return jnp.concatenate(outs, axis=1)
 
 
-def resolve_attention_impl(impl: str, dtype) -> str:
-    """The concrete path of `impl` ("auto" by backend and compute dtype; see the module docstring)."""
+def _splash_local(q, k, v, segments, scale: float) -> jax.Array:
+    """Splash attention of one shard: q [B, T, Hq, D], k/v [B, T, Hkv, D], segments int32[B, T] -> [B, T, Hq * D].
+    Per row and KV head, the G query heads of the head as one multi-query kernel call (vmapped)."""
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    groups = hq // hkv
+    padded = -(-t // SPLASH_BLOCK) * SPLASH_BLOCK
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, padded - t)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
+    blocks = splash.BlockSizes(block_q=SPLASH_BLOCK, block_kv=SPLASH_BLOCK, block_kv_compute=SPLASH_BLOCK,
+                               block_q_dkv=SPLASH_BLOCK, block_kv_dkv=SPLASH_BLOCK,
+                               block_kv_dkv_compute=SPLASH_BLOCK, block_q_dq=SPLASH_BLOCK, block_kv_dq=SPLASH_BLOCK)
+    kernel = splash.make_splash_mqa_single_device(
+        splash_mask.MultiHeadMask([splash_mask.CausalMask((padded, padded))] * groups), block_sizes=blocks,
+        interpret=jax.devices()[0].platform != "tpu")
+    qh = pad(q * jnp.asarray(scale, q.dtype)).reshape(b, padded, hkv, groups, d).transpose(0, 2, 3, 1, 4)
+    kh, vh = pad(k).transpose(0, 2, 1, 3), pad(v).transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
+
+    def row(q_row, k_row, v_row, seg):  # [Hkv, G, T, D], [Hkv, T, D] x 2, [T]
+        ids = splash.SegmentIds(q=seg, kv=seg)
+        return jax.vmap(lambda qg, kg, vg: kernel(qg, kg, vg, segment_ids=ids))(q_row, k_row, v_row)
+
+    out = jax.vmap(row)(qh, kh, vh, pad(segments))  # [B, Hkv, G, T, D]
+    return out.transpose(0, 3, 1, 2, 4)[:, :t].reshape(b, t, hq * d)
+
+
+def splash_attention(q, k, v, segments, scale: float, mesh: AttentionMesh | None = None) -> jax.Array:
+    """The `splash` path: q [B, T, Hq, D], k/v [B, T, Hkv, D], segments int32[B, T] (0 = padding; real tokens 1 +
+    their segment) -> [B, T, Hq * D], causal within segments. With `mesh`, under shard_map: each instance its
+    rows (and KV heads, when the head axes divide them)."""
+    if mesh is None:
+        return _splash_local(q, k, v, segments, scale)
+    shards = lambda axes: functools.reduce(lambda n, a: n * mesh.mesh.shape[a], axes, 1)  # noqa: E731
+    heads = mesh.head_axes if mesh.head_axes and k.shape[2] % shards(mesh.head_axes) == 0 else None
+    rows = mesh.batch_axes if mesh.batch_axes and q.shape[0] % shards(mesh.batch_axes) == 0 else None
+    qkv = P(rows, None, heads, None)
+    # check_vma off: the Pallas call declares no per-axis variation of its outputs (each instance is independent).
+    return jax.shard_map(lambda *a: _splash_local(*a, scale), mesh=mesh.mesh, in_specs=(qkv, qkv, qkv, P(rows, None)),
+                         out_specs=P(rows, None, heads), check_vma=False)(q, k, v, segments)
+
+
+def resolve_attention_impl(impl: str, dtype, head_dim: int | None = None) -> str:
+    """The concrete path of `impl` ("auto" by backend, compute dtype and head_dim; see the module docstring)."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
     if impl != "auto":
@@ -169,16 +233,23 @@ def resolve_attention_impl(impl: str, dtype) -> str:
     device = jax.devices()[0]
     if device.platform == "gpu" and "nvidia" in device.device_kind.lower():
         return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+    if device.platform == "tpu" and head_dim is not None and head_dim % 128 == 0:
+        return "splash"
     return "blocked" if device.platform == "cpu" else "xla"
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: float, *, impl: str,
-           query_block: int) -> jax.Array:
+           query_block: int, segments: jax.Array | None = None, mesh: AttentionMesh | None = None) -> jax.Array:
     """Self-attention of q [B, T, Hq, D] over k/v [B, T, Hkv, D], the keys of these queries' own tokens in index
     order (so the causal paths may skip later keys), with `visible` bool[B, T, T] -> [B, T, Hq * D].
 
-    impl: a concrete path (`resolve_attention_impl`).
+    impl: a concrete path (`resolve_attention_impl`). splash reads `segments` int32[B, T] (0 = padding, real
+    tokens 1 + their segment: what `visible` encodes for rows whose positions grow along the row) and `mesh`.
     """
+    if impl == "splash":
+        if segments is None:
+            raise ValueError("attention_impl 'splash' needs the rows' segment ids")
+        return splash_attention(q, k, v, segments, scale, mesh)
     if impl == "reference":
         return reference_attention(q, k, v, visible, scale, query_block)
     if impl == "cudnn":
@@ -193,7 +264,8 @@ def attend_cache(q: jax.Array, k_heads: jax.Array, v_heads: jax.Array, visible: 
                  impl: str) -> jax.Array:
     """Attention of q [B, T, Hq, D] over a KV cache's head-major k/v [B, Hkv, S, D] with `visible` bool[B, T, S]
     -> [B, T, Hq * D]. Every path uses all S slots; blocked (the CPU path) multiplies the buffers as stored,
-    the others take them [B, S, Hkv, D] (a transposed copy: what `jax.nn.dot_product_attention` reads)."""
+    the others take them [B, S, Hkv, D] (a transposed copy: what `jax.nn.dot_product_attention` reads); cudnn and
+    splash, which have no KV-cache form here, run its xla implementation."""
     if impl == "blocked":
         t, groups = q.shape[1], q.shape[2] // k_heads.shape[1]
         qh = _queries_head_major(q, k_heads.shape[1])

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ipa_jax.models.attention import attend, attend_cache, resolve_attention_impl
+from ipa_jax.models.attention import AttentionMesh, attend, attend_cache, resolve_attention_impl
 from ipa_jax.models.cache import write_heads
 from ipa_jax.models.config import Qwen3Config
 
@@ -86,8 +86,10 @@ class Attention(nnx.Module):
             self.o_proj_bias = make_param(None, (h,), ("embed",), dtype, "copy", init="zeros")
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, visible: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None):
-        """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None).
+                 kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None,
+                 segments: jax.Array | None = None, mesh: AttentionMesh | None = None):
+        """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None). segments int32[B, T] and mesh: what
+        the splash path reads (models/attention.py).
 
         Without a cache, keys are this call's tokens and visible is bool[B, T, T]; with a cache (head-major
         [B, Hkv, S, D] buffers), the new keys are written at `slots` and the queries attend to all slots (slot
@@ -103,10 +105,11 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        impl, scale = resolve_attention_impl(self.impl, x.dtype), self.head_dim**-0.5
+        impl, scale = resolve_attention_impl(self.impl, x.dtype, self.head_dim), self.head_dim**-0.5
         new_cache = None
         if kv_cache is None:
-            out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block)
+            out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block, segments=segments,
+                         mesh=mesh)
         else:
             new_cache = (write_heads(kv_cache[0], slots, k), write_heads(kv_cache[1], slots, v))
             out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale,

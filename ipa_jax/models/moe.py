@@ -7,13 +7,16 @@ anywhere: no token is ever dropped.
   ragged  — the N*k (token, expert) assignments sorted by expert, three `jax.lax.ragged_dot` grouped matmuls,
             unsorted and weighted. A grouped GEMM on GPU and TPU; on CPU XLA lowers ragged_dot to a masked dense
             product over all E groups (E x the useful work).
+  megablox — the sorted assignments through megablox's grouped matmul (a Pallas TPU kernel, with its own custom
+            VJP), gate and up in one call; off TPU the kernel runs in Pallas' interpreter (tests; slow). On a
+            mesh it runs under `shard_map`, one token group per batch shard (GSPMD cannot split a Pallas call).
   blocked — the sorted assignments, each expert's run cut into blocks of rows, in a loop over the blocks the
             routing needs (`expert_blocks`), each block multiplied with its expert's weights where they are stored,
             with a hand-written backward pass (`grouped_swiglu`). The fastest on CPU (bench_model.py); an
             earlier version, batched matmuls over every block of a static bound with each block's weights
             gathered, took 1.2-1.3x its time.
-`moe_impl="auto"` (the default) is ragged on GPU and TPU; on CPU blocked, or dense for calls with few tokens
-(decode steps).
+`moe_impl="auto"` (the default) is megablox on TPU, ragged on GPU; on CPU blocked, or dense for calls with few
+tokens (decode steps).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models.config import MOE_IMPLS, Qwen3Config
 from ipa_jax.models.layers import make_param
@@ -218,31 +224,75 @@ def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array,
     return jnp.einsum("nkh,nk->nh", ys[sorted_row].reshape(n, k, -1), weights)
 
 
-DISPATCH = {"dense": swiglu_experts_dense, "ragged": swiglu_experts_ragged, "blocked": swiglu_experts_blocked}
+# Rows of one megablox tile (its m dimension); the hidden and intermediate dimensions are tiled by up to 128.
+MEGABLOX_TILE = 128
+
+
+def swiglu_experts_megablox(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                            w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """TPU path, same signature and result as `swiglu_experts_dense`: the N*k assignments sorted by expert (stable),
+    padded to whole tiles of rows, two megablox grouped matmuls (gate and up side by side, then down) with group
+    sizes = assignments per expert, out[n] = sum_j weights[n, j] * y[sorted row of (n, j)]."""
+    n, k = experts.shape
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
+    rows = n * k
+    tile = min(MEGABLOX_TILE, -(-rows // 8) * 8)
+    xs = jnp.pad(x[order // k], ((0, -rows % tile), (0, 0)))  # rows past the groups: not computed, sliced off
+    interpret = jax.devices()[0].platform != "tpu"
+
+    def grouped(lhs, rhs):  # lhs [M, K] in groups of rows, rhs [E, K, N] -> [M, N]
+        tiling = (tile, min(128, rhs.shape[1]), min(128, rhs.shape[2]))
+        return megablox.gmm(lhs, rhs, group_sizes, lhs.dtype, tiling, None, None, False, interpret)
+
+    gate, up = jnp.split(grouped(xs, jnp.concatenate([w_gate, w_up], axis=-1)), 2, axis=-1)
+    ys = grouped(jax.nn.silu(gate) * up, w_down)[:rows]
+    sorted_row = jnp.zeros((rows,), jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
+    return jnp.einsum("nkh,nk->nh", ys[sorted_row].reshape(n, k, -1), weights)
+
+
+DISPATCH = {"dense": swiglu_experts_dense, "ragged": swiglu_experts_ragged, "blocked": swiglu_experts_blocked,
+            "megablox": swiglu_experts_megablox}
 
 
 @dataclasses.dataclass(frozen=True)
 class MoeDispatch:
     """How one forward sends tokens to experts: `impl` (a key of DISPATCH) run separately on each of `groups`
     equal slices of the tokens. On a mesh the groups are the batch shards, so each device sorts and multiplies
-    only its own tokens (one global sort would gather every token on every device); 1 = all tokens at once."""
+    only its own tokens (one global sort would gather every token on every device); 1 = all tokens at once.
+    With `mesh` (megablox) the groups are `shard_map` instances over the mesh axes `batch_axes`, else a vmap."""
 
     impl: str
     groups: int = 1
+    mesh: Mesh | None = None
+    batch_axes: tuple[str, ...] = ()
 
 
-def moe_dispatch(impl: str, batch_shards: int) -> MoeDispatch:
-    """The dispatch of a forward whose batch is split `batch_shards` ways: one token group per shard, except for
-    ragged, whose `jax.lax.ragged_dot` has no vmap rule with shared weights (JAX: NYI): its sort stays global."""
-    return MoeDispatch(impl, 1 if impl == "ragged" else batch_shards)
+def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None,
+                 batch_axes: tuple[str, ...] = ()) -> MoeDispatch:
+    """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes`: one
+    token group per shard, except for ragged, whose `jax.lax.ragged_dot` has no vmap rule with shared weights
+    (JAX: NYI): its sort stays global. megablox's groups run under shard_map on `mesh`."""
+    if impl == "ragged":
+        return MoeDispatch(impl, 1)
+    if impl == "megablox" and batch_shards > 1:
+        return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes))
+    return MoeDispatch(impl, batch_shards)
 
 
 def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
                      w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """DISPATCH[moe.impl] (x [N, H], experts/weights [N, k]) vmapped over moe.groups slices of the N tokens."""
+    """DISPATCH[moe.impl] (x [N, H], experts/weights [N, k]) over moe.groups slices of the N tokens: shard_map
+    instances with moe.mesh (each sees its shard's tokens and every expert's weights), else vmapped."""
     fn = DISPATCH[moe.impl]
     if moe.groups == 1:
         return fn(x, experts, weights, w_gate, w_up, w_down)
+    if moe.mesh is not None:
+        tokens = P(moe.batch_axes)
+        # check_vma off: the Pallas call declares no per-axis variation of its outputs (each instance is independent).
+        return jax.shard_map(fn, mesh=moe.mesh, in_specs=(tokens, tokens, tokens, P(), P(), P()), out_specs=tokens,
+                             check_vma=False)(x, experts, weights, w_gate, w_up, w_down)
     split = lambda a: a.reshape(moe.groups, -1, *a.shape[1:])  # noqa: E731
     out = jax.vmap(fn, in_axes=(0, 0, 0, None, None, None))(split(x), split(experts), split(weights), w_gate, w_up,
                                                             w_down)
@@ -255,14 +305,15 @@ SMALL_DENSE_ROWS = 1024
 
 
 def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0) -> str:
-    """The concrete dispatch path of `impl`: "auto" is ragged (grouped GEMM) on accelerators and on CPU blocked,
-    or dense when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS."""
+    """The concrete dispatch path of `impl`: "auto" is megablox on TPU, ragged (grouped GEMM) on GPU, and on CPU
+    blocked, or dense when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS."""
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    if jax.devices()[0].platform != "cpu":
-        return "ragged"
+    platform = jax.devices()[0].platform
+    if platform != "cpu":
+        return "megablox" if platform == "tpu" else "ragged"
     return "dense" if tokens is not None and tokens * num_experts <= SMALL_DENSE_ROWS else "blocked"
 
 

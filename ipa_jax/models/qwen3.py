@@ -10,12 +10,20 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from ipa_jax.models.attention import segment_positions, visible_keys
+from ipa_jax.models.attention import AttentionMesh, segment_positions, visible_keys
 from ipa_jax.models.cache import KVCache, scatter_rows, write_slots
 from ipa_jax.models.config import Qwen3Config
 from ipa_jax.models.layers import INIT_STD, MLP, Attention, RMSNorm, make_param, rope_tables
 from ipa_jax.models.moe import MoeDispatch, SparseMoeBlock, moe_dispatch, resolve_moe_impl
-from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_shards, constrain, param_shardings, place
+from ipa_jax.models.sharding import (
+    DEFAULT_RULES,
+    Rules,
+    batch_shards,
+    constrain,
+    param_shardings,
+    place,
+    rule_mesh_axes,
+)
 
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -39,13 +47,15 @@ class ModelOutput(NamedTuple):
 class LayerInputs(NamedTuple):
     """What every decoder layer reads besides the hidden states: RoPE tables cos/sin [B, T, head_dim / 2], visible
     bool[B, T, S] (attention), token_mask bool[B, T] (real tokens, for the MoE statistics), slots int32[B, T]
-    (cache slots) or None."""
+    (cache slots) or None, segments int32[B, T] (0 = padding, real tokens 1 + their segment: the splash kernel's
+    form of `visible`)."""
 
     cos: jax.Array
     sin: jax.Array
     visible: jax.Array
     token_mask: jax.Array
     slots: jax.Array | None
+    segments: jax.Array
 
 
 class DecoderLayer(nnx.Module):
@@ -61,11 +71,12 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs)
 
-    def __call__(self, h, inputs: LayerInputs, kv_cache, replay, *, moe: MoeDispatch):
+    def __call__(self, h, inputs: LayerInputs, kv_cache, replay, *, moe: MoeDispatch,
+                 attention_mesh: AttentionMesh | None = None):
         """h [B, T, H], kv_cache (k, v) buffers or None, replay int32[B, T, k] or None -> (h, kv_cache, MoE stats
         or None)."""
         attn_out, kv_cache = self.self_attn(self.input_layernorm(h), inputs.cos, inputs.sin, inputs.visible,
-                                            kv_cache, inputs.slots)
+                                            kv_cache, inputs.slots, inputs.segments, attention_mesh)
         h = h + attn_out
         x = self.post_attention_layernorm(h)
         if self.is_moe:
@@ -129,7 +140,8 @@ class Qwen3ForCausalLM(nnx.Module):
         cfg = self.config
         b, t = input_ids.shape
         shards = batch_shards(self.mesh, self.rules, b)
-        moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts), shards)
+        moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts), shards,
+                           self.mesh, rule_mesh_axes("batch", self.rules))
         if routed_experts is not None and routed_experts.shape != (b, t, cfg.num_hidden_layers,
                                                                    cfg.num_experts_per_tok):
             raise ValueError(f"routed_experts shape {routed_experts.shape} != "
@@ -155,33 +167,37 @@ class Qwen3ForCausalLM(nnx.Module):
         table = constrain(self.embed_tokens[...], self.mesh, (None, None), self.rules)
         h = constrain(table[input_ids], self.mesh, ("batch", None, None), self.rules)
         cos, sin = rope_tables(cfg, positions, h.dtype)  # the parameters' dtype (a trainer may cast them)
-        inputs = LayerInputs(cos, sin, visible, token_mask, slots)
+        real_segment = 1 if segment_ids is None else segment_ids.astype(jnp.int32) + 1
+        inputs = LayerInputs(cos, sin, visible, token_mask, slots, jnp.where(token_mask, real_segment, 0))
+        batch_axes = rule_mesh_axes("batch", self.rules) if shards > 1 else ()
+        attention_mesh = None if self.mesh is None else AttentionMesh(self.mesh, batch_axes,
+                                                                      rule_mesh_axes("kv_heads", self.rules))
 
+        layer_fn = self._layer_fn(moe, attention_mesh)
         if cfg.scan_layers and cache is None:
-            h, moe_stats = self._scan_layers(h, inputs, routed_experts, moe)
+            h, moe_stats = self._scan_layers(h, inputs, routed_experts, layer_fn)
             routed = None if moe_stats is None else jnp.moveaxis(moe_stats["experts"], 0, 2)
         else:
-            h, moe_stats, routed, (keys, values) = self._unrolled_layers(h, inputs, cache, routed_experts, moe)
+            h, moe_stats, routed, (keys, values) = self._unrolled_layers(h, inputs, cache, routed_experts, layer_fn)
         aux = self._aux_losses(moe_stats, token_mask)
         aux["routed_experts"] = routed
         if cache is not None:
             aux["cache"] = KVCache(keys, values, key_valid)
         return self.norm(h), aux
 
-    def _layer_fn(self, moe: MoeDispatch):
-        """One decoder layer's call, rematerialised by config.remat_policy."""
+    def _layer_fn(self, moe: MoeDispatch, attention_mesh: AttentionMesh | None):
+        """One decoder layer's call (layer, h, inputs, kv, replay) -> (h, kv, stats), rematerialised by
+        config.remat_policy."""
 
         def layer_fn(layer, h, inputs, kv, replay):
-            return layer(h, inputs, kv, replay, moe=moe)
+            return layer(h, inputs, kv, replay, moe=moe, attention_mesh=attention_mesh)
 
         if self.config.remat_policy == "none":
             return layer_fn
         return nnx.remat(layer_fn, policy=REMAT_POLICIES[self.config.remat_policy])
 
-    def _scan_layers(self, h, inputs: LayerInputs, routed_experts, moe: MoeDispatch):
+    def _scan_layers(self, h, inputs: LayerInputs, routed_experts, layer_fn):
         """The stacked layers under nnx.scan (no cache) -> (h, MoE stats stacked [L, ...] or None)."""
-        layer_fn = self._layer_fn(moe)
-
         def body(layer, h, replay):
             h, _, stats = layer_fn(layer, h, inputs, None, replay)
             return constrain(h, self.mesh, ("batch", None, None), self.rules), stats
@@ -199,13 +215,12 @@ class Qwen3ForCausalLM(nnx.Module):
         return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
                 for i in range(self.config.num_hidden_layers)]
 
-    def _unrolled_layers(self, h, inputs: LayerInputs, cache: KVCache | None, routed_experts, moe: MoeDispatch):
+    def _unrolled_layers(self, h, inputs: LayerInputs, cache: KVCache | None, routed_experts, layer_fn):
         """The layers in a Python loop -> (h, MoE stats stacked over the MoE layers or None, routed experts
         int32[B, T, L, k] (-1 in dense layers) or None for a dense model, (keys, values): the updated cache
         buffers of every layer, empty without a cache)."""
         cfg = self.config
         b, t = inputs.token_mask.shape
-        layer_fn = self._layer_fn(moe)
         new_keys, new_values, moe_stats, routed = [], [], [], []
         for i, layer in enumerate(self._layer_list()):
             kv = None if cache is None else (cache.keys[i], cache.values[i])

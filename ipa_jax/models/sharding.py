@@ -123,13 +123,18 @@ def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES, ndim: int = 2) -> N
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
 
 
+def rule_mesh_axes(logical_axis: str, rules: Rules) -> tuple[str, ...]:
+    """The mesh axes a logical axis is split over (e.g. "batch": activations' leading axis; "kv_heads")."""
+    axes = logical_to_spec((logical_axis,), rules)[0]
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
 def batch_shards(mesh: Mesh | None, rules: Rules, batch: int) -> int:
     """How many ways the "batch" rule splits `batch` rows on `mesh`: 1 without a mesh or when the split does not
     divide the rows (`constrain` leaves such a batch unsplit)."""
     if mesh is None:
         return 1
-    axes = logical_to_spec(("batch",), rules)[0]
-    parts = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else (axes or ())))
+    parts = math.prod(mesh.shape[a] for a in rule_mesh_axes("batch", rules))
     return parts if batch % parts == 0 else 1
 
 

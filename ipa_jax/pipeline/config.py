@@ -81,11 +81,12 @@ class ModelConfig:
     dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
     param_dtype: dtype of the master weights and the optimizer state.
     remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
-    moe_impl: MoE dispatch: auto (ragged on GPU/TPU; blocked on CPU, dense for few-token calls), blocked (sorted
-      tokens, each expert's run in blocks of rows, a loop over the blocks), ragged (grouped lax.ragged_dot) or
-      dense (the reference).
-    attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, blocked elsewhere), blocked (causal query
-      blocks), xla (jax.nn.dot_product_attention per block), cudnn or reference (the einsum reference).
+    moe_impl: MoE dispatch: auto (megablox on TPU, ragged on GPU; blocked on CPU, dense for few-token calls),
+      blocked (sorted tokens, each expert's run in blocks of rows, a loop over the blocks), ragged (grouped
+      lax.ragged_dot), megablox (Pallas TPU grouped matmul) or dense (the reference).
+    attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, splash on TPU, blocked elsewhere), blocked
+      (causal query blocks), xla (jax.nn.dot_product_attention per block), cudnn, splash (Pallas TPU kernel) or
+      reference (the einsum reference).
     scan_layers: decoder layers stacked and run under nnx.scan (compile time independent of depth; layers of one
       kind only).
     routing_replay: use the experts the rollout engine chose in the learner's forward (MoE).

@@ -1,5 +1,6 @@
-"""Attention paths (blocked, xla) equal the einsum reference, forward and gradients, with causal, padding and
-segment masks; in a sharded model on 8 fake devices; packed rows (segment ids) score like separate rows."""
+"""Attention paths (blocked, xla, splash in Pallas' interpreter) equal the einsum reference, forward and gradients,
+with causal, padding and segment masks; in a sharded model on 8 fake devices; packed rows (segment ids) score like
+separate rows."""
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ def test_segment_positions_restart_per_segment():
     np.testing.assert_array_equal(np.asarray(_positions()[2]), [0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1])
 
 
-@pytest.mark.parametrize("impl", ["blocked", "xla", "reference"])
+@pytest.mark.parametrize("impl", ["blocked", "xla", "reference", "splash"])  # splash: in Pallas' interpreter
 def test_paths_equal_reference_forward_and_gradients(impl):
     rng = np.random.RandomState(0)
     q, k, v = (jnp.asarray(rng.randn(B, T, n, 8), jnp.float32) for n in (4, 2, 2))
@@ -50,7 +51,8 @@ def test_paths_equal_reference_forward_and_gradients(impl):
         f = lambda q, k, v: jnp.where(real, fn(q, k, v, visible, 8**-0.5), 0.0)  # noqa: E731
         return f(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), (0, 1, 2))(q, k, v)
 
-    self_path = lambda *a: attend(*a, impl=impl, query_block=4)  # noqa: E731
+    segments = jnp.where(jnp.asarray(MASK), seg + 1, 0)  # what splash reads instead of `visible`
+    self_path = lambda *a: attend(*a, impl=impl, query_block=4, segments=segments)  # noqa: E731
     # the cache path reads head-major [B, Hkv, S, D] buffers (models/cache.py)
     cache_path = lambda q, k, v, *a: attend_cache(q, k.swapaxes(1, 2), v.swapaxes(1, 2), *a, impl=impl)  # noqa: E731
     for fn_path, k_, v_, visible, name in ((self_path, k, v, self_visible, "self"),
@@ -64,6 +66,7 @@ def test_paths_equal_reference_forward_and_gradients(impl):
 
 def test_auto_is_blocked_on_cpu():
     assert resolve_attention_impl("auto", jnp.float32) == "blocked"
+    assert resolve_attention_impl("auto", jnp.bfloat16, head_dim=128) == "blocked"  # splash is TPU-only
     with pytest.raises(ValueError, match="attention_impl"):
         resolve_attention_impl("flash", jnp.float32)
 
@@ -88,12 +91,13 @@ def packed_batch():
             unpacked.astype(np.int32), unpacked_mask, lengths)
 
 
-def test_sharded_packed_model_blocked_equals_reference_and_separate_rows(packed_batch):
+@pytest.mark.parametrize("impl", ["blocked", "splash"])  # splash: shard_map instances, Pallas' interpreter
+def test_sharded_packed_model_path_equals_reference_and_separate_rows(packed_batch, impl):
     ids, segments, mask, unpacked, unpacked_mask, lengths = packed_batch
     mesh = make_mesh(MeshConfig(1, 2, 2, 2))
     data = batch_sharding(mesh)
     cfg = tiny_qwen3_config(moe=True, num_hidden_layers=1, attention_query_block=4)
-    graphdef, params = nnx.split(init_model(cfg.replace(attention_impl="blocked"), seed=3, mesh=mesh), nnx.Param)
+    graphdef, params = nnx.split(init_model(cfg.replace(attention_impl=impl), seed=3, mesh=mesh), nnx.Param)
     graphdef_ref = nnx.graphdef(init_model(cfg.replace(attention_impl="reference"), seed=3, mesh=mesh))
     weights = jnp.asarray(np.random.RandomState(2).randn(*ids.shape), jnp.float32)
 

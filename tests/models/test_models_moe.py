@@ -1,5 +1,6 @@
-"""MoE router and dropless dispatch: dense reference vs ragged and blocked paths vs float64 NumPy, the blocked path
-in a sharded model on 8 fake devices (forward and gradients); routing replay and aux losses."""
+"""MoE router and dropless dispatch: dense reference vs ragged, blocked and megablox (Pallas interpreter) paths vs
+float64 NumPy, the blocked and megablox paths in a sharded model on 8 fake devices (forward and gradients); routing
+replay and aux losses."""
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,8 @@ def _assert_same_grads(got, want, tol=1e-5):
         assert _rel(a[...], b[...]) < tol, path
 
 
-def test_sharded_blocked_model_equals_dense_reference(moe_model, path="blocked"):
+@pytest.mark.parametrize("path", ["blocked", "megablox"])  # megablox: shard_map instances, Pallas interpreter
+def test_sharded_path_model_equals_dense_reference(moe_model, path):
     params, grad_fn, own = moe_model
     g_ref, out_ref = grad_fn(params, own, "dense")
     g_path, out_path = grad_fn(params, own, path)
@@ -189,6 +191,10 @@ def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_s
     assert resolve_moe_impl("blocked", tokens=8, num_experts=16) == "blocked"  # an explicit path is kept
     assert moe_dispatch("blocked", 4) == MoeDispatch("blocked", 4)
     assert moe_dispatch("ragged", 4) == MoeDispatch("ragged", 1)  # ragged_dot cannot be vmapped over groups
+    mesh = make_mesh(MeshConfig(1, 2, 2, 2))  # megablox's groups are shard_map instances over the batch axes
+    assert moe_dispatch("megablox", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
+        "megablox", 4, mesh, ("data", "fsdp", "expert"))
+    assert moe_dispatch("megablox", 1, mesh, ("data",)) == MoeDispatch("megablox", 1)
     with pytest.raises(ValueError, match="moe_impl"):
         resolve_moe_impl("sparse")
 
