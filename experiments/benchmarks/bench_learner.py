@@ -2,7 +2,8 @@
 
 Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safetensors), same batch, same
 objective (FlashREINFORCE: batch-mean baseline, detached token ratio, sequence Bernoulli-KL trust region,
-sample-mean; rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 on CPU.
+sample-mean; rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and
+Adam state; compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast).
 Also times ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the
 objective's share of the step. Reports tokens/s, MFU (6 * N_active * tokens + attention FLOPs over the
 device's peak), the minimum and median of --iters interleaved rounds after warm-up (compile), and the ratios
@@ -10,6 +11,8 @@ device's peak), the minimum and median of --iters interleaved rounds after warm-
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
+  python experiments/benchmarks/bench_learner.py --dtype=bfloat16 --layers=24 --hidden=2048 --experts=64 --top_k=8 \
+      --moe_width=768 --vocab=151936 --batch=8 --seq_len=4096 --torch_device=cuda   # one GPU (gpu_learner.sh)
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per rou
 flags.DEFINE_string("moe_impl", "auto", "ipa_jax MoE path: auto | blocked | ragged | dense (models/moe.py)")
 flags.DEFINE_string("attention_impl", "auto", "ipa_jax attention: auto | blocked | xla | cudnn | reference")
 flags.DEFINE_bool("scan_layers", False, "ipa_jax decoder layers under nnx.scan")
+flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"], "ipa_jax rematerialisation per layer")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of both sides (weights stay float32)")
+flags.DEFINE_string("torch_device", "cpu", "where the PyTorch step runs: cpu, cuda, or none (time ipa_jax alone)")
+flags.DEFINE_integer("heads", 8, "attention heads (KV heads: half of them)")
+flags.DEFINE_integer("microbatches", 1, "ipa_jax gradient-accumulation microbatches (torch: one pass)")
+flags.DEFINE_bool("nll_step", True, "also time ipa_jax with a plain NLL loss (a second copy of the weights and "
+                  "optimizer state: turn off for configs that fill the device)")
 flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
 flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
@@ -75,20 +85,28 @@ def _synthetic_batch(rng, batch: int, seq_len: int, vocab: int):
     return pad_batch(trajs, (seq_len,))
 
 
-def _torch_step(hf, batch):
+def _torch_step(hf, batch, device: str, dtype: str):
     """transformers forward -> full logits -> log-softmax gather -> FlashREINFORCE loss -> AdamW step."""
+    import contextlib
+
     import torch
 
+    hf.to(device)
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
-    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-    mask = torch.as_tensor(batch.action_mask)
-    behavior = torch.as_tensor(batch.behavior_logprobs)
-    rewards = torch.as_tensor(batch.rewards)
-    attention = torch.as_tensor(batch.attention_mask, dtype=torch.long)
+    put = lambda x, dtype=None: torch.as_tensor(x, dtype=dtype).to(device)  # noqa: E731
+    tokens = put(batch.tokens, torch.long)
+    mask = put(batch.action_mask)
+    behavior = put(batch.behavior_logprobs)
+    rewards = put(batch.rewards)
+    attention = put(batch.attention_mask, torch.long)
+    autocast = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16"
+                else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        logits = hf(input_ids=tokens, attention_mask=attention).logits
+        with autocast:
+            logits = hf(input_ids=tokens, attention_mask=attention).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
         logp = torch.nn.functional.pad(logp, (1, 0))
         with torch.no_grad():
@@ -103,6 +121,7 @@ def _torch_step(hf, batch):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
         opt.step()
+        sync()
         return float(loss.detach())
 
     return step
@@ -134,8 +153,8 @@ def main(_):
     torch.manual_seed(0)
     hf_config = transformers.Qwen3MoeConfig(
         vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=4 * FLAGS.hidden,
-        moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=FLAGS.hidden // 8, num_experts=FLAGS.experts,
+        moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=FLAGS.heads,
+        num_key_value_heads=FLAGS.heads // 2, head_dim=FLAGS.hidden // FLAGS.heads, num_experts=FLAGS.experts,
         num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True, max_position_embeddings=4 * FLAGS.seq_len)
     hf = transformers.Qwen3MoeForCausalLM(hf_config).float().train()
     batch = _synthetic_batch(np.random.RandomState(0), FLAGS.batch, FLAGS.seq_len, FLAGS.vocab)
@@ -144,13 +163,15 @@ def main(_):
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl, attention_impl=FLAGS.attention_impl,
-                                scan_layers=FLAGS.scan_layers)
+                                scan_layers=FLAGS.scan_layers, remat_policy=FLAGS.remat)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
     tx = make_optimizer(optimizer)
     objective = flash_reinforce_config(DELTA)
-    options = StepOptions(objective=objective, logprob_block_size=128, entropy=False)
+    compute_dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
+    options = StepOptions(objective=objective, logprob_block_size=128, entropy=False, compute_dtype=compute_dtype,
+                          microbatches=FLAGS.microbatches)
     state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
     step = TrainStep(state, mesh, options, make_schedule(optimizer, total_steps=1000))
     device_batch = step.put_batch(batch)
@@ -173,8 +194,9 @@ def main(_):
 
     nll_jit = jax.jit(nll_update, donate_argnums=0)
     # Its own copy of the weights: the objective step donates (and so frees) the buffers of its state.
-    nll_state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
-    nll_holder = {"state": jax.tree.map(lambda x: x.copy(), nll_state)}
+    nll_holder = {"state": jax.tree.map(lambda x: x.copy(), place_state(TrainState.create(model, tx, seed=0,
+                                                                                         mesh=mesh), mesh))
+                  if FLAGS.nll_step else None}
 
     def nll_step():
         nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
@@ -193,15 +215,19 @@ def main(_):
 
     results = {"config": dict(layers=FLAGS.layers, hidden=FLAGS.hidden, experts=FLAGS.experts, top_k=FLAGS.top_k,
                               moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
-                              seq_len=FLAGS.seq_len, moe_impl=FLAGS.moe_impl, attention_impl=FLAGS.attention_impl,
-                              scan_layers=FLAGS.scan_layers, device=jax.devices()[0].device_kind,
+                              seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
+                              microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
+                              attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
+                              device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
                               threads=len(os.sched_getaffinity(0)), load_average=os.getloadavg()[0])}
-    timed = _time_round_robin({
-        "ipa_jax_step": jax_step,
-        "ipa_jax_nll_step": nll_step,
-        "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready(),
-        "torch_step": _torch_step(hf, batch),
-    }, FLAGS.iters)
+    steps = {"ipa_jax_step": jax_step,
+             "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready()}
+    if FLAGS.nll_step:
+        steps["ipa_jax_nll_step"] = nll_step
+    if FLAGS.torch_device != "none":
+        steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
+    del hf  # the torch step holds its own reference (on its device)
+    timed = _time_round_robin(steps, FLAGS.iters)
     times = {name: t["min"] for name, t in timed.items()}
     flops = train_flops_per_token(config, FLAGS.seq_len) * tokens_per_step
     peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])
@@ -210,10 +236,13 @@ def main(_):
         if name != "objective_fwd_bwd":
             results[name].update(tokens_per_s=tokens_per_step / seconds, mfu=flops / seconds / peak)
     results["ratios"] = {  # from the minimum times
-        "torch_time_over_ipa_jax_time": times["torch_step"] / times["ipa_jax_step"],
-        "objective_share_of_step": (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times["ipa_jax_step"],
         "objective_alone_share_of_step": times["objective_fwd_bwd"] / times["ipa_jax_step"],
     }
+    if "torch_step" in times:
+        results["ratios"]["torch_time_over_ipa_jax_time"] = times["torch_step"] / times["ipa_jax_step"]
+    if "ipa_jax_nll_step" in times:
+        results["ratios"]["objective_share_of_step"] = (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times[
+            "ipa_jax_step"]
     results["flops_per_step"] = flops
     results["peak_flops_per_device"] = peak
     print(json.dumps(results, indent=2))
