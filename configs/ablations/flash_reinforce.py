@@ -1,7 +1,7 @@
 """Ablation: the FlashREINFORCE objective preset (batch baseline, trajectory credit, detached token ratio, sequence
-trust region 3e-3, sample mean, no IL) in place of IPA's, on the negatives' base (common_negatives.py: its RL learning
-rate of 2e-4 kept IPA with a batch-mean baseline stable; with this objective seed 3 still collapsed, see the
-README's results). The base of FlashREINFORCE's own ablations (flash_*.py), each of which changes one of its parts."""
+trust region 3e-3, sample mean, no IL) in place of IPA's, on the negatives' base (common_negatives.py and its RL
+learning rate, 4e-4: see `--preset=flash_lr`). The base of FlashREINFORCE's own ablations (flash_*.py), each of which
+changes one of its parts."""
 
 from pathlib import Path
 
