@@ -92,7 +92,20 @@ PRESETS: dict[str, Preset] = {
                        claim="lower"),
     "flash_staleness": Preset(("flash_lag4", "flash_lag4_tr_off"), (0, 1, 2, 3),
                               "FlashREINFORCE's claim: its sequence trust region keeps updates at policy lag 4 "
-                              "stable (flash_lag8*.py for lag 8)", claim="lower"),
+                              "stable", claim="lower"),
+    "flash_staleness8": Preset(("flash_lag8", "flash_lag8_tr_off"), (0, 1, 2, 3),
+                               "the same at policy lag 8", claim="lower"),
+    "flash_groups": Preset(("flash_reinforce", "flash_grpo"), (0, 1, 2, 3),
+                           "FlashREINFORCE's claim: one rollout per prompt with batch-centred rewards does as well as "
+                           "GRPO-style groups of 4 samples per task with group-mean baselines", claim="lower"),
+    "longhorizon": Preset(("longhorizon_credit_chunk", "longhorizon_control_il_continue", "longhorizon_credit_token",
+                           "longhorizon_credit_token_matched"), (0, 1, 2, 3),
+                          "the claims table on the long-horizon kv_chain task (seven chunks per success, failures "
+                          "of one to nine turns): IPA against imitation continued, token credit and token credit "
+                          "with the first chunk's weight matched", claim="lower"),
+    "longhorizon_flash": Preset(("longhorizon_flash_reinforce", "longhorizon_flash_token_mean"), (0, 1, 2, 3),
+                                "FlashREINFORCE's aggregation claim where it can show: sample-mean against "
+                                "token-mean on kv_chain, whose failures vary several-fold in length", claim="lower"),
     "staleness_offpolicy": Preset(
         ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
          "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",

@@ -95,6 +95,9 @@ def test_smooth_and_seed_band_match_loops():
 # Every ablation file: (the config it starts from, the resolved keys it changes there, besides train.name).
 # An empty set = the base's own value restated, the reference arm of its comparison.
 _OBJ = "objective."
+# What FlashREINFORCE's objective preset changes from IPA's (as the ablation bases set it).
+FLASH_FIELDS = {"baseline", "credit", "gamma", "is_apply_to", "is_clip_max", "is_level", "mismatch_level",
+                "trust_region_level"}
 ABLATIONS = {
     "credit_chunk": ("common", set()), "credit_token": ("common", {_OBJ + "credit"}),
     "credit_trajectory": ("common", {_OBJ + "credit"}),
@@ -113,8 +116,8 @@ ABLATIONS = {
     "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
     "grpo": ("common_negatives", {"rollout.group_size", _OBJ + "baseline"}),
     # FlashREINFORCE's objective on the negatives' base, then its own ablations.
-    "flash_reinforce": ("common_negatives", {_OBJ + k for k in ("credit", "gamma", "is_apply_to", "is_clip_max",
-                                                                "is_level", "mismatch_level", "trust_region_level")}),
+    "flash_reinforce": ("common_negatives", {_OBJ + k for k in FLASH_FIELDS - {"baseline"}}),
+    "flash_grpo": ("flash_reinforce", {"rollout.group_size", _OBJ + "baseline"}),
     "flash_tr_off": ("flash_reinforce", {_OBJ + "trust_region_level"}),
     "flash_token_mean": ("flash_reinforce", {_OBJ + "aggregation"}),
     "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
@@ -147,6 +150,8 @@ ABLATIONS = {
                                                                "optimizer.lr"}),
     "longhorizon_control_no_update": ("longhorizon_common", {"optimizer.lr"}),
     "longhorizon_credit_token_matched": ("longhorizon_common", {_OBJ + "credit", _OBJ + "gamma"}),
+    "longhorizon_flash_reinforce": ("longhorizon_common", {"optimizer.lr"} | {_OBJ + k for k in FLASH_FIELDS}),
+    "longhorizon_flash_token_mean": ("longhorizon_flash_reinforce", {_OBJ + "aggregation"}),
 }
 
 
