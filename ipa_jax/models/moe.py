@@ -17,6 +17,13 @@ anywhere: no token is ever dropped.
             gathered, took 1.2-1.3x its time.
 `moe_impl="auto"` (the default) is megablox on TPU, ragged on GPU; on CPU blocked, or dense for calls with few
 tokens (decode steps).
+
+Every path skips assignments whose expert is outside [0, E): they contribute nothing and cost nothing beyond the
+sort. Expert parallelism builds on that (`dispatch_experts`): on a mesh whose `expert` axis has S > 1 devices,
+each device holds E / S experts and runs the path on its own experts only, the assignments of the others' experts
+skipped; tokens split over the expert axis are all-gathered along it first and the partial outputs
+reduce-scattered back. That is dropless with static shapes, and for top-k >= S it moves no more data than an
+all-to-all exchange of the assignments (S x the local tokens in, the same out, against k x).
 """
 
 from __future__ import annotations
@@ -62,9 +69,10 @@ def swiglu_experts_dense(x: jax.Array, experts: jax.Array, weights: jax.Array, w
     weights).
 
     x [N, H], experts int32[N, k], weights [N, k] (model dtype), w_gate/w_up [E, H, I], w_down [E, I, H] -> [N, H].
+    An expert outside [0, E) is skipped (module doc).
     """
     n, num_experts = x.shape[0], w_gate.shape[0]
-    combine = jnp.zeros((n, num_experts), x.dtype).at[jnp.arange(n)[:, None], experts].add(weights)
+    combine = jnp.zeros((n, num_experts), x.dtype).at[jnp.arange(n)[:, None], experts].add(weights, mode="drop")
     # Batched over experts, each W_e read as stored: "nh,ehi->eni" made XLA transpose every expert weight per call
     # (in a decode loop, at every step).
     xe = jnp.broadcast_to(x, (num_experts, *x.shape))
@@ -239,13 +247,18 @@ def swiglu_experts_megablox(x: jax.Array, experts: jax.Array, weights: jax.Array
     group_sizes = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
     rows = n * k
     tile = min(MEGABLOX_TILE, -(-rows // 8) * 8)
-    xs = jnp.pad(x[order // k], ((0, -rows % tile), (0, 0)))  # rows past the groups: not computed, sliced off
     interpret = jax.devices()[0].platform != "tpu"
+    # Rows past the groups (padding to whole tiles, skipped assignments) are not computed, forward or backward:
+    # selecting zeros there drops whatever the kernel left in them, in both directions.
+    in_groups = (jnp.arange(rows + -rows % tile) < jnp.sum(group_sizes))[:, None]
 
     def grouped(lhs, rhs):  # lhs [M, K] in groups of rows, rhs [E, K, N] -> [M, N]
         tiling = (tile, min(128, rhs.shape[1]), min(128, rhs.shape[2]))
-        return megablox.gmm(lhs, rhs, group_sizes, lhs.dtype, tiling, None, None, False, interpret)
+        out = megablox.gmm(jnp.where(in_groups, lhs, 0), rhs, group_sizes, lhs.dtype, tiling, None, None, False,
+                           interpret)
+        return jnp.where(in_groups, out, 0)
 
+    xs = jnp.pad(x[order // k], ((0, -rows % tile), (0, 0)))
     gate, up = jnp.split(grouped(xs, jnp.concatenate([w_gate, w_up], axis=-1)), 2, axis=-1)
     ys = grouped(jax.nn.silu(gate) * up, w_down)[:rows]
     sorted_row = jnp.zeros((rows,), jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
@@ -261,19 +274,26 @@ class MoeDispatch:
     """How one forward sends tokens to experts: `impl` (a key of DISPATCH) run separately on each of `groups`
     equal slices of the tokens. On a mesh the groups are the batch shards, so each device sorts and multiplies
     only its own tokens (one global sort would gather every token on every device); 1 = all tokens at once.
-    With `mesh` (megablox) the groups are `shard_map` instances over the mesh axes `batch_axes`, else a vmap."""
+    With `mesh` the groups are `shard_map` instances over the mesh axes `batch_axes` (megablox, and expert
+    parallelism), else a vmap. `expert_axes`: the mesh axes the experts are split over (expert parallelism, module
+    doc), () = every device computes every expert."""
 
     impl: str
     groups: int = 1
     mesh: Mesh | None = None
     batch_axes: tuple[str, ...] = ()
+    expert_axes: tuple[str, ...] = ()
 
 
-def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None,
-                 batch_axes: tuple[str, ...] = ()) -> MoeDispatch:
-    """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes`: one
-    token group per shard, except for ragged, whose `jax.lax.ragged_dot` has no vmap rule with shared weights
-    (JAX: NYI): its sort stays global. megablox's groups run under shard_map on `mesh`."""
+def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_axes: tuple[str, ...] = (),
+                 expert_axes: tuple[str, ...] = ()) -> MoeDispatch:
+    """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes` and whose
+    experts are split over `expert_axes`: expert parallelism under shard_map on `mesh` when the expert axes have
+    more than one device; else one token group per batch shard, except for ragged, whose `jax.lax.ragged_dot` has
+    no vmap rule with shared weights (JAX: NYI): its sort stays global. megablox's groups run under shard_map."""
+    expert_axes = tuple(a for a in expert_axes if mesh is not None and mesh.shape[a] > 1)
+    if expert_axes:
+        return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes) if batch_shards > 1 else (), expert_axes)
     if impl == "ragged":
         return MoeDispatch(impl, 1)
     if impl == "megablox" and batch_shards > 1:
@@ -281,10 +301,38 @@ def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None,
     return MoeDispatch(impl, batch_shards)
 
 
+def _expert_parallel(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                     w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """DISPATCH[moe.impl] with the experts split over moe.expert_axes (module doc), under shard_map: each device
+    gets its batch shard's tokens (all tokens when the batch is not split) and its E / S experts' weights; tokens
+    split over the expert axes are all-gathered along them, the assignments of other devices' experts skipped, and
+    the outputs reduce-scattered back (psum'd when the tokens were not split over the expert axes)."""
+    fn, axes = DISPATCH[moe.impl], moe.expert_axes
+    tokens_split = set(axes) <= set(moe.batch_axes)
+
+    def local(x, experts, weights, w_gate, w_up, w_down):
+        if tokens_split:
+            x, experts, weights = (jax.lax.all_gather(a, axes, tiled=True) for a in (x, experts, weights))
+        per_device = w_gate.shape[0]
+        own = experts - jax.lax.axis_index(axes) * per_device
+        mine = (own >= 0) & (own < per_device)
+        y = fn(x, jnp.where(mine, own, per_device), jnp.where(mine, weights, 0), w_gate, w_up, w_down)
+        return jax.lax.psum_scatter(y, axes, scatter_dimension=0, tiled=True) if tokens_split else jax.lax.psum(y, axes)
+
+    tokens, weights_spec = P(moe.batch_axes or None), P(axes)
+    # check_vma off: the paths' loops start from replicated zeros, and the Pallas kernel declares no per-axis variation.
+    return jax.shard_map(local, mesh=moe.mesh, in_specs=(tokens, tokens, tokens, weights_spec, weights_spec,
+                                                         weights_spec), out_specs=tokens,
+                         check_vma=False)(x, experts, weights, w_gate, w_up, w_down)
+
+
 def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
                      w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """DISPATCH[moe.impl] (x [N, H], experts/weights [N, k]) over moe.groups slices of the N tokens: shard_map
-    instances with moe.mesh (each sees its shard's tokens and every expert's weights), else vmapped."""
+    """DISPATCH[moe.impl] (x [N, H], experts/weights [N, k]): expert-parallel with moe.expert_axes, else over
+    moe.groups slices of the N tokens: shard_map instances with moe.mesh (each sees its shard's tokens and every
+    expert's weights), else vmapped."""
+    if moe.expert_axes:
+        return _expert_parallel(moe, x, experts, weights, w_gate, w_up, w_down)
     fn = DISPATCH[moe.impl]
     if moe.groups == 1:
         return fn(x, experts, weights, w_gate, w_up, w_down)

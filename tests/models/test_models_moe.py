@@ -1,12 +1,16 @@
 """MoE router and dropless dispatch: dense reference vs ragged, blocked and megablox (Pallas interpreter) paths vs
-float64 NumPy, the blocked and megablox paths in a sharded model on 8 fake devices (forward and gradients); routing
-replay and aux losses."""
+float64 NumPy; every path expert-parallel in a sharded model on 8 fake devices against the same model on one device
+(forward and gradients; tokens split over the expert axis or replicated); routing replay and aux losses."""
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.models import MeshConfig, batch_sharding, init_model, make_mesh
@@ -20,6 +24,7 @@ from ipa_jax.models.moe import (
     resolve_moe_impl,
     route,
 )
+from ipa_jax.models.sharding import DEFAULT_RULES, rule_mesh_axes
 
 N, H, W, E, K = 24, 16, 8, 6, 2
 
@@ -137,21 +142,26 @@ def test_block_router_statistics_match_numpy():
     np.testing.assert_array_equal(np.asarray(stats["expert_counts"]), counts)
 
 
-@pytest.fixture(scope="module")
-def moe_model():
-    """(params, grad_fn, own) of a 2-layer model (layer 1 dense) sharded on 8 fake devices (fsdp x expert x
-    tensor, batch of 4 rows split 4 ways); grad_fn(params, routed_experts, moe_impl) is jitted once per path:
-    routed_experts `own` (all -1) keeps the router's own choice."""
-    cfg = tiny_qwen3_config(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,),
-                            num_experts=8, num_experts_per_tok=2)
-    mesh = make_mesh(MeshConfig(1, 2, 2, 2))
+MOE_CFG = dict(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,), num_experts=8,
+               num_experts_per_tok=2)
+
+
+def _moe_grad_fn(mesh, rows: int = 4):
+    """(params, grad_fn, own) of a 2-layer model (layer 1 dense), sharded on `mesh` (None: one device), with a batch
+    of `rows` rows of 9 tokens; grad_fn(params, routed_experts, moe_impl) is jitted once per path: routed_experts
+    `own` (all -1) keeps the router's own choice. The same weights and batch on every mesh."""
+    cfg = tiny_qwen3_config(**MOE_CFG)
     model = init_model(cfg, seed=4, mesh=mesh)
     # Larger router weights give confident, non-uniform routing (init std 0.02 makes all experts tie).
     for i in cfg.moe_layers:
         model.layers[i].mlp.gate[...] = model.layers[i].mlp.gate[...] * 50
-    data = batch_sharding(mesh)
-    ids = jax.device_put(jnp.asarray(np.random.RandomState(5).randint(0, cfg.vocab_size, (4, 9)), jnp.int32), data)
-    mask = jax.device_put(jnp.arange(9)[None] < jnp.asarray([[9], [6], [9], [2]]), data)
+    if mesh is None:
+        put = lambda a: a  # noqa: E731
+    else:  # rows the batch axes do not divide stay on every device (the model then leaves them unsplit)
+        split = rows % math.prod(mesh.shape[a] for a in rule_mesh_axes("batch", DEFAULT_RULES)) == 0
+        put = lambda a: jax.device_put(a, batch_sharding(mesh) if split else NamedSharding(mesh, P()))  # noqa: E731
+    ids = put(jnp.asarray(np.random.RandomState(5).randint(0, cfg.vocab_size, (4, 9))[:rows], jnp.int32))
+    mask = put(jnp.arange(9)[None] < jnp.asarray([[9], [6], [9], [2]][:rows]))
     graphdef, params = nnx.split(model, nnx.Param)
 
     def loss(params, routed_experts, moe_impl):
@@ -160,7 +170,22 @@ def moe_model():
         return nll + out.aux["load_balancing_loss"] + out.aux["router_z_loss"], out
 
     grad_fn = jax.jit(jax.grad(loss, has_aux=True), static_argnums=2)
-    return params, grad_fn, jnp.full((4, 9, 2, 2), -1, jnp.int32)
+    return params, grad_fn, jnp.full((rows, 9, 2, 2), -1, jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def moe_model():
+    """_moe_grad_fn on 8 fake devices (fsdp x expert x tensor, 2 x 2 x 2: each device holds 4 of the 8 experts;
+    the batch of 4 rows split 4 ways)."""
+    return _moe_grad_fn(make_mesh(MeshConfig(1, 2, 2, 2)))
+
+
+@pytest.fixture(scope="module")
+def moe_reference():
+    """(grads, outputs) of the same model and batch on one device, no mesh, the dense path: what every sharded and
+    expert-parallel path must reproduce."""
+    params, grad_fn, own = _moe_grad_fn(None)
+    return grad_fn(params, own, "dense")
 
 
 def _assert_same_grads(got, want, tol=1e-5):
@@ -168,10 +193,10 @@ def _assert_same_grads(got, want, tol=1e-5):
         assert _rel(a[...], b[...]) < tol, path
 
 
-@pytest.mark.parametrize("path", ["blocked", "megablox"])  # megablox: shard_map instances, Pallas interpreter
-def test_sharded_path_model_equals_dense_reference(moe_model, path):
+@pytest.mark.parametrize("path", ["dense", "blocked", "ragged", "megablox"])  # megablox: Pallas interpreter
+def test_expert_parallel_paths_equal_the_unsharded_reference(moe_model, moe_reference, path):
     params, grad_fn, own = moe_model
-    g_ref, out_ref = grad_fn(params, own, "dense")
+    g_ref, out_ref = moe_reference
     g_path, out_path = grad_fn(params, own, path)
     assert _rel(out_path.logits, out_ref.logits) < 1e-5
     for name in ("load_balancing_loss", "router_z_loss"):
@@ -181,6 +206,18 @@ def test_sharded_path_model_equals_dense_reference(moe_model, path):
     g_replay, out_replay = grad_fn(params, out_ref.aux["routed_experts"], path)
     assert _rel(out_replay.logits, out_ref.logits) < 1e-5
     _assert_same_grads(g_replay, g_ref)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 4, 2), (1, 2, 4, 1)])
+def test_expert_parallel_over_four_devices_with_split_and_replicated_tokens(moe_reference, mesh_shape):
+    """Two experts per device. (1, 1, 4, 2): the 4 rows split over the expert axis (all-gather, reduce-scatter);
+    (1, 2, 4, 1): 4 rows do not split 8 ways, so every device has every token (psum over the expert axis)."""
+    params, grad_fn, own = _moe_grad_fn(make_mesh(MeshConfig(*mesh_shape)))
+    g_ref, out_ref = moe_reference
+    g_path, out_path = grad_fn(params, own, "blocked")
+    assert _rel(out_path.logits, out_ref.logits) < 1e-5
+    np.testing.assert_array_equal(np.asarray(out_path.aux["routed_experts"]), np.asarray(out_ref.aux["routed_experts"]))
+    _assert_same_grads(g_path, g_ref)
 
 
 def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_shard():
@@ -195,6 +232,12 @@ def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_s
     assert moe_dispatch("megablox", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
         "megablox", 4, mesh, ("data", "fsdp", "expert"))
     assert moe_dispatch("megablox", 1, mesh, ("data",)) == MoeDispatch("megablox", 1)
+    # Experts split over the expert axis: expert parallelism for every path (an axis of size 1 is none).
+    assert moe_dispatch("ragged", 4, mesh, ("data", "fsdp", "expert"), ("expert",)) == MoeDispatch(
+        "ragged", 4, mesh, ("data", "fsdp", "expert"), ("expert",))
+    assert moe_dispatch("blocked", 1, mesh, ("data", "fsdp", "expert"), ("expert",)) == MoeDispatch(
+        "blocked", 1, mesh, (), ("expert",))
+    assert moe_dispatch("blocked", 4, mesh, ("data", "fsdp", "expert"), ("data",)) == MoeDispatch("blocked", 4)
     with pytest.raises(ValueError, match="moe_impl"):
         resolve_moe_impl("sparse")
 
