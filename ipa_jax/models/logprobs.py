@@ -6,6 +6,10 @@ logits and forms d logits in one elementwise pass, then its two matmuls (d hidde
 blocks). Autodiff through the same computation under `jax.checkpoint` took ~1.5x the time on CPU (several
 [block, V] passes for the log-sum-exp, gather and entropy derivatives, and a transposed copy of d logits for the
 lm_head gradient; bench_learner.py). `reference_logprobs` is the plain full-logits reference the tests hold it to.
+
+Given the positions a loss reads (`scored`: an RL row's sampled tokens and its expert tokens), a block in which no
+row scores a token is skipped in both passes: the LM head is the largest matmul of a small model, and an agentic
+row's prompt and tool observations, most of its tokens, need no log-prob.
 """
 
 from __future__ import annotations
@@ -41,12 +45,21 @@ def _block_logits(h_block: jax.Array, lm_head: jax.Array) -> jax.Array:
     return jnp.einsum("bth,hv->btv", h_block, lm_head, preferred_element_type=jnp.float32)
 
 
-def _forward(hidden, lm_head, targets, block_size, with_entropy):
+def _blocks_needed(scored: jax.Array, block_size: int) -> jax.Array:
+    """bool[N / block_size]: the sequence blocks in which some row scores a token (scored bool[B, N])."""
+    return jnp.any(_to_blocks(scored, block_size), axis=(1, 2))
+
+
+def _forward(hidden, lm_head, targets, needed, block_size, with_entropy):
     """(logprobs, log-sum-exp, entropy (zeros unless with_entropy)), each float32 [B, N], N a multiple of
-    block_size."""
+    block_size; zeros in the blocks that are not `needed` (bool[N / block_size])."""
 
     def one_block(args):
-        h_block, t_block = args
+        h_block, t_block, block_needed = args
+        return jax.lax.cond(block_needed, compute, lambda *_: (jnp.zeros(t_block.shape, jnp.float32),) * 3,
+                            h_block, t_block)
+
+    def compute(h_block, t_block):
         logits = _block_logits(h_block, lm_head)
         lse = jax.nn.logsumexp(logits, axis=-1)
         # log p(target) = logit[target] - lse;  H = lse - sum_v p_v logit_v
@@ -56,30 +69,35 @@ def _forward(hidden, lm_head, targets, block_size, with_entropy):
         entropy = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
         return logprob, lse, entropy
 
-    blocks = jax.lax.map(one_block, (_to_blocks(hidden, block_size), _to_blocks(targets, block_size)))
+    blocks = jax.lax.map(one_block, (_to_blocks(hidden, block_size), _to_blocks(targets, block_size), needed))
     return tuple(_from_blocks(x) for x in blocks)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused_logprobs(hidden, lm_head, targets, block_size, with_entropy):
-    logprobs, _, entropy = _forward(hidden, lm_head, targets, block_size, with_entropy)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _fused_logprobs(hidden, lm_head, targets, needed, block_size, with_entropy):
+    logprobs, _, entropy = _forward(hidden, lm_head, targets, needed, block_size, with_entropy)
     return logprobs, entropy
 
 
-def _fused_logprobs_fwd(hidden, lm_head, targets, block_size, with_entropy):
-    logprobs, lse, entropy = _forward(hidden, lm_head, targets, block_size, with_entropy)
-    return (logprobs, entropy), (hidden, lm_head, targets, lse, entropy)
+def _fused_logprobs_fwd(hidden, lm_head, targets, needed, block_size, with_entropy):
+    logprobs, lse, entropy = _forward(hidden, lm_head, targets, needed, block_size, with_entropy)
+    return (logprobs, entropy), (hidden, lm_head, targets, needed, lse, entropy)
 
 
 def _fused_logprobs_bwd(block_size, with_entropy, residuals, cotangents):
     """d logits = g_lp (onehot(target) - p) + g_H p (lse - logits - H), per block; d hidden = d logits W^T,
-    d W = sum over blocks of hidden^T d logits (float32 accumulator)."""
-    hidden, lm_head, targets, lse, entropy = residuals
+    d W = sum over blocks of hidden^T d logits (float32 accumulator). Blocks not needed: no gradient (their
+    outputs are the constant 0)."""
+    hidden, lm_head, targets, needed, lse, entropy = residuals
     g_logprob, g_entropy = cotangents
     vocab = jnp.arange(lm_head.shape[1], dtype=targets.dtype)
 
     def one_block(g_head, args):
-        h_block, t_block, lse_block, ent_block, g_lp, g_ent = args
+        *block, block_needed = args
+        return jax.lax.cond(block_needed, compute, lambda g_head, h_block, *_: (g_head, jnp.zeros_like(h_block)),
+                            g_head, *block)
+
+    def compute(g_head, h_block, t_block, lse_block, ent_block, g_lp, g_ent):
         logits = _block_logits(h_block, lm_head)
         p = jnp.exp(logits - lse_block[..., None])
         d_logits = jnp.where(vocab == t_block[..., None], g_lp[..., None], 0.0) - p * g_lp[..., None]
@@ -91,45 +109,52 @@ def _fused_logprobs_bwd(block_size, with_entropy, residuals, cotangents):
         return g_head, d_hidden
 
     blocks = tuple(_to_blocks(x, block_size) for x in (hidden, targets, lse, entropy, g_logprob, g_entropy))
-    g_head, d_hidden = jax.lax.scan(one_block, jnp.zeros(lm_head.shape, jnp.float32), blocks)
-    return _from_blocks(d_hidden), g_head.astype(lm_head.dtype), None
+    g_head, d_hidden = jax.lax.scan(one_block, jnp.zeros(lm_head.shape, jnp.float32), (*blocks, needed))
+    return _from_blocks(d_hidden), g_head.astype(lm_head.dtype), None, None
 
 
 _fused_logprobs.defvjp(_fused_logprobs_fwd, _fused_logprobs_bwd)
 
 
 def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *, block_size: int = 128,
-                       return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                       return_entropy: bool = False, scored: jax.Array | None = None
+                       ) -> tuple[jax.Array, jax.Array | None]:
     """log softmax(h W)[target] and entropy -sum p log p, computed block by block over the sequence.
 
-    hidden [B, N, H], lm_head [H, V], targets int32[B, N] -> (logprobs float32[B, N], entropy float32[B, N] | None).
-    Neither pass holds more than one block's [B, block, V] float32 logits; both outputs are differentiable.
+    hidden [B, N, H], lm_head [H, V], targets int32[B, N], scored bool[B, N] | None (the positions read; None = all)
+    -> (logprobs float32[B, N], entropy float32[B, N] | None). Neither pass holds more than one block's
+    [B, block, V] float32 logits; both outputs are differentiable. With `scored`, blocks where no row scores a
+    position are skipped: their outputs are 0 (positions outside `scored` in the other blocks are computed).
     """
     b, n, h = hidden.shape
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     pad = -n % block_size
+    needed = (jnp.ones(((n + pad) // block_size,), bool) if scored is None
+              else _blocks_needed(jnp.pad(scored.astype(bool), ((0, 0), (0, pad))), block_size))
     logprobs, entropy = _fused_logprobs(jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))), lm_head,
-                                        jnp.pad(targets, ((0, 0), (0, pad))), block_size, return_entropy)
+                                        jnp.pad(targets, ((0, 0), (0, pad))), needed, block_size, return_entropy)
     return logprobs[:, :n], (entropy[:, :n] if return_entropy else None)
 
 
 def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = None,
                    positions: jax.Array | None = None, *, segment_ids: jax.Array | None = None,
                    return_entropy: bool = False, block_size: int = 128, routed_experts: jax.Array | None = None,
-                   moe_impl: str | None = None):
+                   moe_impl: str | None = None, scored: jax.Array | None = None):
     """Log-prob of every token given its prefix, aligned with `tokens`: out[:, t] = log pi(tokens[t] | tokens[:t]).
 
     tokens int32[B, T], attention_mask bool[B, T], segment_ids int32[B, T] (packed rows: every segment is its
     own sequence, positions restart in it unless given) -> (logprobs float32[B, T], entropy float32[B, T] | None,
     aux). Position 0, padding, a token right after padding and the first token of a segment hold 0 (entropy
     too); entropy[:, t] is that of the distribution tokens[t] was drawn from. aux: the model's aux dict
-    (load-balancing / z losses, routed experts).
+    (load-balancing / z losses, routed experts). scored bool[B, T] | None: the tokens the caller reads (None =
+    all); sequence blocks with none of them are not computed and hold 0 (`blockwise_logprobs`).
     """
     hidden, aux = model.hidden_states(tokens, positions, attention_mask, segment_ids=segment_ids,
                                       routed_experts=routed_experts, moe_impl=moe_impl)
     logprobs, entropy = blockwise_logprobs(hidden[:, :-1], model.lm_head_weight(), tokens[:, 1:],
-                                           block_size=block_size, return_entropy=return_entropy)
+                                           block_size=block_size, return_entropy=return_entropy,
+                                           scored=None if scored is None else scored[:, 1:])
     real = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
     # a token is scored only if it and its predecessor are real (the first token of a row never is) ...
     valid = real & jnp.pad(real[:, :-1], ((0, 0), (1, 0)))

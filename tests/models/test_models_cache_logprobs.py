@@ -149,6 +149,38 @@ def test_token_logprobs_gradients_equal_naive(model_and_fwd):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-4, atol=1e-6, err_msg=str(path))
 
 
+def test_scored_positions_skip_the_blocks_without_them(model_and_fwd):
+    """With `scored`, the blocks (of 4 positions) no row scores hold 0 and give no gradient; every other position,
+    scored or not, keeps its log-prob and entropy, and a loss over the scored positions has the naive gradient."""
+    model, fwd_params, fwd = model_and_fwd
+    graphdef, params = nnx.split(model, nnx.Param)
+    rng = np.random.RandomState(4)
+    ids = jnp.asarray(rng.randint(0, 128, (B, T)), jnp.int32)
+    mask = jnp.arange(T)[None] < jnp.asarray([[11], [9], [7]])
+    scored = np.zeros((B, T), bool)  # targets 1..10 form blocks [1-4], [5-8], [9-10]: only the second is scored
+    scored[0, 6], scored[2, 5] = True, True
+    w = jnp.asarray(rng.randn(B, T), jnp.float32)
+
+    def forward(p, scored):
+        return token_logprobs(nnx.merge(graphdef, p), ids, mask, return_entropy=True, block_size=4, scored=scored)
+
+    lp, ent, _ = forward(params, jnp.asarray(scored))
+    want_lp, want_ent = _naive(fwd(fwd_params, ids, None, mask, None).logits, np.asarray(ids), np.asarray(mask))
+    in_block = (np.arange(T) >= 5) & (np.arange(T) <= 8)
+    np.testing.assert_allclose(np.asarray(lp), np.where(in_block, want_lp, 0), atol=2e-6)
+    np.testing.assert_allclose(np.asarray(ent), np.where(in_block, want_ent, 0), atol=2e-6)
+    assert np.all(want_lp[0, ~in_block][1:] != 0)  # the skipped positions of the full row do have log-probs
+
+    def loss(p, skip: bool):
+        lp, ent, _ = forward(p, jnp.asarray(scored) if skip else None)
+        return jnp.sum(jnp.where(jnp.asarray(scored), w * lp + 0.1 * w * ent, 0.0))
+
+    g_skip = jax.jit(jax.grad(lambda p: loss(p, True)))(params)
+    g_all = jax.jit(jax.grad(lambda p: loss(p, False)))(params)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(g_skip), nnx.to_flat_state(g_all)):
+        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
 def test_token_logprobs_never_builds_full_float32_logits(model_and_fwd):
     model, _, _ = model_and_fwd
     graphdef, params = nnx.split(model, nnx.Param)
