@@ -292,6 +292,7 @@ class EmbeddedEngine(Engine):
             raise ValueError(f"batch_buckets {batch_buckets} must include a size >= max_batch {max_batch}")
         self.config = model.config
         self.dtype = model.dtype
+        self._mesh, self._rules = model.mesh, model.rules  # where update_weights places a checkpoint's weights
         self._graphdef, params = nnx.split(model)
         self._current: tuple[Any, int] = (params, weight_version)  # swapped atomically, never during a decode chunk
         self.partial = check_partial(partial)
@@ -376,7 +377,9 @@ class EmbeddedEngine(Engine):
         requests interrupted and continued on the new weights. A checkpoint with non-finite values is refused
         (ValueError; the old weights stay): every sample from it would be invalid."""
         self._setup()
-        model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype)
+        # The engine's computation paths and sharding: only the checkpoint's architecture may differ (and is refused).
+        model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype, mesh=self._mesh,
+                                        sharding_rules=self._rules, **self.config.learner_side())
         graphdef, params = nnx.split(model)
         if graphdef != self._graphdef:
             raise ValueError(f"checkpoint {path} has a different architecture than the engine's model")

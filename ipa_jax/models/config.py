@@ -30,6 +30,10 @@ _IGNORED_HF_KEYS = frozenset(
 )
 
 
+# Qwen3Config fields that choose how the model computes, not what: the learner's choice, not the checkpoint's.
+LEARNER_SIDE_FIELDS = ("moe_impl", "attention_impl", "remat_policy", "attention_query_block", "scan_layers")
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
     """Architecture of a Qwen3 dense or Qwen3-MoE causal LM (HF field names), plus learner-side options.
@@ -272,3 +276,8 @@ class Qwen3Config:
 
     def replace(self, **kw) -> Qwen3Config:
         return dataclasses.replace(self, **kw)
+
+    def learner_side(self) -> dict[str, Any]:
+        """The learner-side fields (class doc), which a checkpoint's config.json does not hold: the overrides that
+        load a checkpoint into a model of this config's computation paths."""
+        return {name: getattr(self, name) for name in LEARNER_SIDE_FIELDS}

@@ -5,6 +5,7 @@ routed experts on, so the whole module compiles one prefill and one decode loop.
 """
 
 import asyncio
+import os
 import threading
 
 import jax
@@ -16,7 +17,7 @@ from tiny_models import make_tiny_hf_checkpoint, tiny_qwen3_config
 
 from ipa_jax.engines import SamplingParams
 from ipa_jax.engines.embedded import EmbeddedEngine
-from ipa_jax.models import from_pretrained, init_model, token_logprobs
+from ipa_jax.models import MeshConfig, from_pretrained, init_model, make_mesh, token_logprobs
 
 PROMPTS = [[1, 5, 9], [2, 7, 11, 13, 17, 19, 23], [3, 4]]
 WIDTH = 32  # reference forward width (right padding is invisible to causal attention)
@@ -194,6 +195,27 @@ def test_weight_update_from_disk_and_from_learner(engine, model, ckpts, referenc
     with pytest.raises(ValueError, match="parameter tree"):
         engine.set_params_from_model(dense, 3)
     assert engine.weight_version == 2
+
+
+def test_weight_update_from_disk_keeps_the_engines_paths_and_sharding(ckpts, loop):
+    """An engine whose model computes with other than the default paths (learner-side config fields) and lives on a
+    mesh takes a checkpoint of the same architecture into the same paths and shardings."""
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2), devices=jax.devices()[:2])
+    model = from_pretrained(ckpts[0], mesh=mesh, moe_impl="dense", attention_impl="reference")
+    eng = EmbeddedEngine(model, max_len=64, max_batch=4)
+    try:
+        loop.run_until_complete(eng.update_weights(ckpts[1], 1))
+        assert eng.weight_version == 1
+        want = nnx.state(from_pretrained(ckpts[1], mesh=mesh))
+        for (path, got), (_, ref) in zip(nnx.to_flat_state(eng._current[0]), nnx.to_flat_state(want)):
+            np.testing.assert_array_equal(np.asarray(got[...]), np.asarray(ref[...]), err_msg=str(path))
+            assert got[...].sharding == ref[...].sharding, path
+        with pytest.raises(ValueError, match="different architecture"):
+            other = make_tiny_hf_checkpoint(os.path.join(os.path.dirname(ckpts[0]), "dense"), seed=2, moe=False)
+            loop.run_until_complete(eng.update_weights(other, 2))
+        assert eng.weight_version == 1
+    finally:
+        loop.run_until_complete(eng.close())
 
 
 def test_pause_holds_and_abort_returns_partial(engine, reference, loop):

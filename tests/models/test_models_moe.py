@@ -223,7 +223,8 @@ def test_expert_parallel_over_four_devices_with_split_and_replicated_tokens(moe_
 def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_shard():
     assert resolve_moe_impl("auto") == "blocked"
     assert resolve_moe_impl("auto", tokens=2048, num_experts=16) == "blocked"
-    assert resolve_moe_impl("auto", tokens=32, num_experts=16) == "dense"  # a decode step of batch 32
+    assert resolve_moe_impl("auto", tokens=8, num_experts=16) == "dense"  # a decode step of batch 8
+    assert resolve_moe_impl("auto", tokens=32, num_experts=16) == "blocked"  # ... of batch 32
     assert resolve_moe_impl("auto", tokens=32, num_experts=128) == "blocked"
     assert resolve_moe_impl("blocked", tokens=8, num_experts=16) == "blocked"  # an explicit path is kept
     assert moe_dispatch("blocked", 4) == MoeDispatch("blocked", 4)
