@@ -1,5 +1,5 @@
 """Ablation (learning rate of the objectives with negatives): flash_reinforce.py at an RL learning rate of 1e-4
-instead of the negatives' base rate (common_negatives.py: 4e-4); preset flash_lr compares the rates."""
+instead of the negatives' base rate (common_negatives.py: 2e-4); preset flash_lr compares the rates."""
 
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Ablation: the FlashREINFORCE objective preset (batch baseline, trajectory credit, detached token ratio, sequence
 trust region 3e-3, sample mean, no IL) in place of IPA's, on the negatives' base (common_negatives.py and its RL
-learning rate, 4e-4: see `--preset=flash_lr`). The base of FlashREINFORCE's own ablations (flash_*.py), each of which
+learning rate, 2e-4: see `--preset=flash_lr`). The base of FlashREINFORCE's own ablations (flash_*.py), each of which
 changes one of its parts."""
 
 from pathlib import Path

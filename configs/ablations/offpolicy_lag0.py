@@ -16,5 +16,4 @@ from ipa_jax.pipeline import load_config
 def get_config():
     c = load_config(Path(__file__).with_name("common_negatives.py"))
     c.train.name = "offpolicy_lag0"
-    c.optimizer.lr = 2e-4  # the negatives' base rate when these arms were measured (README), before it became 4e-4
     return c

@@ -86,10 +86,15 @@ PRESETS: dict[str, Preset] = {
                     "FlashREINFORCE's parts on its own objective (negatives' base): without the trust region, "
                     "token-mean aggregation, the entropy filter at q = 0.5; each paired with the full objective",
                     claim="lower"),
-    "flash_lr": Preset(("flash_reinforce", "flash_lr2e4"), (0, 1, 2, 3),
-                       "the RL learning rate of the objectives with negatives (FlashREINFORCE): the base's 4e-4 "
-                       "against the 2e-4 it replaced; how often a seed's policy collapses, and what each rate "
-                       "learns (flash_lr1e4.py: 1e-4)", claim="lower"),
+    "flash_lr": Preset(("flash_reinforce", "flash_lr4e4"), (0, 1, 2, 3),
+                       "the RL learning rate of the objectives with negatives (FlashREINFORCE): the base's 2e-4 "
+                       "against 4e-4; how often a seed's policy collapses, and what each rate learns "
+                       "(flash_lr1e4.py: 1e-4)", claim="lower"),
+    "flash_lr4e4_parts": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean", "flash_entropy_q05",
+                                 "flash_lag4", "flash_lag4_tr_off"), (0, 1),
+                                "the flash and flash_staleness arms at an RL learning rate of 4e-4, where the policy "
+                                "can collapse: which parts keep it from collapsing",
+                                overrides=(("optimizer.lr", 4e-4),), claim="lower"),
     "flash_staleness": Preset(("flash_lag4", "flash_lag4_tr_off"), (0, 1, 2, 3),
                               "FlashREINFORCE's claim: its sequence trust region keeps updates at policy lag 4 "
                               "stable", claim="lower"),

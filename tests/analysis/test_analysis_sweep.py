@@ -121,7 +121,7 @@ ABLATIONS = {
     "flash_tr_off": ("flash_reinforce", {_OBJ + "trust_region_level"}),
     "flash_token_mean": ("flash_reinforce", {_OBJ + "aggregation"}),
     "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
-    "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}), "flash_lr2e4": ("flash_reinforce", {"optimizer.lr"}),
+    "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}), "flash_lr4e4": ("flash_reinforce", {"optimizer.lr"}),
     "flash_lag4": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag8": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag4_tr_off": ("flash_lag4", {_OBJ + "trust_region_level"}),
@@ -130,7 +130,7 @@ ABLATIONS = {
     "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}), "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
     # The staleness_offpolicy preset: lag x mismatch correction x old log-probs, on the negative branch's base.
-    "offpolicy_lag0": ("common_negatives", {"optimizer.lr"}),  # pinned at the rate its README table ran at
+    "offpolicy_lag0": ("common_negatives", set()),
     "offpolicy_lag0_nomismatch": ("offpolicy_lag0", {_OBJ + "mismatch_level"}),
     "offpolicy_lag0_recompute": ("offpolicy_lag0", {_OBJ + "old_logprobs"}),
     "offpolicy_lag0_recompute_nomismatch": ("offpolicy_lag0_recompute", {_OBJ + "mismatch_level"}),
