@@ -34,6 +34,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.6",  # the suite in two processes (README: Tests)
             "scipy>=1.11",
             "hypothesis>=6.100",
             "torch==2.13.0",

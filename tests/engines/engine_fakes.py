@@ -75,6 +75,10 @@ class FakeEngine(Engine):
     def weight_version(self) -> int:
         return self._version
 
+    def generated(self) -> list[int]:
+        """Tokens generated so far by each request in flight (read from any thread)."""
+        return [len(state["tokens"]) for state in list(self._active.values())]
+
     def _event(self) -> asyncio.Event:
         if self._resumed is None:
             self._resumed = asyncio.Event()
@@ -82,10 +86,10 @@ class FakeEngine(Engine):
         return self._resumed
 
     async def _one(self, prompt: list[int], p: SamplingParams, rid: str) -> GenerationResult:
-        state = {"aborted": False}
+        tokens: list[int] = []
+        state = {"aborted": False, "tokens": tokens}
         self._active[rid] = state
         self.started.append(rid)
-        tokens: list[int] = []
         try:
             while True:
                 if not state["aborted"]:

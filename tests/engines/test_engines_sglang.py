@@ -102,7 +102,8 @@ def test_weight_update_changes_outputs_and_version_and_treats_inflight_as_partia
         try:
             (before,) = await eng.generate([prompt], SamplingParams(6))
             inflight = asyncio.create_task(eng.generate([prompt] * 4, SamplingParams(150)))
-            await asyncio.sleep(0.1)
+            while sum(n > 0 for s in servers for n in s.engine.generated()) < 4:  # all 4 decoding (load-proof)
+                await asyncio.sleep(0.01)
             await eng.update_weights(ckpt, 1)
             waited = inflight.done()
             assert eng.weight_version == 1

@@ -57,10 +57,10 @@ def test_sixteen_episodes_run_their_commands_together_without_blocking_the_loop(
     # spread with the machine's load: each reset builds a sandbox, so "all sixteen" would test the load instead).
     running_at_start = [sum(s <= start < e for s, e in spans) for start, _ in spans]
     assert max(running_at_start) >= 8, sorted(spans)
-    # While they ran, the event loop (and so the engine) kept ticking; a blocking command would stall it for 6 s.
-    # The bound leaves room for the pauses a loaded machine gives any thread (1.6 s seen in CI's full session).
-    during = [t for t in ticks if min(s for s, _ in spans) <= t <= max(e for _, e in spans)]
-    assert len(during) >= 2 and max(b - a for a, b in zip(during, during[1:])) < 3.0
+    # While each command ran, the event loop (and so the engine) kept ticking: a command run on the loop's thread
+    # would block it for its whole 6 s, so no tick could fall inside its span. (Not a bound on the gaps between
+    # ticks: a loaded machine pauses any thread for seconds.)
+    assert all(any(s < t < e for t in ticks) for s, e in spans), sorted(spans)
     assert _own_workspaces() == []
 
 
