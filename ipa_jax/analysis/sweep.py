@@ -82,10 +82,13 @@ PRESETS: dict[str, Preset] = {
                         "IPA's negative branch (batch-mean baseline): its chunk-level ratio on negatives, truncated "
                         "at 1, against no ratio, token- and sequence-level ratios, and no truncation",
                         claim="lower"),
-    "flash": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean", "flash_entropy_q05"), (0, 1, 2, 3),
-                    "FlashREINFORCE's parts on its own objective (negatives' base): without the trust region, "
-                    "token-mean aggregation, the entropy filter at q = 0.5; each paired with the full objective",
+    "flash": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean"), (0, 1, 2, 3),
+                    "FlashREINFORCE's parts on its own objective (negatives' base): without the sequence trust "
+                    "region, token-mean instead of sample-mean aggregation; each paired with the full objective",
                     claim="lower"),
+    "flash_entropy": Preset(("flash_reinforce", "flash_entropy_q05"), (0, 1, 2, 3),
+                            "FlashREINFORCE's entropy filter: failures keep their 50% highest-entropy tokens (q = "
+                            "0.5) against all of them", claim="lower"),
     "flash_lr": Preset(("flash_reinforce", "flash_lr4e4"), (0, 1, 2, 3),
                        "the RL learning rate of the objectives with negatives (FlashREINFORCE): the base's 2e-4 "
                        "against 4e-4; how often a seed's policy collapses, and what each rate learns "
