@@ -1,11 +1,14 @@
 """Shared test setup: 8 fake CPU devices so every sharding can be tested on one machine; fake dev servers in their
 own processes for fault-injection tests."""
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +20,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One persistent XLA compilation cache for the session: pytest-xdist's workers and every process a test starts
+# inherit it, so a program that several tests, workers or subprocesses build (the same tiny learner, engine and
+# pipeline) compiles once. The process that made it removes it at exit.
+# Tiny shapes run in microseconds while XLA's LLVM passes take seconds per program: compile with few optimizations.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ipa_jax_tests_xla_cache_")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- server processes

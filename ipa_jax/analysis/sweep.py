@@ -2,9 +2,11 @@
 
 Each (config, seed) trains into <out>/runs/<config>/seed_<seed> with train.seed and train.run_dir set (and the
 sweep's overrides applied to every arm); a run whose folder already holds summary.json is reused, so rerunning an
-interrupted sweep continues it (`rerun=True` starts the runs afresh). Then <out>/ holds ablation.json (what ran,
-where, what failed), table.md, table.csv, runs.csv and the plots (`ipa_jax.analysis.tables`): per config the mean
-over seeds with its confidence interval, and its paired difference with a reference config (docs/statistics.md).
+interrupted sweep continues it (`rerun=True` starts the runs afresh), unless its config.json differs from the arm's
+config: such a run is recorded as failed with the differing keys, never tabled under the arm's name. Then <out>/
+holds ablation.json (what ran, where, what failed), table.md, table.csv, runs.csv and the plots
+(`ipa_jax.analysis.tables`): per config the mean over seeds with its confidence interval, and its paired difference
+with a reference config (docs/statistics.md).
 
 Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
 the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
@@ -34,8 +36,9 @@ from typing import Any
 
 from ipa_jax.analysis.stats import CLAIMS
 from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
-from ipa_jax.pipeline import RunFolder, load_config, run, validate
+from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run, validate
 from ipa_jax.pipeline.config import flatten
+from ipa_jax.pipeline.run import changes_since, describe_changes
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +157,16 @@ def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple
     warm = int(flat["train.il_warmup_steps"])
     if warm == 0:
         return None
+    return json.dumps(il_phase_view(flat), sort_keys=True, default=repr), warm
+
+
+def il_phase_view(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a flattened resolved config that its IL warm start reads: all but RL_PHASE_KEYS, and
+    optimizer.lr too when optimizer.il_lr is 0 (the warm start then trains at lr)."""
     kept = {k: v for k, v in flat.items() if not k.startswith(RL_PHASE_KEYS)}
-    return json.dumps(kept, sort_keys=True, default=repr), warm
+    if not flat["optimizer.il_lr"]:
+        kept["optimizer.lr"] = flat["optimizer.lr"]
+    return kept
 
 
 def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
@@ -231,33 +242,21 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
             rel = os.path.relpath(run_dir, out)
             if rerun and os.path.isdir(run_dir):
                 shutil.rmtree(run_dir)
-            if not RunFolder(run_dir).has_summary():
-                os.makedirs(run_dir, exist_ok=True)
-                print(f"[{time.strftime('%H:%M:%S')}] training {name} seed {seed} -> {run_dir}", flush=True)
-                t0 = time.perf_counter()
-                try:
-                    if name in shared and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
-                        donor, warm = shared[name]
-                        warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
-                        if rerun and os.path.isdir(warm_dir) and name == donor:
-                            shutil.rmtree(warm_dir)
-                        if not RunFolder(warm_dir).has_summary():
-                            os.makedirs(warm_dir, exist_ok=True)
-                            print(f"[{time.strftime('%H:%M:%S')}] IL warm start of {donor} seed {seed} -> {warm_dir}",
-                                  flush=True)
-                            train_one(paths[donor], run_overrides(warm_dir, seed, overrides, steps=warm),
-                                      os.path.join(warm_dir, "ablate.log"), train_command)
-                        seed_from_warm_start(warm_dir, run_dir)
-                        manifest["warm_starts"][rel] = os.path.relpath(warm_dir, out)
-                    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"),
-                              train_command)
-                except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
-                    log.error("%s seed %d failed: %s (log: %s/ablate.log)", name, seed, e, run_dir)
-                    manifest["failed"].append({"config": name, "seed": seed, "run_dir": rel, "error": repr(e),
-                                               "traceback": traceback.format_exc()})
-                manifest["wall_time_s"][rel] = time.perf_counter() - t0
-            if RunFolder(run_dir).has_summary():
+            try:
+                if RunFolder(run_dir).has_summary():
+                    check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
+                else:
+                    t0 = time.perf_counter()
+                    try:
+                        _train_run(name, path, seed, run_dir, out, overrides, shared, paths, manifest, rerun,
+                                   train_command)
+                    finally:
+                        manifest["wall_time_s"][rel] = time.perf_counter() - t0
                 manifest["runs"].setdefault(name, []).append(rel)
+            except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
+                log.error("%s seed %d failed: %s (log: %s/ablate.log)", name, seed, e, run_dir)
+                manifest["failed"].append({"config": name, "seed": seed, "run_dir": rel, "error": repr(e),
+                                           "traceback": traceback.format_exc()})
             _write_manifest(out, manifest)
     manifest["runs"] = {name: manifest["runs"][name] for name, _ in configs if name in manifest["runs"]}
     _write_manifest(out, manifest)
@@ -275,6 +274,46 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     except ImportError as e:  # the table is written; plots need matplotlib
         log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
     return manifest
+
+
+def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str, il_phase_only: bool = False
+                   ) -> None:
+    """Raises ConfigError when the finished run in `run_dir` was trained with another config than `config_path`
+    with `overrides` (a config file edited since, or another file of the same name): reusing it would put a
+    different experiment in the table under this name. `il_phase_only`: a warm start, compared on the keys its
+    IL phase read (il_phase_view)."""
+    exp = validate(load_config(config_path, dict(overrides)))
+    changes = changes_since(exp, RunFolder(run_dir))
+    if il_phase_only:
+        read = il_phase_view(flatten(exp.to_dict()))
+        changes = {k: v for k, v in changes.items() if k in read}
+    if changes:
+        raise ConfigError("--rerun", f"{run_dir} finished with a different config than {config_path} "
+                                     f"({describe_changes(changes)}); retrain it with --rerun or remove the folder")
+
+
+def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, overrides: Mapping[str, Any],
+               shared: Mapping[str, tuple[str, int]], paths: Mapping[str, str], manifest: dict[str, Any],
+               rerun: bool, train_command: Sequence[str] | None) -> None:
+    """Trains one (config, seed) of a sweep into `run_dir`, from its group's shared warm start when it has one
+    (trained here first when missing, recorded in manifest["warm_starts"])."""
+    os.makedirs(run_dir, exist_ok=True)
+    print(f"[{time.strftime('%H:%M:%S')}] training {name} seed {seed} -> {run_dir}", flush=True)
+    if name in shared and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
+        donor, warm = shared[name]
+        warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
+        warm_overrides = run_overrides(warm_dir, seed, overrides, steps=warm)
+        if rerun and os.path.isdir(warm_dir) and name == donor:
+            shutil.rmtree(warm_dir)
+        if RunFolder(warm_dir).has_summary():
+            check_finished(paths[donor], warm_overrides, warm_dir, il_phase_only=True)
+        else:
+            os.makedirs(warm_dir, exist_ok=True)
+            print(f"[{time.strftime('%H:%M:%S')}] IL warm start of {donor} seed {seed} -> {warm_dir}", flush=True)
+            train_one(paths[donor], warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command)
+        seed_from_warm_start(warm_dir, run_dir)
+        manifest["warm_starts"][os.path.relpath(run_dir, out)] = os.path.relpath(warm_dir, out)
+    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command)
 
 
 def _write_manifest(out: str, manifest: dict[str, Any]) -> None:

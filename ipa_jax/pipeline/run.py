@@ -79,14 +79,23 @@ def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
     return summary
 
 
+def changes_since(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (the run folder's value, `exp`'s value)} where `exp` differs from the folder's config.json."""
+    # Through the base config first: keys added to ipa_jax since the folder was written take their defaults.
+    return config_changes(validate(config_from_dict(folder.read_config())).to_dict(), exp.to_dict())
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+
+
 def check_resume(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[Any, Any]]:
     """The keys where `exp` differs from the run folder's config.json. Raises ConfigError listing them unless
     train.allow_config_change is set, in which case they are recorded in config_changes.jsonl."""
-    # Through the base config first: keys added to ipa_jax since the folder was written take their defaults.
-    changes = config_changes(validate(config_from_dict(folder.read_config())).to_dict(), exp.to_dict())
+    changes = changes_since(exp, folder)
     if not changes:
         return changes
-    listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+    listed = describe_changes(changes)
     if not exp.train.allow_config_change:
         raise ConfigError("train.allow_config_change", f"{folder.path} was trained with a different config ({listed}). "
                           "Rerun it unchanged, choose another train.run_dir, or set train.allow_config_change=True to "

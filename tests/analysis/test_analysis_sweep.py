@@ -21,7 +21,7 @@ import pytest
 
 from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
-from ipa_jax.pipeline import RunFolder, load_config, validate
+from ipa_jax.pipeline import ConfigError, RunFolder, load_config, validate
 from ipa_jax.pipeline.config import flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -301,8 +301,9 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
               for d in glob.glob(os.path.join(out, "runs", "*", "*"))}
     configs = [ablate.resolve_config(p, CONFIG_DIR)
                for p in json.load(open(os.path.join(out, "ablation.json")))["configs"].values()]
+    overrides = {"train.steps": 4, "train.eval_episodes": 3, "train.eval_samples": 2}  # the fixture's flags
     manifest = ablate.sweep(configs + [ablate.resolve_config(str(bad), CONFIG_DIR)], seeds=[0], out=out,
-                            overrides={"train.steps": 4}, threshold=0.0, train_command=TRAIN)
+                            overrides=overrides, threshold=0.0, train_command=TRAIN)
     assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
     (failure,) = manifest["failed"]
     assert failure["config"] == "bad" and "exit status" in failure["error"]
@@ -310,6 +311,24 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     assert "no_such_credit" in log  # the run's own error message, not a generic one
     with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:
         assert [r["config"] for r in csv.DictReader(f)] == ["tiny_chunk", "tiny_token"]
+
+    # A config edited since its run finished (same name, another gamma): the old run is not tabled as the new arm.
+    edited = tmp_path / "edited" / "tiny_chunk.py"
+    edited.parent.mkdir()
+    edited.write_text(tiny_config("tiny_chunk", "chunk").replace("return c", "c.objective.gamma = 0.5\n    return c"))
+    manifest = ablate.sweep([ablate.resolve_config(str(edited), CONFIG_DIR), configs[1]], seeds=[0], out=out,
+                            overrides=overrides, threshold=0.0, train_command=TRAIN)
+    assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
+    (failure,) = manifest["failed"]
+    assert failure["config"] == "tiny_chunk" and "objective.gamma: 0.95 -> 0.5" in failure["error"]
+    assert "--rerun" in failure["error"] and list(manifest["runs"]) == ["tiny_token"]
+    # A shared warm start is checked on what its IL phase read: the edited gamma is an RL-phase key, the IL
+    # learning rate is not.
+    warm_dir = os.path.join(out, "warm_starts", "tiny_chunk", "seed_0")
+    warm_overrides = ablate.run_overrides(warm_dir, 0, overrides, steps=2)
+    ablate.check_finished(str(edited), warm_overrides, warm_dir, il_phase_only=True)
+    with pytest.raises(ConfigError, match=r"optimizer.il_lr: .* -> 0.5"):
+        ablate.check_finished(str(edited), {**warm_overrides, "optimizer.il_lr": 0.5}, warm_dir, il_phase_only=True)
 
 
 def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):
@@ -326,6 +345,11 @@ def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path
     same_il = tmp_path / "same.py"
     same_il.write_text(tiny_config("same", "token"))
     assert ablate.warm_start_key(str(changed_il)) != ablate.warm_start_key(str(same_il)) is not None
+    # With il_lr = 0 the warm start trains at optimizer.lr: then the RL learning rate is not an RL-phase key.
+    rl_lr = {"optimizer.lr": 4e-4}
+    assert ablate.warm_start_key(str(same_il), rl_lr) == ablate.warm_start_key(str(same_il))
+    assert ablate.warm_start_key(str(same_il), {**rl_lr, "optimizer.il_lr": 0.0}) != \
+        ablate.warm_start_key(str(same_il), {"optimizer.il_lr": 0.0})
     bad = tmp_path / "bad.py"
     bad.write_text(tiny_config("bad", "no_such_credit"))
     assert ablate.warm_start_key(str(bad)) is None  # its own run reports the error

@@ -67,9 +67,7 @@ def test_kill9_then_restart_resumes_with_identical_losses(tmp_path):
     write_jsonl(data, synthetic_trajectories(10, seed=7))  # batch 4: batches straddle epochs of the file
     steps = 24
     ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "run")
-    # The three runs compile the same programs: share them through JAX's persistent compilation cache.
-    env = {**_env(1), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = _env(1)  # the three runs compile the same programs once: the session's compilation cache (conftest)
     reference = subprocess.run(_train_cmd(data, ref_dir, steps), env=env, capture_output=True, text=True,
                                timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
