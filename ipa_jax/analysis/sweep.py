@@ -226,15 +226,16 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
         "warm_starts": {},
     }
     # Configs with the same warm start (module doc): the first of each group trains it for all.
+    # shared: config name -> (donor config name, its path, IL steps).
+    paths = dict(configs)
     donors: dict[tuple[str, int], str] = {}
-    shared: dict[str, tuple[str, int]] = {}
+    shared: dict[str, tuple[str, str, int]] = {}
     if share_warm_start:
         keys = {name: warm_start_key(path, overrides) for name, path in configs}
         for name, _ in configs:
             if keys[name] is not None and sum(k == keys[name] for k in keys.values()) > 1:
-                donors.setdefault(keys[name], name)
-                shared[name] = (donors[keys[name]], keys[name][1])
-    paths = dict(configs)
+                donor = donors.setdefault(keys[name], name)
+                shared[name] = (donor, paths[donor], keys[name][1])
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
     for seed in seeds:
         for name, path in configs:
@@ -248,7 +249,7 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                 else:
                     t0 = time.perf_counter()
                     try:
-                        _train_run(name, path, seed, run_dir, out, overrides, shared, paths, manifest, rerun,
+                        _train_run(name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun,
                                    train_command)
                     finally:
                         manifest["wall_time_s"][rel] = time.perf_counter() - t0
@@ -288,29 +289,29 @@ def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str,
         read = il_phase_view(flatten(exp.to_dict()))
         changes = {k: v for k, v in changes.items() if k in read}
     if changes:
-        raise ConfigError("--rerun", f"{run_dir} finished with a different config than {config_path} "
-                                     f"({describe_changes(changes)}); retrain it with --rerun or remove the folder")
+        raise ConfigError(next(iter(changes)), f"{run_dir} finished with a different config than {config_path} "
+                          f"({describe_changes(changes)}); retrain it with --rerun or remove the folder")
 
 
 def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, overrides: Mapping[str, Any],
-               shared: Mapping[str, tuple[str, int]], paths: Mapping[str, str], manifest: dict[str, Any],
-               rerun: bool, train_command: Sequence[str] | None) -> None:
-    """Trains one (config, seed) of a sweep into `run_dir`, from its group's shared warm start when it has one
-    (trained here first when missing, recorded in manifest["warm_starts"])."""
+               warm_start: tuple[str, str, int] | None, manifest: dict[str, Any], rerun: bool,
+               train_command: Sequence[str] | None) -> None:
+    """Trains one (config, seed) of a sweep into `run_dir`; with `warm_start` = (donor config name, its path, IL
+    steps), from that shared warm start (trained here first when missing, recorded in manifest["warm_starts"])."""
     os.makedirs(run_dir, exist_ok=True)
     print(f"[{time.strftime('%H:%M:%S')}] training {name} seed {seed} -> {run_dir}", flush=True)
-    if name in shared and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
-        donor, warm = shared[name]
+    if warm_start is not None and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
+        donor, donor_path, warm = warm_start
         warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
         warm_overrides = run_overrides(warm_dir, seed, overrides, steps=warm)
         if rerun and os.path.isdir(warm_dir) and name == donor:
             shutil.rmtree(warm_dir)
         if RunFolder(warm_dir).has_summary():
-            check_finished(paths[donor], warm_overrides, warm_dir, il_phase_only=True)
+            check_finished(donor_path, warm_overrides, warm_dir, il_phase_only=True)
         else:
             os.makedirs(warm_dir, exist_ok=True)
             print(f"[{time.strftime('%H:%M:%S')}] IL warm start of {donor} seed {seed} -> {warm_dir}", flush=True)
-            train_one(paths[donor], warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command)
+            train_one(donor_path, warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command)
         seed_from_warm_start(warm_dir, run_dir)
         manifest["warm_starts"][os.path.relpath(run_dir, out)] = os.path.relpath(warm_dir, out)
     train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command)
