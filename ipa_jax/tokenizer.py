@@ -13,7 +13,7 @@ import json
 import re
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
 from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
@@ -84,3 +84,12 @@ def build_tokenizer(
     )
     hf.chat_template = QWEN3_HYBRID_TEMPLATE
     return hf
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """`transformers.AutoTokenizer.from_pretrained(path)`: the tokenizer of an HF folder, whatever its class."""
+    # Imported here, not at the top: AutoTokenizer imports torch whenever torch is installed (2-3 s), a start-up
+    # cost that processes loading no tokenizer (offline training, --config_help, a config error) need not pay.
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

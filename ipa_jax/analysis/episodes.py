@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from ipa_jax.pipeline import RunFolder
+from ipa_jax.tokenizer import load_tokenizer
 from ipa_jax.trajectory import Trajectory
 
 # Chunk colours (light, so the text stays readable); chunk k takes _PALETTE[k % len].
@@ -84,5 +84,5 @@ def load_run_tokenizer(run_dir: str):
         candidates += [p for p in (model.get("tokenizer"), model.get("path")) if p]
     for path in candidates:
         if os.path.isdir(path):
-            return AutoTokenizer.from_pretrained(path)
+            return load_tokenizer(path)
     raise FileNotFoundError(f"{run_dir}: no tokenizer found (looked in {candidates})")

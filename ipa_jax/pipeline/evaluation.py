@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.envs import Env, Task
@@ -35,6 +34,7 @@ from ipa_jax.pipeline.build import build_mesh, build_model, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.rollout import AgentConfig, ChatFormat, run_episodes
+from ipa_jax.tokenizer import load_tokenizer
 from ipa_jax.train import Checkpointer
 from ipa_jax.trajectory import Trajectory
 
@@ -255,7 +255,7 @@ def _first_tokenizer(*paths: str):
     """The tokenizer of the first of `paths` that holds one, or None."""
     for path in paths:
         if path and os.path.exists(os.path.join(path, "tokenizer_config.json")):
-            return AutoTokenizer.from_pretrained(path)
+            return load_tokenizer(path)
     return None
 
 

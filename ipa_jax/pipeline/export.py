@@ -9,12 +9,13 @@ import os
 from typing import Any
 
 import jax
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
 from ipa_jax.models import Qwen3Config, Qwen3ForCausalLM, save_pretrained
 from ipa_jax.pipeline.config import ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
+from ipa_jax.tokenizer import load_tokenizer
 from ipa_jax.train import TrainState
 
 # transformers 5 saves its generic fast tokenizer as "TokenizersBackend", a class transformers 4 (still in many SGLang
@@ -43,7 +44,8 @@ def export_policy(model_or_state: Qwen3ForCausalLM | TrainState, tokenizer: PreT
     if jax.process_index() != 0:
         return
     _update_json(os.path.join(path, "config.json"), ids)
-    generation_config(ids).save_pretrained(path)
+    with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump(generation_config(ids), f, indent=2)
     if tokenizer is not None:
         save_tokenizer(tokenizer, path)
 
@@ -69,15 +71,17 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Qwen3Co
     return dict(bos_token_id=bos, eos_token_id=[vocab[IM_END], vocab[ENDOFTEXT]], pad_token_id=vocab[ENDOFTEXT])
 
 
-def generation_config(ids: dict[str, Any]) -> GenerationConfig:
+def generation_config(ids: dict[str, Any]) -> dict[str, Any]:
     """Stops at any of ids["eos_token_id"], pads with ids["pad_token_id"], and samples the policy's own distribution.
 
     Sampling is set explicitly, not left unset: transformers fills unset fields with top_k=50 when sampling, and
     vLLM / SGLang take generation_config.json's temperature / top_p / top_k as their default sampling parameters;
     any truncation or temperature would make rollouts drawn from the folder differ from the policy whose
     log-probs the learner's importance ratios use. Greedy decoding stays one argument away (do_sample=False).
+    The fields of transformers' GenerationConfig, written as JSON by `export_policy` (GenerationConfig itself imports
+    torch whenever it is installed).
     """
-    return GenerationConfig(**ids, do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    return dict(**ids, do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> None:
@@ -90,7 +94,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) 
         cls = json.load(f).get("tokenizer_class")
     if cls in _PORTABLE_TOKENIZER_CLASSES:
         _update_json(config_file, {"tokenizer_class": _PORTABLE_TOKENIZER_CLASSES[cls]})
-    loaded = AutoTokenizer.from_pretrained(path)
+    loaded = load_tokenizer(path)
     if (loaded.get_vocab(), loaded.chat_template, loaded.special_tokens_map) != (
             tokenizer.get_vocab(), tokenizer.chat_template, tokenizer.special_tokens_map):
         raise RuntimeError(f"the tokenizer saved to {path} loads back with another vocabulary, chat template or "
@@ -101,10 +105,10 @@ def existing_tokenizer(model: ModelConfig, folder: RunFolder) -> PreTrainedToken
     """The run's tokenizer when one exists, never building one (offline runs load none): model.tokenizer, else the
     model folder's if it holds tokenizer files, else <run_dir>/tokenizer (built by an online attempt); else None."""
     if model.tokenizer:
-        return AutoTokenizer.from_pretrained(model.tokenizer)
+        return load_tokenizer(model.tokenizer)
     for path in (model.path, folder.tokenizer_dir):
         if path and os.path.exists(os.path.join(path, "tokenizer_config.json")):
-            return AutoTokenizer.from_pretrained(path)
+            return load_tokenizer(path)
     return None
 
 

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import asyncio
 
-from transformers import AutoTokenizer
-
 from ipa_jax.engines import EmbeddedEngine
 from ipa_jax.models import from_pretrained
 from ipa_jax.pipeline.config import ExperimentConfig
 from ipa_jax.pipeline.online import sampling_agent_config
 from ipa_jax.rollout import ChatFormat
 from ipa_jax.rollout.resample import ForkEstimate, build_experts, probe_forks
+from ipa_jax.tokenizer import load_tokenizer
 
 
 def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num_tasks: int = 16, samples: int = 8,
                  split: str = "eval", seed: int = 0) -> list[ForkEstimate]:
     """Per-task success by anchor of the HF policy folder `policy` on `num_tasks` tasks of exp.env (scripted
     experts; sampling as exp.rollout; the tokenizer from `tokenizer`, else exp.model.tokenizer, else `policy`)."""
-    tok = AutoTokenizer.from_pretrained(tokenizer or exp.model.tokenizer or policy)
+    tok = load_tokenizer(tokenizer or exp.model.tokenizer or policy)
     chat = ChatFormat(tok, enable_thinking=exp.rollout.enable_thinking)
     tasks = exp.env.make().tasks(split, num_tasks, seed=seed)
     experts = build_experts(exp.resample, tasks, chat)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ipa_jax import chat_template
 from ipa_jax.envs import BUILTIN_ENVS, Env, make_env
 from ipa_jax.pipeline.config import ConfigError, EnvConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
-from ipa_jax.tokenizer import build_tokenizer
+from ipa_jax.tokenizer import build_tokenizer, load_tokenizer
 
 
 def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int = 64, seed: int = 0,
@@ -41,10 +41,10 @@ def load_or_build_tokenizer(model: ModelConfig, folder: RunFolder, env: EnvConfi
     or now: `build_corpus_tokenizer` sized to model.arch.vocab_size, on the run's environment `env` too)."""
     path = model.tokenizer or model.path
     if path:
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer(path)
     vocab_size = int(model.arch["vocab_size"])
     if os.path.exists(os.path.join(folder.tokenizer_dir, "tokenizer_config.json")):
-        tok = AutoTokenizer.from_pretrained(folder.tokenizer_dir)
+        tok = load_tokenizer(folder.tokenizer_dir)
     else:
         tok = build_corpus_tokenizer(vocab_size, env)
         if is_writer():

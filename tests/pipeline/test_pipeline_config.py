@@ -232,12 +232,15 @@ def test_config_help_flag_lists_keys(tmp_path):
     assert "train.steps" in proc.stdout and "optimizer updates in all" in proc.stdout
 
 
-def test_config_files_load_from_any_directory(tmp_path):
-    # Config files load their bases by path, so any working directory works.
-    code = f"from ipa_jax.pipeline import load_config, validate; print(validate(load_config({CREDIT!r})).objective)"
+def test_config_files_load_from_any_directory_without_importing_torch(tmp_path):
+    # Config files load their bases by path, so any working directory works. Nothing the launchers import before
+    # loading a tokenizer imports torch (transformers' AutoTokenizer and GenerationConfig do whenever it is
+    # installed, seconds of start-up for every CLI call).
+    code = ("import sys; import ipa_jax.analysis; from ipa_jax.pipeline import load_config, validate; "
+            f"print(validate(load_config({CREDIT!r})).objective); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "credit='token'" in out.stdout
+    assert "credit='token'" in out.stdout and out.stdout.split()[-1] == "False"
 
 
 def test_learner_side_model_fields_reach_the_model_config():
