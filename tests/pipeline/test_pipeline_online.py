@@ -50,28 +50,23 @@ def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(token
         assert traj.reward == 1.0 and traj.num_chunks == 0
 
 
-def _check_one_step_run(run_dir, steps=1):
+def _check_rl_steps(run_dir, steps, il_steps=0):
+    """Steps il_steps + 1 .. steps took 8 policy episodes each from the queue; returns summary.json."""
     rows = RunFolder(run_dir).read_metrics()
     train = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train] == list(range(1, steps + 1))
-    assert all(np.isfinite(r["loss"]) and r["source/learner_idle_fraction"] >= 0 for r in train)
+    assert all(np.isfinite(r["loss"]) and r["source/learner_idle_fraction"] >= 0 for r in train[il_steps:])
     consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
-    assert len(consumed) == 8 * steps and len({t.uid for t in consumed}) == len(consumed)
-    for t in consumed:  # sampled by the policy (not experts), through the agent loop
+    sampled = [t for t in consumed if not t.info.get("expert")]
+    assert len(consumed) == 8 * steps and len(sampled) == 8 * (steps - il_steps)
+    assert len({t.uid for t in consumed}) == len(consumed)
+    for t in sampled:  # sampled by the policy (not experts), through the agent loop
         t.validate()
         assert t.action_mask.sum() == t.info["generated_tokens"] > 0 and not t.expert_mask.any()
-        assert t.policy_version == 0
+        assert t.policy_version <= steps - 1
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["steps"] == steps and summary["success_after"] is not None
     return summary
-
-
-def test_one_learner_step_through_the_queue_with_the_embedded_engine(tmp_path, tokenizer_dir):
-    run_dir = tmp_path / "run"
-    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 1, "train.il_warmup_steps": 0}))
-    summary = _check_one_step_run(run_dir)
-    assert summary["episodes_per_s"] > 0 and summary["generated_tokens_per_s"] > 0
-    assert os.path.isdir(run_dir / "checkpoints" / "1")
 
 
 def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, tokenizer_dir):
@@ -94,7 +89,7 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
                                     "train.il_warmup_steps": 0}))
     finally:
         server.shutdown()
-    _check_one_step_run(run_dir)
+    _check_rl_steps(run_dir, steps=1)
     # Weight sync wrote HF safetensors per version and the server loaded them (the version it reports).
     assert sorted(os.listdir(run_dir / "weights")) == ["v00000000", "v00000001"]
     assert os.path.exists(run_dir / "weights" / "v00000001" / "config.json")
@@ -130,10 +125,23 @@ def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_
     assert not source.worker.running and source.queue.closed
 
 
-@pytest.mark.slow
-def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(tmp_path):
-    run_dir = tmp_path / "quickstart"
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    """The quickstart, shortened: its own tokenizer, 2 IL warm-start steps, 2 RL steps with the embedded engine."""
+    run_dir = tmp_path_factory.mktemp("quickstart") / "run"
     run(tiny_config(run_dir, **{"train.steps": 4, "train.il_warmup_steps": 2}))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_rl_steps_through_the_queue_with_the_embedded_engine(quickstart_run):
+    summary = _check_rl_steps(quickstart_run, steps=4, il_steps=2)
+    assert summary["episodes_per_s"] > 0 and summary["generated_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(quickstart_run):
+    run_dir = quickstart_run
     summary = json.load(open(run_dir / "summary.json"))
     for key in ("success_before", "success_after", "tool_calls_before", "tool_calls_after", "steps", "wall_time_s",
                 "run_dir", "name", "config", "seed", "admitted_fraction_mean"):
@@ -184,22 +192,12 @@ def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
     assert len(report["tasks"]) == 5  # resample.num_tasks: the pool of training tasks cycled over
 
 
-def test_forced_lag_serves_older_weights(tmp_path, tokenizer_dir):
-    run_dir = tmp_path / "run"
-    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 2, "train.il_warmup_steps": 0,
-                                "queue.forced_lag": 1, "queue.max_policy_lag": 1}))
-    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
-    # After update 1 the engines still serve version 0 (the weights of step 1 - forced_lag).
-    assert len(consumed) == 16 and {t.policy_version for t in consumed} == {0}
-    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
-    assert rows[1]["policy_lag_mean"] == 1.0
-
-
-def test_ipa_roll_preset_trains_online_and_logs_both_ratios(tmp_path, tokenizer_dir):
+def test_ipa_roll_preset_trains_online_on_forced_lag_and_logs_both_ratios(tmp_path, tokenizer_dir):
     """ROLL's recipe (recomputed old log-probs, sign by reward, kept-token row mean) through the queue, on
-    trajectories one update stale: the policy ratio is the learner's own (1 with one update per batch), the
-    mismatch ratio (old / behaviour) carries the staleness. (The one IL step moves the weights: the random policy's
-    rewards are all 0, so its RL steps would not.)"""
+    trajectories one update stale (queue.forced_lag: the engines serve the weights of one update before): the policy
+    ratio is the learner's own (1 with one update per batch), the mismatch ratio (old / behaviour) carries the
+    staleness. (The one IL step moves the weights: the random policy's rewards are all 0, so its RL steps would
+    not.)"""
     run_dir = tmp_path / "run"
     run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 3, "train.il_warmup_steps": 1,
                                 "objective.preset": "ipa_roll", "queue.forced_lag": 1, "queue.max_policy_lag": 1,
@@ -214,6 +212,9 @@ def test_ipa_roll_preset_trains_online_and_logs_both_ratios(tmp_path, tokenizer_
     # The IL step moved the learner away from the sampler's weights. The drift shows in the mean |log old - log mu|,
     # not in the mean ratio: that is ~1 by construction (E_mu[old / mu] = 1 over the sampled tokens).
     assert rows[1]["mismatch_abs"] > 1e-4
+    # Step 2 (learner at version 1) took episodes of version 0, step 3 of version 1.
+    consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
+    assert [t.policy_version for t in consumed if not t.info.get("expert")] == [0] * 8 + [1] * 8
 
 
 def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, tokenizer_dir):
