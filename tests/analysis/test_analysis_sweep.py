@@ -47,6 +47,7 @@ def get_config():
     c.train.eval_every = 2
     c.train.eval_episodes = 4
     c.queue.max_size = 8
+    c.logging.tensorboard = False  # tensorboardX imports torch (~3 s) where it is installed
     c.train.name = "{name}"
     c.objective.credit = "{credit}"
     return c

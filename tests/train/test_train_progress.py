@@ -38,7 +38,8 @@ def test_training_console_is_progress_not_library_logs(tmp_path):
     write_jsonl(data, synthetic_trajectories(16))
     cmd = [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY_CONFIG}",
            f"--config.train.data=('{data}',)", "--config.train.steps=2", "--config.checkpoint.every=1",
-           "--config.logging.console_every=1", f"--config.train.run_dir={tmp_path / 'run'}"]
+           "--config.logging.console_every=1", "--config.logging.tensorboard=False",
+           f"--config.train.run_dir={tmp_path / 'run'}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
