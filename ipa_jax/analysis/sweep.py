@@ -17,8 +17,11 @@ held-out tasks (`ipa_jax.pipeline.evaluation.EVAL_SEED`). A run's wall_time_s is
 
 Isolation: with `train_command` (the argv of the training script, e.g. `python experiments/train.py`) every run is
 a fresh process, so runs share no JAX/XLA state, a run that crashes or runs out of memory fails alone and is
-recorded while the sweep goes on, and memory does not grow over a long sweep. Without it, runs train in this
-process (`ipa_jax.pipeline.run`: no interpreter and JAX start-up per run; quick sweeps and tests).
+recorded while the sweep goes on, and memory does not grow over a long sweep. The processes share a persistent XLA
+compilation cache, <out>/xla_cache (JAX_COMPILATION_CACHE_DIR, unless the environment sets it; off with
+JAX_ENABLE_COMPILATION_CACHE=false), so a program that several runs build (the engine's, the evaluation's, an arm's
+train step in its next seed) compiles once. Without `train_command`, runs train in this process
+(`ipa_jax.pipeline.run`: no interpreter and JAX start-up per run; quick sweeps and tests).
 """
 
 from __future__ import annotations
@@ -180,9 +183,10 @@ def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
 
 
 def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
-              train_command: Sequence[str] | None = None) -> None:
-    """One run: `train_command --config=PATH --config.KEY=VALUE ...` as a subprocess (its output to `log_path`),
-    or in this process without a command. Raises RuntimeError when the subprocess fails."""
+              train_command: Sequence[str] | None = None, xla_cache_dir: str | None = None) -> None:
+    """One run: `train_command --config=PATH --config.KEY=VALUE ...` as a subprocess (its output to `log_path`;
+    with JAX_COMPILATION_CACHE_DIR=`xla_cache_dir` unless the environment sets it), or in this process without a
+    command. Raises RuntimeError when the subprocess fails."""
     if train_command is None:
         with open(log_path, "w", encoding="utf-8") as f:
             f.write(f"in-process run of {config_path} with {dict(overrides)}\n")
@@ -192,7 +196,8 @@ def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
     with open(log_path, "w", encoding="utf-8") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        env = {"JAX_COMPILATION_CACHE_DIR": xla_cache_dir, **os.environ} if xla_cache_dir else None
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, env=env).returncode
     if rc != 0:
         raise RuntimeError(f"exit status {rc}")
 
@@ -299,6 +304,7 @@ def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, override
     """Trains one (config, seed) of a sweep into `run_dir`; with `warm_start` = (donor config name, its path, IL
     steps), from that shared warm start (trained here first when missing, recorded in manifest["warm_starts"])."""
     os.makedirs(run_dir, exist_ok=True)
+    xla_cache = os.path.join(out, "xla_cache")
     print(f"[{time.strftime('%H:%M:%S')}] training {name} seed {seed} -> {run_dir}", flush=True)
     if warm_start is not None and not os.path.exists(RunFolder(run_dir).checkpoints_dir):
         donor, donor_path, warm = warm_start
@@ -311,10 +317,11 @@ def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, override
         else:
             os.makedirs(warm_dir, exist_ok=True)
             print(f"[{time.strftime('%H:%M:%S')}] IL warm start of {donor} seed {seed} -> {warm_dir}", flush=True)
-            train_one(donor_path, warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command)
+            train_one(donor_path, warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command, xla_cache)
         seed_from_warm_start(warm_dir, run_dir)
         manifest["warm_starts"][os.path.relpath(run_dir, out)] = os.path.relpath(warm_dir, out)
-    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command)
+    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command,
+              xla_cache)
 
 
 def _write_manifest(out: str, manifest: dict[str, Any]) -> None:

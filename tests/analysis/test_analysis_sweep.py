@@ -202,6 +202,28 @@ def test_every_ablation_config_changes_one_thing():
     assert _flat_resolved("is_none")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
 
 
+def test_subprocess_runs_share_an_xla_cache_in_the_sweep_folder(tmp_path, monkeypatch):
+    """Each run's process gets JAX_COMPILATION_CACHE_DIR=<out>/xla_cache, or the environment's own when it sets one
+    (a stand-in training command prints it, then fails: the sweep records the failure)."""
+    config = tmp_path / "tiny_chunk.py"
+    config.write_text(tiny_config("tiny_chunk", "chunk"))
+    show = [sys.executable, "-c", "import os; print('xla cache:', os.environ.get('JAX_COMPILATION_CACHE_DIR')); "
+                                  "raise SystemExit(3)"]
+
+    def cache_of_a_run(out):
+        with pytest.raises(RuntimeError, match="every run failed"):
+            ablate.sweep([ablate.resolve_config(str(config), CONFIG_DIR)], seeds=[0], out=str(out),
+                         train_command=show)
+        log = open(os.path.join(out, "runs", "tiny_chunk", "seed_0", "ablate.log"), encoding="utf-8").read()
+        assert "exit status 3" in json.load(open(os.path.join(out, "ablation.json")))["failed"][0]["error"]
+        return log.split("xla cache: ")[1].split()[0]
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert cache_of_a_run(tmp_path / "a") == str(tmp_path / "a" / "xla_cache")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_of_a_run(tmp_path / "b") == str(tmp_path / "mine")
+
+
 # ------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
