@@ -65,8 +65,11 @@ def test_sixteen_episodes_run_their_commands_together_without_blocking_the_loop(
 
 
 def test_a_cancelled_episode_releases_its_sandbox():
+    # An odd duration: pgrep below searches every process on the machine for this command, and another program
+    # (a shell running `sleep 300`) must not look like a leaked one.
+    seconds = 271.828
     chat = append_only_chat()
-    engine = ScriptedEngine(chat, _stamp_script(chat, 300))
+    engine = ScriptedEngine(chat, _stamp_script(chat, seconds))
     task = make_env("terminal").tasks("train", 1)[0]
 
     async def main():
@@ -80,9 +83,9 @@ def test_a_cancelled_episode_releases_its_sandbox():
     asyncio.run(main())
     assert _own_workspaces() == []
     # The command was SIGKILLed; on a loaded machine its processes may take a moment to exit (a leaked one would
-    # still be there after its 300 s).
+    # still be there after its 270 s).
     deadline = time.monotonic() + 10.0
-    while (left := subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True).stdout) and \
+    while (left := subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).stdout) and \
             time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == b""
