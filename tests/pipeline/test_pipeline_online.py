@@ -1,5 +1,7 @@
-"""Online training end to end: expert IL episodes, one learner step fed through the trajectory queue by the
-embedded engine and by the SGLang client over real HTTP (dev server), Ctrl-C, and a shortened quickstart.
+"""Online training end to end: expert IL episodes; a shortened quickstart (one module run: IL warm start, then RL
+steps fed through the trajectory queue by the embedded engine); one learner step fed by the SGLang client over real
+HTTP (dev server); Ctrl-C; resampling; ROLL's preset on rollouts one update stale (forced lag); the README's
+own-environment example.
 
 Every run shares one tiny MoE shape (vocab 640 for the built tokenizer, hidden 32, 2 layers), batch 8 over the
 8 fake CPU devices, so compiled steps and engine functions are reused within the module."""
