@@ -5,6 +5,9 @@ punctuation runs; byte-level alphabet of all 256 bytes, so every string round-tr
 (for a run: expert conversations of the environments rendered with the chat template), with Qwen's special tokens
 as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id) and Qwen3's chat template (the hybrid variant,
 `ipa_jax.chat_template`), so a policy trained here has a Qwen3 checkpoint's chat format.
+
+`load_tokenizer` loads any saved tokenizer (this one, a Qwen3 checkpoint's): the one place the package calls
+transformers' AutoTokenizer.
 """
 
 from __future__ import annotations
