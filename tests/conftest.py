@@ -14,10 +14,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+from cpu_env import xla_flags
 
-# Must happen before JAX initialises its backend; a test run imports this first. XLA:CPU's older loop emitters
-# compile a tiny train step ~25% faster than its fusion emitters (and run it as fast).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_use_fusion_emitters=false")
+# Must happen before JAX initialises its backend; a test run imports this first.
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

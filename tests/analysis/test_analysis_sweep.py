@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from cpu_env import xla_flags
 
 from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
@@ -240,7 +241,7 @@ def tiny_sweep(tmp_path_factory):
            "--seeds=0", "--set=train.steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess",
            "--eval_tasks=3", "--eval_samples=2", "--reference=tiny_token", "--claim=lower"]
     # One CPU device (not conftest's 8): a batch of 4 needs no data-parallel split, and 2 cores run it faster.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return str(out), proc.stdout

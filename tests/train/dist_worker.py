@@ -1,15 +1,14 @@
 """One process of the multi-host test: `python dist_worker.py OUT NUM_PROCESSES PROCESS_ID PORT`.
 
 Runs two train steps of the tiny model on a fixed global batch over a data-parallel mesh of all global devices
-(8 // NUM_PROCESSES local CPU devices per process), each process feeding only its rows; process 0 writes the
-gathered parameters and losses to OUT (.npz)."""
+(8 // NUM_PROCESSES local CPU devices per process: the caller's XLA_FLAGS set them), each process feeding only its
+rows; process 0 writes the gathered parameters and losses to OUT (.npz)."""
 
 import os
 import sys
 
 out, num_processes, process_id, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

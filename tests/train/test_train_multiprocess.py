@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from cpu_env import xla_flags
 from train_helpers import REPO, TINY_CONFIG, synthetic_trajectories
 
 from ipa_jax.pipeline import RunFolder
@@ -19,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _env(devices: int) -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices),
             "PYTHONPATH": os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")])}
 
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+from cpu_env import xla_flags
 from train_helpers import REPO, TINY_CONFIG, synthetic_trajectories
 
 from ipa_jax.train.progress import Progress, format_duration
@@ -40,7 +41,7 @@ def test_training_console_is_progress_not_library_logs(tmp_path):
            f"--config.train.data=('{data}',)", "--config.train.steps=2", "--config.checkpoint.every=1",
            "--config.logging.console_every=1", "--config.logging.tensorboard=False",
            f"--config.train.run_dir={tmp_path / 'run'}"]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1)}
     quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     info = re.compile(r"^I\d{4} ", re.M)  # absl's INFO prefix (Orbax logs every checkpoint step at INFO)
