@@ -12,7 +12,7 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,12 @@ from ipa_jax.train.step import TrainStep, batch_advantages
 from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pack_batch, pad_batch
 
 log = logging.getLogger(__name__)
+
+
+def policy_lag(step: int, trajectories: Sequence[Trajectory]) -> np.ndarray:
+    """int[n]: how many updates old the weights that sampled each of the n sampled episodes are at `step`.
+    A scripted expert's episode (imitation tokens only, no action token) was sampled by no policy: it is left out."""
+    return step - np.asarray([tr.policy_version for tr in trajectories if tr.action_mask.any()], np.int64)
 
 
 class TrainingStopped(RuntimeError):
@@ -332,7 +338,7 @@ class Learner:
                 trajs, dropped = self.next_batch()
                 self.dropped_total += dropped
                 batch = self.make_batch(trajs)
-                lag = step - np.asarray([tr.policy_version for tr in trajs])
+                lag = policy_lag(step, trajs)
                 for device_batch, adv, old in self._updates(batch, step, self.state):
                     t0 = time.perf_counter()
                     self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
@@ -389,11 +395,11 @@ class Learner:
             "step_time_s": dt,
             "dropped_trajectories": float(dropped),
             "dropped_total": float(self.dropped_total + getattr(self.source, "num_unparsable", 0)),
-            "policy_lag_mean": float(np.mean(lag)),
-            "policy_lag_max": float(np.max(lag)),
             "seq_len": float(t),
             "rl_start": float(self.rl_start),
         }
+        if lag.size:  # absent on pure imitation batches (no sampled episode, no lag)
+            out.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
         out["tokens_per_s"] = float(metrics["real_tokens"] / dt)
         if self.flops_per_token is not None and self.peak_flops > 0:
             flops = self.flops_per_token(t) * b * t  # padded tokens: the work the devices actually do

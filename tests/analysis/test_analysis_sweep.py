@@ -176,6 +176,14 @@ def test_every_ablation_config_changes_one_thing():
         assert {k for k in config if config[k] != base[k]} - {"train.name"} == changed, name
     for preset in ablate.PRESETS.values():
         assert set(preset.configs) <= files
+        for name in preset.configs:  # its overrides name real keys (validate rejects unknown ones)
+            validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"), dict(preset.overrides)))
+    # negatives_lag4's overrides make its reference arm the off-policy sweep's lag-4 config (is_chunk restates the
+    # negatives' base, as offpolicy_lag0 does).
+    forced = flatten(validate(load_config(os.path.join(CONFIG_DIR, "is_chunk.py"),
+                                          dict(ablate.PRESETS["negatives_lag4"].overrides))).to_dict())
+    lag4 = _flat_resolved("offpolicy_lag4")
+    assert {k for k in lag4 if lag4[k] != forced[k]} == {"train.name"}
     claims = ablate.PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
     assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)

@@ -206,6 +206,7 @@ def test_ipa_roll_preset_trains_online_on_forced_lag_and_logs_both_ratios(tmp_pa
                                 "optimizer.warmup_steps": 0, "optimizer.warmup_ratio": 0.0}))
     rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["il_loss"] > 0 and rows[0]["lr"] > 0
+    assert "policy_lag_mean" not in rows[0]  # the IL step trains on scripted expert episodes: no sampling policy
     for r in rows[1:]:  # RL on trajectories of the weights one update before the learner's
         assert r["policy_lag_mean"] == 1.0 and np.isfinite(r["loss"]) and r["skipped"] == 0
         assert r["is_ratio_mean"] == 1.0 and r["clip_fraction"] == 0

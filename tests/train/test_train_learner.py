@@ -16,6 +16,7 @@ from ipa_jax.pipeline import RunFolder
 from ipa_jax.pipeline.build import build_learner, model_config
 from ipa_jax.pipeline.export import export_policy
 from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, LoggingConfig, make_schedule
+from ipa_jax.train.learner import policy_lag
 from ipa_jax.train.metrics import active_params_per_token, train_flops_per_token
 from ipa_jax.trajectory import write_jsonl
 
@@ -226,3 +227,11 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path):
     again = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2())
     assert again.restore_latest() == start + rl_steps
     assert again.rl_start == start and again.total_steps == start + rl_steps
+
+
+def test_policy_lag_leaves_out_scripted_expert_episodes():
+    sampled, expert = synthetic_trajectories(2, seed=5, expert_every=1)
+    sampled.policy_version, expert.policy_version = 3, 0
+    expert.expert_mask, expert.action_mask = expert.expert_mask | expert.action_mask, np.zeros_like(expert.action_mask)
+    np.testing.assert_array_equal(policy_lag(7, [sampled, expert]), [4])
+    assert policy_lag(7, [expert]).size == 0
