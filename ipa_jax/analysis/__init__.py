@@ -11,6 +11,7 @@ The numbers in a table and the curves in a notebook come from the same code. Fil
 """
 
 from ipa_jax.analysis.curves import (
+                                     COLLAPSE_FRACTION,
                                      EVAL_SUCCESS,
                                      RUN_CURVES,
                                      SCALARS,
@@ -50,9 +51,9 @@ from ipa_jax.analysis.tables import (
 )
 
 __all__ = [
-    "ABLATION_PLOTS", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Estimate", "PairedDifference", "Segment", "SignTest",
-    "TaskOutcomes", "ablation_reference", "ablation_rows", "arm_estimate", "comparison_columns", "curve_auc",
-    "episode_segments", "final_outcomes", "hierarchical_bootstrap", "load_ablation", "load_run_tokenizer",
+    "ABLATION_PLOTS", "COLLAPSE_FRACTION", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Estimate", "PairedDifference",
+    "Segment", "SignTest", "TaskOutcomes", "ablation_reference", "ablation_rows", "arm_estimate", "comparison_columns",
+    "curve_auc", "episode_segments", "final_outcomes", "hierarchical_bootstrap", "load_ablation", "load_run_tokenizer",
     "newest_ablation", "newest_run", "paired_difference", "plot_band", "render_episode_html", "run_scalars",
     "seed_band", "series", "sign_test", "smooth", "steps_to_threshold", "table_markdown", "verdict", "write_csv",
     "write_plots", "write_tables",

@@ -27,8 +27,11 @@ RUN_CURVES: tuple[tuple[str, str], ...] = (
     ("eval/tool_calls", "held-out tool calls / episode"),
     ("policy_lag_mean", "policy lag"),
 )
-# Per-run scalars of an ablation table, in column order.
+# Per-run scalars of an ablation table averaged over seeds, in column order (run_scalars adds `collapsed`, counted).
 SCALARS = ("success_before", "success_after", "auc", "steps_to_threshold", "wall_time_s", "admitted_fraction")
+# A run collapsed when RL left its held-out success below this fraction of its warm start's: the breakdowns of
+# stale or too-fast updates (the policy stops calling tools, or breaks its calls) that the mean over seeds hides.
+COLLAPSE_FRACTION = 0.5
 
 
 def newest_run(runs_root: str = "runs") -> str:
@@ -72,7 +75,8 @@ def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
     success_before / success_after (summary.json: held-out success after the warm start / at the end); auc =
     curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps (counted from the end
     of the warm start, whose length depends on the seed) to held-out success >= threshold; wall_time_s (summary.json);
-    admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged)."""
+    admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged); collapsed = 1.0 when success_after
+    < COLLAPSE_FRACTION * success_before, else 0.0."""
     folder = RunFolder(run_dir)
     summary, rows = folder.read_summary(), folder.read_metrics()
     start = folder.rl_start(rows)
@@ -83,13 +87,15 @@ def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
     for key in ("success_before", "success_after", "wall_time_s"):
         if summary.get(key) is None:
             raise ValueError(f"{run_dir}/summary.json: no value for {key!r}")
+    before, after = float(summary["success_before"]), float(summary["success_after"])
     return {
-        "success_before": float(summary["success_before"]),
-        "success_after": float(summary["success_after"]),
+        "success_before": before,
+        "success_after": after,
         "auc": curve_auc(steps[rl], success[rl]),
         "steps_to_threshold": steps_to_threshold(steps[rl] - start, success[rl], threshold),
         "wall_time_s": float(summary["wall_time_s"]),
         "admitted_fraction": float(np.mean(admitted)) if admitted.size else math.nan,
+        "collapsed": float(after < COLLAPSE_FRACTION * before),
     }
 
 

@@ -88,10 +88,11 @@ PRESETS: dict[str, Preset] = {
                         "IPA's negative branch (batch-mean baseline): its chunk-level ratio on negatives, truncated "
                         "at 1, against no ratio, token- and sequence-level ratios, and no truncation",
                         claim="lower"),
-    "negatives_lag4": Preset(("is_chunk", "is_none", "trunc_neg_off"), (0, 1, 2, 3),
+    "negatives_lag4": Preset(("is_chunk", "is_none", "trunc_neg_off", "is_token", "is_sequence"), (0, 1, 2, 3),
                              "the negative branch where its ratios matter: at policy lag ~1 they stay within 4e-4 of "
                              "1, so here the sampler is forced 4 updates behind; IPA's chunk-level ratio on "
-                             "negatives, truncated at 1, against no ratio and against no truncation",
+                             "negatives, truncated at 1, against no ratio, no truncation, and token- and "
+                             "sequence-level ratios",
                              overrides=(("queue.forced_lag", 4), ("queue.max_policy_lag", 6)), claim="lower"),
     "flash": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean"), (0, 1, 2, 3),
                     "FlashREINFORCE's parts on its own objective (negatives' base): without the sequence trust "

@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.analysis.curves import EVAL_SUCCESS, SCALARS, final_outcomes, run_scalars, seed_band, series, smooth
+from ipa_jax.analysis.curves import (
+    COLLAPSE_FRACTION,
+    EVAL_SUCCESS,
+    SCALARS,
+    final_outcomes,
+    run_scalars,
+    seed_band,
+    series,
+    smooth,
+)
 from ipa_jax.analysis.stats import (
     CLAIMS,
     DEFAULT_LEVEL,
@@ -136,7 +145,8 @@ def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: st
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows). A per-config row holds n_seeds, <scalar>_mean and <scalar>_std for each
     of SCALARS (over seeds), threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
-    averaged over those only), and the `comparison_columns` of its final success against `reference`."""
+    averaged over those only), collapsed = how many seeds collapsed (run_scalars), and the `comparison_columns` of
+    its final success against `reference`."""
     config_rows, run_rows = [], []
     comparison = comparison_columns(runs, reference=reference, claim=claim, resamples=resamples) if runs else {}
     for name, run_dirs in runs.items():
@@ -147,6 +157,7 @@ def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: st
         for key in SCALARS:
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in per_run])
         row["threshold_reached"] = sum(math.isfinite(s["steps_to_threshold"]) for s in per_run)
+        row["collapsed"] = int(sum(s["collapsed"] for s in per_run))
         config_rows.append({**row, **comparison[name]})
     return config_rows, run_rows
 
@@ -182,7 +193,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     sign tests, verdict), then notes on what the intervals cover."""
     level = f"{DEFAULT_LEVEL:.0%}"
     header = ["config", "seeds", "success before", "success after", f"{level} CI", "AUC success",
-              f"RL steps to {threshold:g}", "wall time (s)", "admitted"]
+              f"RL steps to {threshold:g}", "collapsed", "wall time (s)", "admitted"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         reached = f"{_fmt(r['steps_to_threshold_mean'], r['steps_to_threshold_std'], 0)} " \
@@ -191,7 +202,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
                  _fmt(r["success_before_mean"], r["success_before_std"], 3),
                  _fmt(r["success_after_mean"], r["success_after_std"], 3),
                  _interval(r["success_after_ci_low"], r["success_after_ci_high"], r["ci_resampled"]),
-                 _fmt(r["auc_mean"], r["auc_std"], 3), reached,
+                 _fmt(r["auc_mean"], r["auc_std"], 3), reached, f"{r['collapsed']}/{r['n_seeds']}",
                  _fmt(r["wall_time_s_mean"], r["wall_time_s_std"], 0),
                  _fmt(r["admitted_fraction_mean"], r["admitted_fraction_std"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -216,7 +227,8 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
                   "then held-out tasks within each seed; both arms of a difference draw the same seeds and tasks), "
                   "so it includes seed-to-seed training variance; \"(seeds only)\": no per-task "
                   "records, seeds resampled only. Verdict: supported / contradicted when the difference's interval "
-                  "excludes 0 on the claimed / the other side, else inconclusive. See docs/statistics.md."]
+                  "excludes 0 on the claimed / the other side, else inconclusive. Collapsed: seeds whose final "
+                  f"success fell below {COLLAPSE_FRACTION:g} x their warm start's. See docs/statistics.md."]
     lines += [f"- {r['config']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines) + "\n"
 

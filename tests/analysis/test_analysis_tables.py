@@ -20,10 +20,11 @@ TASKS = 24
 FINAL_STEP = 10
 
 
-def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: float | None = None) -> None:
-    """A finished run folder: summary.json (success_after, one evaluation at FINAL_STEP), metrics.jsonl, config.json
-    and, unless task_success is None (a folder from before per-task records), eval_tasks/ at FINAL_STEP with 2
-    samples per task (task_success[t] successes of 2)."""
+def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: float | None = None,
+              before: float = 0.1) -> None:
+    """A finished run folder: summary.json (success_before, success_after, one evaluation at FINAL_STEP),
+    metrics.jsonl, config.json and, unless task_success is None (a folder from before per-task records),
+    eval_tasks/ at FINAL_STEP with 2 samples per task (task_success[t] successes of 2)."""
     folder = RunFolder(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     if task_success is not None:
@@ -31,11 +32,11 @@ def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: fl
         folder.write_eval_tasks(FINAL_STEP, {"split": "eval", "samples_per_task": 2, "tasks": [
             {"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": int(c)} for t, c in enumerate(task_success)]})
         folder.write_eval_tasks(0, {"tasks": [{"task_id": "calc/eval/0/0", "samples": 2, "successes": 0}]})
-    folder.write_summary({"success_before": 0.1, "success_after": rate, "steps": FINAL_STEP, "seed": seed,
-                          "wall_time_s": 1.0, "eval_history": [{"step": 0, "success": 0.1},
+    folder.write_summary({"success_before": before, "success_after": rate, "steps": FINAL_STEP, "seed": seed,
+                          "wall_time_s": 1.0, "eval_history": [{"step": 0, "success": before},
                                                                {"step": FINAL_STEP, "success": rate}]})
     with open(folder.metrics_path, "w", encoding="utf-8") as f:
-        for step, success in ((0, 0.1), (FINAL_STEP, rate)):
+        for step, success in ((0, before), (FINAL_STEP, rate)):
             f.write(json.dumps({"step": step, "eval/success": success}) + "\n")
     folder.write_config({"train": {"il_warmup_steps": 0}})
 
@@ -138,3 +139,24 @@ def test_final_outcomes_read_the_last_evaluation(tmp_path):
     seed, run = analysis.final_outcomes(run_dir)
     assert seed == 4 and run.per_task and run.successes.tolist() == [2.0, 1.0, 0.0] and run.rate == 0.5
     assert RunFolder(run_dir).eval_tasks_steps() == [0, FINAL_STEP]
+
+
+def test_collapsed_runs_are_counted_per_config(tmp_path):
+    # (warm start, final) per seed: below half the warm start's success is a collapse; half exactly, or a warm start
+    # at 0, is not.
+    arms = {"a": [(0.6, 0.2), (0.6, 0.3), (0.0, 0.0)], "b": [(0.5, 0.0), (0.4, 0.1), (0.3, 0.7)]}
+    runs = {}
+    for name, seeds in arms.items():
+        for seed, (before, after) in enumerate(seeds):
+            run_dir = str(tmp_path / "runs" / name / f"seed_{seed}")
+            write_run(run_dir, seed, None, rate=after, before=before)
+            runs.setdefault(name, []).append(run_dir)
+    analysis.write_tables(str(tmp_path), runs, threshold=0.5)
+    table = read_csv(str(tmp_path / "table.csv"))
+    assert (table["a"]["collapsed"], table["b"]["collapsed"]) == ("1", "2")
+    with open(tmp_path / "runs.csv", encoding="utf-8") as f:
+        per_run = [(r["config"], float(r["collapsed"])) for r in csv.DictReader(f)]
+    assert per_run == [("a", 1.0), ("a", 0.0), ("a", 0.0), ("b", 1.0), ("b", 1.0), ("b", 0.0)]
+    md = open(tmp_path / "table.md", encoding="utf-8").read()
+    assert "| collapsed |" in md and "| 1/3 |" in md and "| 2/3 |" in md
+    assert f"below {analysis.COLLAPSE_FRACTION:g} x their warm start's" in md
