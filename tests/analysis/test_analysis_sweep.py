@@ -184,6 +184,13 @@ def test_every_ablation_config_changes_one_thing():
                                           dict(ablate.PRESETS["negatives_lag4"].overrides))).to_dict())
     lag4 = _flat_resolved("offpolicy_lag4")
     assert {k for k in lag4 if lag4[k] != forced[k]} == {"train.name"}
+    # The mixed-hop long-horizon presets reach the env's nested kwargs and change only the warm start's task and cap.
+    mixed = flatten(validate(load_config(os.path.join(CONFIG_DIR, "longhorizon_flash_reinforce.py"),
+                                         dict(ablate.PRESETS["longhorizon_flash_mixed"].overrides))).to_dict())
+    fixed = _flat_resolved("longhorizon_flash_reinforce")
+    assert {k: mixed[k] for k in mixed if mixed[k] != fixed[k]} == {
+        "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1}, "train.il_warmup_steps": 900, "train.steps": 980}
+    assert ablate.PRESETS["longhorizon_mixed"].configs == ablate.PRESETS["longhorizon"].configs
     claims = ablate.PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
     assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)
