@@ -74,9 +74,9 @@ class Preset:
 LONGHORIZON_ARMS = ("longhorizon_credit_chunk", "longhorizon_control_il_continue", "longhorizon_credit_token",
                     "longhorizon_credit_token_matched")
 LONGHORIZON_FLASH_ARMS = ("longhorizon_flash_reinforce", "longhorizon_flash_token_mean")
-# kv_chain with each chain drawn from 1-6 hops (the expert's episodes too) and a longer imitation cap: the warm
+# kv_chain with each chain drawn from 1-6 hops (the expert's episodes too) and a 600-step imitation cap: the warm
 # start that leaves every seed of 0-3 above 0% held-out success (fixed six hops leave seeds 2 and 3 at 0%).
-MIXED_HOPS = (("env.kwargs.min_hops", 1), ("train.il_warmup_steps", 900), ("train.steps", 980))
+MIXED_HOPS = (("env.kwargs.min_hops", 1), ("train.il_warmup_steps", 600), ("train.steps", 680))
 
 PRESETS: dict[str, Preset] = {
     "small": Preset(("credit_chunk", "credit_token"), (0, 1),
@@ -133,10 +133,10 @@ PRESETS: dict[str, Preset] = {
                                 "FlashREINFORCE's aggregation claim where it can show: sample-mean against "
                                 "token-mean on kv_chain, whose failures vary several-fold in length", claim="lower"),
     "longhorizon_mixed": Preset(LONGHORIZON_ARMS, (0, 1, 2, 3),
-                                "the longhorizon preset on chains of 1-6 hops with a 900-step imitation cap, the warm "
+                                "the longhorizon preset on chains of 1-6 hops with a 600-step imitation cap, the warm "
                                 "start that works on seeds 0-3", overrides=MIXED_HOPS, claim="lower"),
     "longhorizon_flash_mixed": Preset(LONGHORIZON_FLASH_ARMS, (0, 1, 2, 3),
-                                      "the longhorizon_flash preset on chains of 1-6 hops with a 900-step imitation "
+                                      "the longhorizon_flash preset on chains of 1-6 hops with a 600-step imitation "
                                       "cap, the warm start that works on seeds 0-3", overrides=MIXED_HOPS,
                                       claim="lower"),
     "staleness_offpolicy": Preset(

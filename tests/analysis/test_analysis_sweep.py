@@ -189,7 +189,7 @@ def test_every_ablation_config_changes_one_thing():
                                          dict(ablate.PRESETS["longhorizon_flash_mixed"].overrides))).to_dict())
     fixed = _flat_resolved("longhorizon_flash_reinforce")
     assert {k: mixed[k] for k in mixed if mixed[k] != fixed[k]} == {
-        "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1}, "train.il_warmup_steps": 900, "train.steps": 980}
+        "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1}, "train.il_warmup_steps": 600, "train.steps": 680}
     assert ablate.PRESETS["longhorizon_mixed"].configs == ablate.PRESETS["longhorizon"].configs
     claims = ablate.PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
