@@ -7,6 +7,12 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   into the rows they are admitted to of a position-addressed cache; the last real position of each prompt gives
   its first sampled token. A multi-turn agent sends one request per turn, so admissions are frequent and small:
   prefilling the whole batch each time would cost B / n times more.
+* prefix cache (`prefix_cache=True`): a row's cache outlives its request (and the batch: an idle engine keeps its
+  last batch's rows). A request is admitted into the free row whose cache holds the longest prefix of its context
+  computed with the weights now served, and only the rest is prefilled: the next turn of a multi-turn episode
+  prefills its new tokens (the tool's output and the next generation prompt) instead of the whole conversation.
+  Requests with the longest reusable prefixes pick first, then rows freed longest ago (or holding nothing
+  reusable) are given out. A weight update makes every cached row unusable (its version no longer matches).
 * decode: a jitted `lax.while_loop` of up to `decode_chunk` [B, 1] steps at per-row positions; finished rows
   stop writing. Between chunks the host applies aborts, stop strings and pauses, returns finished rows to their
   callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
@@ -139,23 +145,26 @@ def empty_state(config, batch: int, cache_len: int, with_routed: bool, key: jax.
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _admit(graphdef, params, st: DecodeState, prompts, lengths, rows, rp: RowParams):
+def _admit(graphdef, params, st: DecodeState, prompts, lengths, starts, rows, rp: RowParams):
     """Prefill new requests into the rows `rows` and sample their first token; only those rows are computed,
     the others (running or free) are untouched.
 
-    prompts int32[n, P] right-padded, lengths int32[n], rows int32[n] (the batch row of each prompt; entries
-    >= B are padding and dropped) -> (DecodeState, prompt routed experts int32[n, P, L, k] or None).
+    prompts int32[n, P]: each request's context from position starts[j] on, right-padded (its first starts[j]
+    tokens are already in the row's cache: a reused prefix; 0 = none); lengths int32[n]: the real tokens of each
+    prompts row; rows int32[n] (the batch row of each prompt; entries >= B are padding and dropped)
+    -> (DecodeState, routed experts of the prompts' tokens int32[n, P, L, k] or None).
     """
     model = nnx.merge(graphdef, params)
     b = st.tokens.shape[0]
     n, p = prompts.shape
     real = rows < b
-    # The admitted rows' cache, emptied (their previous requests are forgotten), prefilled, scattered back.
+    # The admitted rows' cache keeps the reused prefix and forgets the rest of its previous request; the new
+    # tokens are written after the prefix and attend to it; the rows are scattered back.
     sub_cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), st.cache)
-    sub_cache = sub_cache._replace(valid=jnp.zeros_like(sub_cache.valid))
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
-    mask = (positions < lengths[:, None]) & real[:, None]
-    hidden, aux = model.hidden_states(prompts, positions, mask, cache=sub_cache)
+    sub_cache = sub_cache._replace(valid=jnp.arange(sub_cache.max_len)[None, :] < starts[:, None])
+    offsets = jnp.arange(p, dtype=jnp.int32)[None, :]
+    mask = (offsets < lengths[:, None]) & real[:, None]
+    hidden, aux = model.hidden_states(prompts, starts[:, None] + offsets, mask, cache=sub_cache)
     logits = hidden[jnp.arange(n), lengths - 1] @ model.lm_head_weight()
     sub_rp = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), rp)
     key, sub = jax.random.split(st.key)
@@ -168,7 +177,7 @@ def _admit(graphdef, params, st: DecodeState, prompts, lengths, rows, rp: RowPar
     fresh = st._replace(
         cache=jax.tree.map(scatter, st.cache, aux["cache"]),
         key=key,
-        pos=scatter(st.pos, lengths - 1),
+        pos=scatter(st.pos, starts + lengths - 1),
         n_gen=jnp.where(admit, 0, st.n_gen),
         done=~admit,  # only admitted rows take the first token
         finish=jnp.where(admit, RUNNING, st.finish),
@@ -246,9 +255,30 @@ class _Slot:
 
     req: _Request
     version: int
+    context: np.ndarray  # int32: the tokens the segment was prefilled with (its reused prefix included)
     checked: int = 0  # output tokens (earlier segments included) already known to be free of stop strings
     matched: str | None = None  # the stop string that ended it
     prompt_routed: np.ndarray | None = None  # [len(context), L, k]
+
+
+@dataclasses.dataclass
+class _RowCache:
+    """What a free batch row's KV cache holds: the tokens at positions 0, 1, ... (its last request's context and
+    the tokens that request fed while decoding: all but its last sampled one), the weight version that computed
+    them, their routed experts ([len(tokens), L, k], when the batch recorded them), and when the row was freed
+    (the engine's count of freed rows then: smaller = freed longer ago)."""
+
+    tokens: np.ndarray
+    version: int
+    routed: np.ndarray | None
+    freed: int
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    m = min(len(a), len(b))
+    differ = np.flatnonzero(a[:m] != b[:m])
+    return int(differ[0]) if differ.size else m
 
 
 def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
@@ -268,7 +298,9 @@ class EmbeddedEngine(Engine):
     model: a Qwen3ForCausalLM (its config and dtype are kept; weights can be swapped for ones of the same
     structure). max_len: longest prompt + max_new_tokens. tokenizer: needed only for stop strings.
     batch_buckets: the padded batch sizes to compile for (default: powers of two). partial: what a weight update
-    does to the requests running ("finish" or "abort_resume", see the module docstring). Use from one event loop.
+    does to the requests running ("finish" or "abort_resume", see the module docstring). prefix_cache: reuse the
+    cached prefix of a request's context (module docstring); `prefill_tokens` and `reused_tokens` count the
+    context tokens prefilled and those taken from the cache instead. Use from one event loop.
     """
 
     def __init__(
@@ -284,6 +316,7 @@ class EmbeddedEngine(Engine):
         batch_wait_s: float = 0.002,
         batch_buckets: tuple[int, ...] | None = None,
         partial: str = "finish",
+        prefix_cache: bool = True,
     ):
         if max_len < 2 or max_batch < 1 or decode_chunk < 1:
             raise ValueError(f"need max_len >= 2, max_batch >= 1, decode_chunk >= 1 (got {max_len}, {max_batch}, "
@@ -322,6 +355,14 @@ class EmbeddedEngine(Engine):
         self._worker: asyncio.Task | None = None
         self._closed = False
         self.num_batches = 0  # prefill calls (a batch, or requests admitted into finished rows)
+        self.prefix_cache = prefix_cache
+        self.prefill_tokens = 0
+        self.reused_tokens = 0
+        # The rows' caches of the running batch (None: a running row, or nothing reusable) and how many rows have
+        # been freed; between batches the last batch's state and caches, kept for the next (prefix_cache).
+        self._caches: list[_RowCache | None] = []
+        self._freed = 0
+        self._kept: tuple[DecodeState, list[_RowCache | None]] | None = None
 
     # ------------------------------------------------------------------ weights
     @property
@@ -539,8 +580,7 @@ class EmbeddedEngine(Engine):
             return (len(r.prompt) + r.params.max_new_tokens <= cache_len and len(r.params.stop_token_ids) <= num_stop
                     and (with_routed or not r.params.return_routed_experts))
 
-        self._key, key = jax.random.split(self._key)
-        st = empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
+        st = self._batch_state(b, cache_len, with_routed)
         host_rp = RowParams(temperature=np.ones(b, np.float32), top_p=np.ones(b, np.float32),
                             top_k=np.full(b, -1, np.int32), stop_ids=np.full((b, num_stop), -1, np.int32),
                             max_new=np.ones(b, np.int32))
@@ -563,12 +603,50 @@ class EmbeddedEngine(Engine):
             if pending:
                 continue
             if all(slot is None for slot in slots):
+                if self.prefix_cache:
+                    self._kept = (st, self._caches)
                 return
             if not running:  # paused in place; aborts still apply
                 self._hold.wait(0.01)
                 continue
             params, _ = self._current
             st = decode(self._graphdef, params, st, rp, jnp.int32(self.decode_chunk))
+
+    def _batch_state(self, b: int, cache_len: int, with_routed: bool) -> DecodeState:
+        """A batch's state with every row free: the previous batch's (its rows' caches kept) when it has the same
+        shapes, else an empty one; a fresh sampling key either way."""
+        self._key, key = jax.random.split(self._key)
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0].tokens.shape == (b, cache_len) and (kept[0].routed is not None) == with_routed:
+            self._caches = kept[1]
+            return kept[0]._replace(key=key)
+        self._caches = [None] * b
+        return empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
+
+    def _place(self, slots: list[_Slot | None], reqs: list[_Request], version: int
+               ) -> tuple[list[int], list[int]]:
+        """A free row for each request, and how many of its context tokens that row's cache holds (computed with
+        `version`; at most all but the last, whose logits sample the first token): the longest reusable prefixes
+        first, then rows freed longest ago or holding nothing reusable (module docstring)."""
+        free = [i for i, slot in enumerate(slots) if slot is None]
+        if not self.prefix_cache:
+            return free[: len(reqs)], [0] * len(reqs)
+        usable = {i: c for i in free if (c := self._caches[i]) is not None and c.version == version}
+        contexts = [np.asarray(r.context, np.int32) for r in reqs]
+        reuse = np.zeros((len(reqs), len(free)), np.int64)
+        for col, i in enumerate(free):
+            if i in usable:
+                for j, ctx in enumerate(contexts):
+                    reuse[j, col] = min(common_prefix(usable[i].tokens, ctx), len(ctx) - 1)
+        age = [usable[i].freed if i in usable else -1 for i in free]
+        pairs = sorted((-reuse[j, col], age[col], j, col) for j in range(len(reqs)) for col in range(len(free)))
+        rows, starts = [-1] * len(reqs), [0] * len(reqs)
+        taken: set[int] = set()
+        for neg_reuse, _, j, col in pairs:
+            if rows[j] < 0 and col not in taken:
+                rows[j], starts[j] = free[col], int(-neg_reuse)
+                taken.add(col)
+        return rows, starts
 
     def _swap_at_boundary(self, st: DecodeState, slots: list[_Slot | None]) -> DecodeState:
         """Serve staged weights between decode chunks. Running rows keep the old weights until they finish
@@ -596,7 +674,7 @@ class EmbeddedEngine(Engine):
             req.done_tokens += tokens[i, :k].tolist()
             req.done_logprobs += logprobs[i, :k].astype(float).tolist()
             req.done_versions += [slot.version] * k
-            slots[i] = None
+            slots[i] = None  # its cache stays None: computed with the weights being replaced
             self._running.remove(req)
             if req.aborted or self._closed:
                 self._hand_over(req, req.aborted_result(slot.version))
@@ -614,28 +692,35 @@ class EmbeddedEngine(Engine):
         compiles, little padding)."""
         b = len(slots)
         params, version = self._current
-        rows = [i for i, slot in enumerate(slots) if slot is None][: len(reqs)]
+        rows, starts = self._place(slots, reqs, version)
         n = min(bucket4(len(reqs)), b)
-        prompts = np.zeros((n, bucket(max(len(r.context) for r in reqs), MIN_LEN_BUCKET)), np.int32)
+        new = [len(r.context) - start for r, start in zip(reqs, starts)]
+        prompts = np.zeros((n, bucket(max(new), MIN_LEN_BUCKET)), np.int32)
         lengths, row_ids = np.ones(n, np.int32), np.full(n, b, np.int32)  # row b = padding, dropped
+        start_ids = np.zeros(n, np.int32)
         for j, (i, r) in enumerate(zip(rows, reqs)):
-            p, context = r.params, r.context
-            prompts[j, : len(context)], lengths[j], row_ids[j] = context, len(context), i
+            p, context = r.params, np.asarray(r.context, np.int32)
+            prompts[j, : new[j]], lengths[j], start_ids[j], row_ids[j] = context[starts[j]:], new[j], starts[j], i
             host_rp.temperature[i], host_rp.top_p[i], host_rp.top_k[i] = p.temperature, p.top_p, p.top_k
             host_rp.stop_ids[i] = -1
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
             host_rp.max_new[i] = r.remaining
-            slots[i] = _Slot(r, version, checked=len(r.done_tokens))
+            slots[i] = _Slot(r, version, context, checked=len(r.done_tokens))
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
-                                   jnp.asarray(row_ids), rp)
+                                   jnp.asarray(start_ids), jnp.asarray(row_ids), rp)
         self.num_batches += 1
+        self.prefill_tokens += sum(new)
+        self.reused_tokens += sum(starts)
         if prompt_routed is not None:
             prompt_routed = np.asarray(prompt_routed)
-            for j, (i, r) in enumerate(zip(rows, reqs)):
-                slots[i].prompt_routed = prompt_routed[j, : len(r.context)]
+            for j, i in enumerate(rows):
+                cached = self._caches[i].routed[: starts[j]] if starts[j] else prompt_routed[j, :0]
+                slots[i].prompt_routed = np.concatenate([cached, prompt_routed[j, : new[j]]], axis=0)
+        for i in rows:
+            self._caches[i] = None  # running: its cache is being rewritten
         return st, rp
 
     def _deliver(self, st: DecodeState, slots: list[_Slot | None], rows: list[int]) -> None:
@@ -651,12 +736,15 @@ class EmbeddedEngine(Engine):
             matched: int | str | None = None
             if reason == "stop":
                 matched = slot.matched if slot.matched is not None else ids[-1]
-            experts = None
-            if req.params.return_routed_experts and routed is not None:
-                experts = np.concatenate([slot.prompt_routed, routed[i, : max(k - 1, 0)]], axis=0)
+            # The row's cache: the context and the tokens fed while decoding (all but the last sampled one).
+            fed = tokens[i, : max(k - 1, 0)]
+            experts = None if routed is None else np.concatenate([slot.prompt_routed, routed[i, : len(fed)]], axis=0)
             result = GenerationResult(ids, req.done_logprobs + logprobs[i, :k].astype(float).tolist(), reason, matched,
-                                      slot.version, experts, req.done_versions + [slot.version] * k)
+                                      slot.version, experts if req.params.return_routed_experts else None,
+                                      req.done_versions + [slot.version] * k)
             slots[i] = None
+            self._freed += 1
+            self._caches[i] = _RowCache(np.concatenate([slot.context, fed]), slot.version, experts, self._freed)
             self._running.remove(req)
             self._hand_over(req, result)
 

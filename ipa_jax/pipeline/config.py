@@ -180,6 +180,9 @@ class RolloutConfig:
     partial: what a weight update does to the generation requests in flight (docs/off_policy.md): finish (they end on
       the weights they started with; the update waits for them) or abort_resume (they are interrupted and continue
       from their tokens so far on the new weights; each chunk records the newest version that sampled it).
+    prefix_cache: embedded engine: a turn of a multi-turn episode prefills only the tokens past the longest prefix of
+      its context that a batch row's KV cache holds from earlier requests under the same weights (its previous turn;
+      SGLang's radix cache does the same on a server). Off: every turn prefills its whole context.
     """
 
     engine: str = "embedded"
@@ -205,6 +208,7 @@ class RolloutConfig:
     api_key_env: str = "SGLANG_API_KEY"
     keep_weight_folders: int = 2
     partial: str = "finish"
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))

@@ -284,7 +284,7 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
         # The batch the learner's evaluations and rollouts already ran with (memory known to fit).
         batch = min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency))
         engine, kind = EmbeddedEngine(policy.model, seed=seed, max_len=exp.rollout.max_context, max_batch=batch,
-                                      tokenizer=policy.tokenizer), "embedded"
+                                      tokenizer=policy.tokenizer, prefix_cache=exp.rollout.prefix_cache), "embedded"
 
     async def play() -> EvalReport:
         try:

@@ -28,7 +28,7 @@ def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num
     experts = build_experts(exp.resample, tasks, chat)
     r = exp.rollout
     engine = EmbeddedEngine(from_pretrained(policy), seed=seed, max_len=r.max_context,
-                            max_batch=max(r.concurrency, 1), tokenizer=tok)
+                            max_batch=max(r.concurrency, 1), tokenizer=tok, prefix_cache=r.prefix_cache)
     agent = sampling_agent_config(exp)
 
     async def probe() -> list[ForkEstimate]:

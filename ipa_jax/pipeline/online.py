@@ -111,7 +111,8 @@ class EngineHost:
             from ipa_jax.engines import EmbeddedEngine
 
             model = _engine_model(state)
-            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer, partial=r.partial)
+            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer, partial=r.partial,
+                      prefix_cache=r.prefix_cache)
             self.rollout = EmbeddedEngine(model, seed=exp.train.seed, **kw)
             self.control = EmbeddedEngine(model, seed=exp.train.seed + 1,
                                           **{**kw, "max_batch": max(exp.train.eval_episodes, 1)})
@@ -120,6 +121,7 @@ class EngineHost:
             self.rollout = OnLoop(self.control, self.thread)
         self.version = -1
         self._counted = PartialCounts()  # the rollout engine's counts at the previous partial_metrics()
+        self._prefill_counted = (0, 0)  # the rollout engine's (prefilled, reused) tokens at the previous call
 
     def run(self, coro):
         """`await coro` on the control engine's loop, from the learner thread."""
@@ -151,6 +153,16 @@ class EngineHost:
                "partial_interrupted": float(now.interrupted), "partial_resumed": float(now.resumed)}
         self._counted = now
         return out
+
+    def prefix_metrics(self) -> dict[str, float]:
+        """Embedded rollouts: the share of the context tokens of the turns admitted since the previous call that came
+        from a row's KV cache instead of a prefill (rollout.prefix_cache)."""
+        if self.kind != "embedded":
+            return {}
+        now = (self.rollout.prefill_tokens, self.rollout.reused_tokens)
+        prefilled, reused = (a - b for a, b in zip(now, self._prefill_counted))
+        self._prefill_counted = now
+        return {"prefix_reused_fraction": reused / max(prefilled + reused, 1)}
 
     def close(self) -> None:
         self.run(self.control.close())
@@ -318,6 +330,7 @@ class OnlineSource:
             out.update({f"resample_{k}": float(v) for k, v in self.resample.resampler.metrics().items()})
         if self.worker is not None or self.resample is not None:
             out.update(self.engines.partial_metrics())
+            out.update(self.engines.prefix_metrics())
         return out
 
     # ---- hooks --------------------------------------------------------------------------------------

@@ -283,6 +283,41 @@ def test_finished_rows_take_queued_requests(model, reference, loop):
     assert [r.token_ids for r in longs] == greedy
 
 
+def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, loop):
+    """A multi-turn episode's second turn (its first turn's prompt and output, then new tokens) reuses the row its
+    first turn left: only the new tokens are prefilled, and tokens, log-probs and routed experts equal the full
+    forward pass. Once other weights are served nothing is reused; prefix_cache=False never reuses."""
+    eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,))
+    off = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,), prefix_cache=False)
+    other = from_pretrained(ckpts[1])
+    try:
+        first = loop.run_until_complete(eng.generate(PROMPTS, sp(6, temperature=0.0)))
+        assert (eng.prefill_tokens, eng.reused_tokens) == (sum(map(len, PROMPTS)), 0)
+        second = [p + r.token_ids + [5, 6] for p, r in zip(PROMPTS, first)]
+        results = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
+        # each row's cache: its prompt and the 5 output tokens it fed (the 6th was sampled, never fed)
+        assert eng.reused_tokens == sum(len(p) + 5 for p in PROMPTS)
+        assert eng.prefill_tokens == sum(map(len, PROMPTS)) + 3 * (1 + 2)
+        full = [c + r.token_ids for c, r in zip(second, results)]
+        lp = reference.logprobs(full)
+        _, routed = reference.forward(full)
+        assert [r.token_ids for r in results] == reference.greedy(second, 8)
+        for i, (c, r) in enumerate(zip(second, results)):
+            np.testing.assert_allclose(r.logprobs, lp[i, len(c): len(full[i])], atol=1e-5)
+            np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
+        eng.set_params_from_model(other, 1)
+        reused = eng.reused_tokens
+        again = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
+        assert eng.reused_tokens == reused
+        assert [r.token_ids for r in again] == reference.greedy(second, 8, p=nnx.state(other))
+        for prompts in (PROMPTS, second):
+            loop.run_until_complete(off.generate(prompts, sp(8, temperature=0.0)))
+        assert off.reused_tokens == 0
+    finally:
+        loop.run_until_complete(eng.close())
+        loop.run_until_complete(off.close())
+
+
 def test_request_validation(engine, loop):
     with pytest.raises(ValueError, match="max_len"):
         loop.run_until_complete(engine.generate([[1] * 60], SamplingParams(10)))

@@ -45,7 +45,8 @@ TRAIN = (  # train_step's metrics and the learner's own numbers about the update
 PERF = ("step_time_s", "tokens_per_s", "mfu", "seq_len")
 EVAL = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s", "pass_at_k")
 ROLLOUT = ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed",
-           "partial_interrupted_per_update", "partial_resumed_per_update", "partial_interrupted", "partial_resumed")
+           "partial_interrupted_per_update", "partial_resumed_per_update", "partial_interrupted", "partial_resumed",
+           "prefix_reused_fraction")
 RESAMPLE = ("episodes", "success_rate", "il_groups", "rollback_moves", "rollback_anchor_frac", "tasks_at_start")
 QUEUE = ("depth", "dropped_total", "dropped_stale", "dropped_invalid", "dropped_duplicate", "lag_taken_mean",
          "put_per_s", "admitted_fraction")
@@ -101,11 +102,13 @@ def _logged_names() -> set[str]:
     zeros = lambda: collections.defaultdict(float)  # noqa: E731  (stats() with every key at 0)
     resampler = SimpleNamespace(metrics=functools.partial(
         Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros())))
-    engines = SimpleNamespace(rollout=SimpleNamespace(partial_counts=PartialCounts), _counted=PartialCounts())
+    engines = SimpleNamespace(kind="embedded", _counted=PartialCounts(), _prefill_counted=(0, 0),
+                              rollout=SimpleNamespace(partial_counts=PartialCounts, prefill_tokens=0, reused_tokens=0))
     online = SimpleNamespace(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
                              worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
-                             engines=SimpleNamespace(partial_metrics=functools.partial(EngineHost.partial_metrics,
-                                                                                       engines)))
+                             engines=SimpleNamespace(
+                                 partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
+                                 prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines)))
     learner = SimpleNamespace(rl_start=0, dropped_total=0, flops_per_token=lambda t: 1.0, peak_flops=1.0,
                               source=SimpleNamespace(metrics=functools.partial(OnlineSource.metrics, online)))
     host = Learner._host_metrics(learner, {"real_tokens": 100.0}, batch, 0, np.zeros(8), 0.5)
