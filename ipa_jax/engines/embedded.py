@@ -12,7 +12,7 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   computed with the weights now served, and only the rest is prefilled: the next turn of a multi-turn episode
   prefills its new tokens (the tool's output and the next generation prompt) instead of the whole conversation.
   Requests with the longest reusable prefixes pick first, then rows freed longest ago (or holding nothing
-  reusable) are given out. A weight update makes every cached row unusable (its version no longer matches).
+  reusable) are given out. Serving new weights makes every cached row unusable (whatever their version number).
 * decode: a jitted `lax.while_loop` of up to `decode_chunk` [B, 1] steps at per-row positions; finished rows
   stop writing. Between chunks the host applies aborts, stop strings and pauses, returns finished rows to their
   callers, admits queued requests that fit the batch's shapes into the free rows (continuous batching), and
@@ -255,6 +255,7 @@ class _Slot:
 
     req: _Request
     version: int
+    served: int  # the engine's count of weight swaps when the segment started (which weights compute its cache)
     context: np.ndarray  # int32: the tokens the segment was prefilled with (its reused prefix included)
     checked: int = 0  # output tokens (earlier segments included) already known to be free of stop strings
     matched: str | None = None  # the stop string that ended it
@@ -264,12 +265,12 @@ class _Slot:
 @dataclasses.dataclass
 class _RowCache:
     """What a free batch row's KV cache holds: the tokens at positions 0, 1, ... (its last request's context and
-    the tokens that request fed while decoding: all but its last sampled one), the weight version that computed
-    them, their routed experts ([len(tokens), L, k], when the batch recorded them), and when the row was freed
-    (the engine's count of freed rows then: smaller = freed longer ago)."""
+    the tokens that request fed while decoding: all but its last sampled one), which weights computed them (the
+    engine's count of weight swaps then), their routed experts ([len(tokens), L, k], when the batch recorded them),
+    and when the row was freed (the engine's count of freed rows then: smaller = freed longer ago)."""
 
     tokens: np.ndarray
-    version: int
+    served: int
     routed: np.ndarray | None
     freed: int
 
@@ -332,6 +333,7 @@ class EmbeddedEngine(Engine):
         # Weights waiting for the running batch to reach a chunk boundary (`_swap`), and whoever waits for them.
         self._staged: tuple[Any, int] | None = None
         self._swap_waiters: list[concurrent.futures.Future] = []
+        self._served = 0  # weight swaps so far: a row's cache is reusable only under the weights that computed it
         self._swap_lock = threading.Lock()  # _current, _staged, _batch_active: set from any thread
         self._batch_active = False
         self._counts = PartialCounts()
@@ -406,6 +408,7 @@ class EmbeddedEngine(Engine):
         if self._staged is None:
             return
         self._current, self._staged = self._staged, None
+        self._served += 1
         self._counts.updates += 1
         for waiter in self._swap_waiters:
             waiter.set_result(None)
@@ -623,15 +626,14 @@ class EmbeddedEngine(Engine):
         self._caches = [None] * b
         return empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
 
-    def _place(self, slots: list[_Slot | None], reqs: list[_Request], version: int
-               ) -> tuple[list[int], list[int]]:
+    def _place(self, slots: list[_Slot | None], reqs: list[_Request]) -> tuple[list[int], list[int]]:
         """A free row for each request, and how many of its context tokens that row's cache holds (computed with
-        `version`; at most all but the last, whose logits sample the first token): the longest reusable prefixes
-        first, then rows freed longest ago or holding nothing reusable (module docstring)."""
+        the weights now served; at most all but the last, whose logits sample the first token): the longest
+        reusable prefixes first, then rows freed longest ago or holding nothing reusable (module docstring)."""
         free = [i for i, slot in enumerate(slots) if slot is None]
         if not self.prefix_cache:
             return free[: len(reqs)], [0] * len(reqs)
-        usable = {i: c for i in free if (c := self._caches[i]) is not None and c.version == version}
+        usable = {i: c for i in free if (c := self._caches[i]) is not None and c.served == self._served}
         contexts = [np.asarray(r.context, np.int32) for r in reqs]
         reuse = np.zeros((len(reqs), len(free)), np.int64)
         for col, i in enumerate(free):
@@ -692,7 +694,7 @@ class EmbeddedEngine(Engine):
         compiles, little padding)."""
         b = len(slots)
         params, version = self._current
-        rows, starts = self._place(slots, reqs, version)
+        rows, starts = self._place(slots, reqs)
         n = min(bucket4(len(reqs)), b)
         new = [len(r.context) - start for r, start in zip(reqs, starts)]
         prompts = np.zeros((n, bucket(max(new), MIN_LEN_BUCKET)), np.int32)
@@ -705,7 +707,7 @@ class EmbeddedEngine(Engine):
             host_rp.stop_ids[i] = -1
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
             host_rp.max_new[i] = r.remaining
-            slots[i] = _Slot(r, version, context, checked=len(r.done_tokens))
+            slots[i] = _Slot(r, version, self._served, context, checked=len(r.done_tokens))
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
@@ -744,7 +746,7 @@ class EmbeddedEngine(Engine):
                                       req.done_versions + [slot.version] * k)
             slots[i] = None
             self._freed += 1
-            self._caches[i] = _RowCache(np.concatenate([slot.context, fed]), slot.version, experts, self._freed)
+            self._caches[i] = _RowCache(np.concatenate([slot.context, fed]), slot.served, experts, self._freed)
             self._running.remove(req)
             self._hand_over(req, result)
 

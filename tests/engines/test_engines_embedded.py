@@ -286,7 +286,8 @@ def test_finished_rows_take_queued_requests(model, reference, loop):
 def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, loop):
     """A multi-turn episode's second turn (its first turn's prompt and output, then new tokens) reuses the row its
     first turn left: only the new tokens are prefilled, and tokens, log-probs and routed experts equal the full
-    forward pass. Once other weights are served nothing is reused; prefix_cache=False never reuses."""
+    forward pass. Once other weights are served (even under the same version number) nothing is reused;
+    prefix_cache=False never reuses."""
     eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,))
     off = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,), prefix_cache=False)
     other = from_pretrained(ckpts[1])
@@ -305,7 +306,7 @@ def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, 
         for i, (c, r) in enumerate(zip(second, results)):
             np.testing.assert_allclose(r.logprobs, lp[i, len(c): len(full[i])], atol=1e-5)
             np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
-        eng.set_params_from_model(other, 1)
+        eng.set_params_from_model(other, 0)
         reused = eng.reused_tokens
         again = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
         assert eng.reused_tokens == reused
