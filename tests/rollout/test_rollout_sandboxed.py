@@ -57,10 +57,12 @@ def test_sixteen_episodes_run_their_commands_together_without_blocking_the_loop(
     # spread with the machine's load: each reset builds a sandbox, so "all sixteen" would test the load instead).
     running_at_start = [sum(s <= start < e for s, e in spans) for start, _ in spans]
     assert max(running_at_start) >= 8, sorted(spans)
-    # While each command ran, the event loop (and so the engine) kept ticking: a command run on the loop's thread
-    # would block it for its whole 6 s, so no tick could fall inside its span. (Not a bound on the gaps between
-    # ticks: a loaded machine pauses any thread for seconds.)
-    assert all(any(s < t < e for t in ticks) for s, e in spans), sorted(spans)
+    # While the commands ran, the event loop (and so the engine) kept ticking: a command run on the loop's thread
+    # would block it for its whole 6 s, so no tick could fall inside any span. On an overloaded machine the loop's
+    # thread itself can be descheduled for seconds (seen in a CI run beside two training runs: a span without a
+    # tick), so the test asks for ticks inside at least half the spans: blocking commands would leave none.
+    ticked = sum(any(s < t < e for t in ticks) for s, e in spans)
+    assert ticked >= len(spans) // 2, (ticked, sorted(spans))
     assert _own_workspaces() == []
 
 
