@@ -66,12 +66,13 @@ def main(_):
     counts = {}
     for r in range(FLAGS.rounds + 1):
         for setting, engine in engines.items():
-            before = (engine.prefill_tokens, engine.reused_tokens)
+            before = engine.prefix_counts()
             t0 = time.perf_counter()
             loop.run_until_complete(play(engine))
             if r:  # round 0 compiles
                 times[setting].append(time.perf_counter() - t0)
-            counts[setting] = (engine.prefill_tokens - before[0], engine.reused_tokens - before[1])
+            after = engine.prefix_counts()
+            counts[setting] = (after.prefilled - before.prefilled, after.reused - before.reused)
     generated = FLAGS.episodes * FLAGS.turns * FLAGS.turn_tokens
     results = {"config": {k: FLAGS[k].value for k in ("episodes", "concurrency", "turns", "prompt_len", "turn_tokens",
                                                         "observation_tokens", "rounds")},

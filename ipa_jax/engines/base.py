@@ -87,7 +87,9 @@ class GenerationResult:
     version that sampled token_ids[i]: older than weight_version for the tokens generated before a weight update
     interrupted the request (`rollout.partial = "abort_resume"`); None is read as weight_version for every token.
     `routed_experts` is int32 [len(prompt) + len(token_ids) - 1, L, k] (row t = experts chosen when processing
-    token t of prompt + output; the last sampled token is never fed) when requested, else None.
+    token t of prompt + output; the last sampled token is never fed) when requested, else None. `cached_tokens`: how
+    many context tokens of its segments came from a prefix (KV) cache instead of a prefill (SGLang's
+    meta_info.cached_tokens; 0 where the engine does not report it).
     """
 
     token_ids: list[int]
@@ -97,6 +99,7 @@ class GenerationResult:
     weight_version: int
     routed_experts: np.ndarray | None = None
     token_versions: list[int] | None = None
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -170,12 +173,25 @@ class PartialCounts:
     resumed: int = 0
 
 
+@dataclasses.dataclass
+class PrefixCounts:
+    """The context tokens of the generation segments started since the engine started: `prefilled` computed by a
+    prefill, `reused` taken from a prefix (KV) cache instead."""
+
+    prefilled: int = 0
+    reused: int = 0
+
+
 class Engine(abc.ABC):
     """Async generation engine. Implementations: SGLangEngine, EmbeddedEngine."""
 
     def partial_counts(self) -> PartialCounts:
         """A snapshot of the engine's PartialCounts (zeros for an engine that does not count)."""
         return PartialCounts()
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        """A snapshot of the engine's PrefixCounts; None when the engine does not report them."""
+        return None
 
     @property
     @abc.abstractmethod

@@ -378,7 +378,7 @@ class DevServer:
                 "weight_version": str(result.weight_version),
                 "total_retractions": 0,
                 "completion_tokens": len(result.token_ids),
-                "cached_tokens": 0,
+                "cached_tokens": result.cached_tokens,
                 "e2e_latency": latency,
             }
         if item["return_logprob"]:

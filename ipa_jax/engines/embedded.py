@@ -51,6 +51,7 @@ from ipa_jax.engines.base import (
     EngineError,
     GenerationResult,
     PartialCounts,
+    PrefixCounts,
     SamplingParams,
     check_generate_args,
     check_partial,
@@ -229,6 +230,7 @@ class _Request:
     rid: str
     future: asyncio.Future
     aborted: bool = False
+    cached: int = 0  # context tokens its segments took from a row's cache
     done_tokens: list[int] = dataclasses.field(default_factory=list)
     done_logprobs: list[float] = dataclasses.field(default_factory=list)
     done_versions: list[int] = dataclasses.field(default_factory=list)
@@ -246,7 +248,7 @@ class _Request:
         """The result of an abort while the request waits in the queue: the tokens of its earlier segments."""
         last = self.done_versions[-1] if self.done_versions else version
         return GenerationResult(list(self.done_tokens), list(self.done_logprobs), "abort", None, last,
-                                token_versions=list(self.done_versions))
+                                token_versions=list(self.done_versions), cached_tokens=self.cached)
 
 
 @dataclasses.dataclass
@@ -300,8 +302,8 @@ class EmbeddedEngine(Engine):
     structure). max_len: longest prompt + max_new_tokens. tokenizer: needed only for stop strings.
     batch_buckets: the padded batch sizes to compile for (default: powers of two). partial: what a weight update
     does to the requests running ("finish" or "abort_resume", see the module docstring). prefix_cache: reuse the
-    cached prefix of a request's context (module docstring); `prefill_tokens` and `reused_tokens` count the
-    context tokens prefilled and those taken from the cache instead. Use from one event loop.
+    cached prefix of a request's context (module docstring; prefix_counts() counts the context tokens prefilled and
+    those taken from the cache instead). Use from one event loop.
     """
 
     def __init__(
@@ -358,8 +360,7 @@ class EmbeddedEngine(Engine):
         self._closed = False
         self.num_batches = 0  # prefill calls (a batch, or requests admitted into finished rows)
         self.prefix_cache = prefix_cache
-        self.prefill_tokens = 0
-        self.reused_tokens = 0
+        self._prefix = PrefixCounts()
         # The rows' caches of the running batch (None: a running row, or nothing reusable) and how many rows have
         # been freed; between batches the last batch's state and caches, kept for the next (prefix_cache).
         self._caches: list[_RowCache | None] = []
@@ -381,6 +382,9 @@ class EmbeddedEngine(Engine):
 
     def partial_counts(self) -> PartialCounts:
         return dataclasses.replace(self._counts)
+
+    def prefix_counts(self) -> PrefixCounts:
+        return dataclasses.replace(self._prefix)
 
     def set_params_from_model(self, model_or_state: Qwen3ForCausalLM | nnx.State, version: int) -> None:
         """Serve the learner's weights (an nnx model or its nnx.State) as `version`, without waiting: at once when
@@ -631,9 +635,10 @@ class EmbeddedEngine(Engine):
         the weights now served; at most all but the last, whose logits sample the first token): the longest
         reusable prefixes first, then rows freed longest ago or holding nothing reusable (module docstring)."""
         free = [i for i, slot in enumerate(slots) if slot is None]
-        if not self.prefix_cache:
+        usable = {i: c for i in free if self.prefix_cache and (c := self._caches[i]) is not None
+                  and c.served == self._served}
+        if not usable:  # nothing to reuse (cache off, or the first admission after a swap): rows in order
             return free[: len(reqs)], [0] * len(reqs)
-        usable = {i: c for i in free if (c := self._caches[i]) is not None and c.served == self._served}
         contexts = [np.asarray(r.context, np.int32) for r in reqs]
         reuse = np.zeros((len(reqs), len(free)), np.int64)
         for col, i in enumerate(free):
@@ -708,14 +713,15 @@ class EmbeddedEngine(Engine):
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
             host_rp.max_new[i] = r.remaining
             slots[i] = _Slot(r, version, self._served, context, checked=len(r.done_tokens))
+            r.cached += starts[j]
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
                                    jnp.asarray(start_ids), jnp.asarray(row_ids), rp)
         self.num_batches += 1
-        self.prefill_tokens += sum(new)
-        self.reused_tokens += sum(starts)
+        self._prefix.prefilled += sum(new)
+        self._prefix.reused += sum(starts)
         if prompt_routed is not None:
             prompt_routed = np.asarray(prompt_routed)
             for j, i in enumerate(rows):
@@ -743,7 +749,7 @@ class EmbeddedEngine(Engine):
             experts = None if routed is None else np.concatenate([slot.prompt_routed, routed[i, : len(fed)]], axis=0)
             result = GenerationResult(ids, req.done_logprobs + logprobs[i, :k].astype(float).tolist(), reason, matched,
                                       slot.version, experts if req.params.return_routed_experts else None,
-                                      req.done_versions + [slot.version] * k)
+                                      req.done_versions + [slot.version] * k, req.cached)
             slots[i] = None
             self._freed += 1
             self._caches[i] = _RowCache(np.concatenate([slot.context, fed]), slot.served, experts, self._freed)

@@ -44,6 +44,7 @@ from ipa_jax.engines.base import (
     EngineError,
     GenerationResult,
     PartialCounts,
+    PrefixCounts,
     SamplingParams,
     check_generate_args,
     check_partial,
@@ -201,6 +202,7 @@ class SGLangEngine(Engine):
         self._weight_version = weight_version
         self.partial = check_partial(partial)
         self._counts = PartialCounts()
+        self._prefix: PrefixCounts | None = None  # from meta_info, once a server reports cached_tokens
         self._posting = 0  # /generate calls on a server now
         self._weight_path: str | None = None  # last synced checkpoint: servers that come back are brought to it
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -220,6 +222,20 @@ class SGLangEngine(Engine):
 
     def partial_counts(self) -> PartialCounts:
         return dataclasses.replace(self._counts)
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        """Counted from the responses' meta_info.prompt_tokens and cached_tokens; None until a server reports them."""
+        return None if self._prefix is None else dataclasses.replace(self._prefix)
+
+    def _count_prefix(self, meta: dict[str, Any]) -> int:
+        """Adds a response's prompt and cached tokens to the PrefixCounts; returns its cached tokens (0 when absent:
+        an older server, or a request aborted before it ran)."""
+        if not isinstance(meta.get("prompt_tokens"), int) or not isinstance(meta.get("cached_tokens"), int):
+            return 0
+        self._prefix = self._prefix or PrefixCounts()
+        self._prefix.prefilled += meta["prompt_tokens"] - meta["cached_tokens"]
+        self._prefix.reused += meta["cached_tokens"]
+        return meta["cached_tokens"]
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -446,16 +462,21 @@ class SGLangEngine(Engine):
         logprobs: list[float] = []
         versions: list[int] = []  # the version that sampled each token
         version = self._weight_version
+        cached = 0  # context tokens the server took from its prefix cache, over the submissions
         interrupted = False  # the last submission came back aborted by a pause (a weight sync)
+
+        def result(reason: str, matched: int | str | None = None, routed: np.ndarray | None = None):
+            return GenerationResult(tokens, logprobs, reason, matched, version, routed, versions, cached)
+
         try:
             for submission in range(self.max_resubmits + 1):
                 remaining = params.max_new_tokens - len(tokens)
                 if remaining <= 0 and submission:
-                    return GenerationResult(tokens, logprobs, "length", None, version, token_versions=versions)
+                    return result("length")
                 assert self._gate is not None
                 await self._gate.wait()
                 if req.aborted:
-                    return GenerationResult(tokens, logprobs, "abort", None, version, token_versions=versions)
+                    return result("abort")
                 self._counts.resumed += interrupted
                 interrupted = False
                 posted_version = self._weight_version
@@ -473,6 +494,7 @@ class SGLangEngine(Engine):
                 finally:
                     req.submission = None
                 meta = out["meta_info"]
+                cached += self._count_prefix(meta)
                 finish = meta.get("finish_reason") or {}
                 kind = finish.get("type") if isinstance(finish, dict) else None
                 pairs = meta.get("output_token_logprobs")
@@ -490,15 +512,15 @@ class SGLangEngine(Engine):
                     routed = self._decode_routed(meta, len(prompt) + len(tokens), server.url)
                 if kind == "abort":
                     if req.aborted:
-                        return GenerationResult(tokens, logprobs, "abort", None, version, routed, versions)
+                        return result("abort", None, routed)
                     # interrupted by a pause (a weight sync) or another client's abort: resubmit the rest
                     self._counts.interrupted += 1
                     interrupted = True
                     continue
                 if kind == "stop":
-                    return GenerationResult(tokens, logprobs, "stop", finish.get("matched"), version, routed, versions)
+                    return result("stop", finish.get("matched"), routed)
                 if kind == "length":
-                    return GenerationResult(tokens, logprobs, "length", None, version, routed, versions)
+                    return result("length", None, routed)
                 raise SGLangHTTPError(server.url, 200, f"unknown finish_reason {finish!r}")
             raise EngineError(f"request {rid} was aborted {self.max_resubmits + 1} times; giving up")
         finally:

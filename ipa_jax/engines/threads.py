@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ipa_jax.engines.base import Engine, GenerationResult, PartialCounts, SamplingParams
+from ipa_jax.engines.base import Engine, GenerationResult, PartialCounts, PrefixCounts, SamplingParams
 
 T = TypeVar("T")
 
@@ -71,6 +71,9 @@ class OnLoop(Engine):
 
     def partial_counts(self) -> PartialCounts:
         return self.engine.partial_counts()
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        return self.engine.prefix_counts()
 
     async def generate(
         self,

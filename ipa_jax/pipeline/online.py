@@ -39,7 +39,7 @@ import jax
 from flax import nnx
 
 from ipa_jax.engines import EngineError, SGLangEngine
-from ipa_jax.engines.base import PartialCounts
+from ipa_jax.engines.base import PartialCounts, PrefixCounts
 from ipa_jax.engines.threads import LoopThread, OnLoop
 from ipa_jax.envs import Env, Task
 from ipa_jax.models import save_pretrained
@@ -121,7 +121,7 @@ class EngineHost:
             self.rollout = OnLoop(self.control, self.thread)
         self.version = -1
         self._counted = PartialCounts()  # the rollout engine's counts at the previous partial_metrics()
-        self._prefill_counted = (0, 0)  # the rollout engine's (prefilled, reused) tokens at the previous call
+        self._prefix_counted = PrefixCounts()  # the rollout engine's counts at the previous prefix_metrics()
 
     def run(self, coro):
         """`await coro` on the control engine's loop, from the learner thread."""
@@ -155,13 +155,15 @@ class EngineHost:
         return out
 
     def prefix_metrics(self) -> dict[str, float]:
-        """Embedded rollouts: the share of the context tokens of the turns admitted since the previous call that came
-        from a row's KV cache instead of a prefill (rollout.prefix_cache)."""
-        if self.kind != "embedded":
+        """The share of the context tokens of the turns started since the previous call that came from a prefix (KV)
+        cache instead of a prefill (the embedded engine's rows: rollout.prefix_cache; SGLang's radix cache, as its
+        responses report it); nothing when the engine does not report it."""
+        now = self.rollout.prefix_counts()
+        if now is None:
             return {}
-        now = (self.rollout.prefill_tokens, self.rollout.reused_tokens)
-        prefilled, reused = (a - b for a, b in zip(now, self._prefill_counted))
-        self._prefill_counted = now
+        prefilled = now.prefilled - self._prefix_counted.prefilled
+        reused = now.reused - self._prefix_counted.reused
+        self._prefix_counted = now
         return {"prefix_reused_fraction": reused / max(prefilled + reused, 1)}
 
     def close(self) -> None:

@@ -89,6 +89,35 @@ def test_sglang_client_on_two_embedded_dev_servers(ckpts, direct):
             s.shutdown()
 
 
+
+def test_sglang_client_counts_the_servers_cached_tokens(ckpts, direct):
+    """A second turn sent over HTTP finds its first turn's row in the embedded engine behind the dev server: the
+    server reports the reused tokens as meta_info.cached_tokens, the client as each result's cached_tokens and in
+    prefix_counts(), equal to the engine's own counts."""
+    server = DevServer(EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW), model_path=ckpts[0],
+                       enable_return_routed_experts=True).serve_in_thread()
+
+    async def go():
+        eng = SGLangEngine([server.url], routed_experts_layout=(2, 2), backoff_s=0.05)
+        try:
+            assert eng.prefix_counts() is None  # nothing reported yet
+            first = await eng.generate(PROMPTS, GREEDY)
+            second = [p + r.token_ids + [5, 6] for p, r in zip(PROMPTS, first)]
+            return first, await eng.generate(second, GREEDY), eng.prefix_counts()
+        finally:
+            await eng.close()
+
+    try:
+        first, second, counts = asyncio.run(asyncio.wait_for(go(), 120))
+        assert [r.token_ids for r in first] == [r.token_ids for r in direct[0]]
+        assert [r.cached_tokens for r in first] == [0, 0, 0]
+        # each row's cache: its prompt and the 19 output tokens it fed (the 20th was sampled, never fed)
+        assert [r.cached_tokens for r in second] == [len(p) + 19 for p in PROMPTS]
+        assert counts == server.engine.prefix_counts()
+        assert counts.reused == sum(len(p) + 19 for p in PROMPTS) and counts.prefilled == sum(map(len, PROMPTS)) + 9
+    finally:
+        server.shutdown()
+
 def _http(url, body=None):
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})

@@ -16,6 +16,7 @@ from flax import nnx
 from tiny_models import make_tiny_hf_checkpoint, tiny_qwen3_config
 
 from ipa_jax.engines import SamplingParams
+from ipa_jax.engines.base import PrefixCounts
 from ipa_jax.engines.embedded import EmbeddedEngine
 from ipa_jax.models import MeshConfig, from_pretrained, init_model, make_mesh, token_logprobs
 
@@ -293,12 +294,13 @@ def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, 
     other = from_pretrained(ckpts[1])
     try:
         first = loop.run_until_complete(eng.generate(PROMPTS, sp(6, temperature=0.0)))
-        assert (eng.prefill_tokens, eng.reused_tokens) == (sum(map(len, PROMPTS)), 0)
+        assert eng.prefix_counts() == PrefixCounts(sum(map(len, PROMPTS)), 0)
         second = [p + r.token_ids + [5, 6] for p, r in zip(PROMPTS, first)]
         results = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
         # each row's cache: its prompt and the 5 output tokens it fed (the 6th was sampled, never fed)
-        assert eng.reused_tokens == sum(len(p) + 5 for p in PROMPTS)
-        assert eng.prefill_tokens == sum(map(len, PROMPTS)) + 3 * (1 + 2)
+        assert eng.prefix_counts() == PrefixCounts(sum(map(len, PROMPTS)) + 3 * (1 + 2),
+                                                   sum(len(p) + 5 for p in PROMPTS))
+        assert [r.cached_tokens for r in results] == [len(p) + 5 for p in PROMPTS]
         full = [c + r.token_ids for c, r in zip(second, results)]
         lp = reference.logprobs(full)
         _, routed = reference.forward(full)
@@ -307,13 +309,13 @@ def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, 
             np.testing.assert_allclose(r.logprobs, lp[i, len(c): len(full[i])], atol=1e-5)
             np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
         eng.set_params_from_model(other, 0)
-        reused = eng.reused_tokens
+        reused = eng.prefix_counts().reused
         again = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
-        assert eng.reused_tokens == reused
+        assert eng.prefix_counts().reused == reused and not any(r.cached_tokens for r in again)
         assert [r.token_ids for r in again] == reference.greedy(second, 8, p=nnx.state(other))
         for prompts in (PROMPTS, second):
             loop.run_until_complete(off.generate(prompts, sp(8, temperature=0.0)))
-        assert off.reused_tokens == 0
+        assert off.prefix_counts().reused == 0
     finally:
         loop.run_until_complete(eng.close())
         loop.run_until_complete(off.close())

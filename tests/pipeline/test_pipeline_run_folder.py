@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from ipa_jax.engines.base import PartialCounts
+from ipa_jax.engines.base import PartialCounts, PrefixCounts
 from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state, build_steps
 from ipa_jax.pipeline.evaluation import episode_metrics
@@ -102,8 +102,8 @@ def _logged_names() -> set[str]:
     zeros = lambda: collections.defaultdict(float)  # noqa: E731  (stats() with every key at 0)
     resampler = SimpleNamespace(metrics=functools.partial(
         Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros())))
-    engines = SimpleNamespace(kind="embedded", _counted=PartialCounts(), _prefill_counted=(0, 0),
-                              rollout=SimpleNamespace(partial_counts=PartialCounts, prefill_tokens=0, reused_tokens=0))
+    engines = SimpleNamespace(_counted=PartialCounts(), _prefix_counted=PrefixCounts(),
+                              rollout=SimpleNamespace(partial_counts=PartialCounts, prefix_counts=PrefixCounts))
     online = SimpleNamespace(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
                              worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
                              engines=SimpleNamespace(
