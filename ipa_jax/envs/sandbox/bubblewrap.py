@@ -261,12 +261,43 @@ class BubblewrapSandbox(Sandbox):
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL bwrap's process group; its sandbox (a PID namespace) dies with it."""
-    if proc.poll() is None:
+    """SIGKILL bwrap's process group and the sandbox it started. The sandbox (bwrap's child: the PID namespace's
+    init, in a session of its own) asks for its parent-death signal only once it runs, so killing bwrap while it
+    sets up could leave the sandbox running: stop the group first (no new child can appear), kill bwrap's children
+    (a PID namespace dies with its init), then the group."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    _wait_stopped(proc.pid)
+    for pid in [*_children(proc.pid), -proc.pid]:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)  # a negative pid: the process group
         except ProcessLookupError:
             pass
+
+
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); [] when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _wait_stopped(pid: int) -> None:
+    """Wait (up to a second) until a signalled process is stopped or gone."""
+    deadline = time.monotonic() + 1.0
+    while (stat := _proc_stat(pid)) and stat[0] not in (b"T", b"t", b"Z", b"X") and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _proc_stat(int(e))) and int(s[1]) == pid]
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
