@@ -42,8 +42,8 @@ class Qwen3Config:
     option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not
     in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted
     tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
-    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "megablox" on TPU, "ragged" on
-    GPU and on CPU "blocked", or "dense" for calls with few tokens such as decode steps; "dense" is the reference),
+    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "megablox" on TPU, "blocked" on
+    GPU and CPU, or on CPU "dense" for calls with few tokens such as decode steps; "dense" is the reference),
     `attention_impl` (models/attention.py: "auto" = "cudnn" on NVIDIA GPUs in 16-bit dtypes, "splash" on TPU when
     head_dim is a multiple of 128, "blocked" on CPU, "xla" elsewhere; "reference" is the einsum reference),
     `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),

@@ -5,17 +5,17 @@ anywhere: no token is ever dropped.
   dense   — every expert on every token, combined with a [N, E] weight matrix (the readable reference; E/k x the
             useful work).
   ragged  — the N*k (token, expert) assignments sorted by expert, three `jax.lax.ragged_dot` grouped matmuls,
-            unsorted and weighted. A grouped GEMM on GPU and TPU; on CPU XLA lowers ragged_dot to a masked dense
-            product over all E groups (E x the useful work).
+            unsorted and weighted. On CPU, and by default on GPU (XLA:GPU with jax 0.11), XLA lowers ragged_dot to
+            zero-padded per-group dense products (E x the useful work, and E x the memory: see resolve_moe_impl).
   megablox — the sorted assignments through megablox's grouped matmul (a Pallas TPU kernel, with its own custom
             VJP), gate and up in one call; off TPU the kernel runs in Pallas' interpreter (tests; slow). On a
             mesh it runs under `shard_map`, one token group per batch shard (GSPMD cannot split a Pallas call).
   blocked — the sorted assignments, each expert's run cut into blocks of rows, in a loop over the blocks the
             routing needs (`expert_blocks`), each block multiplied with its expert's weights where they are stored,
-            with a hand-written backward pass (`grouped_swiglu`). The fastest on CPU (bench_model.py); an
-            earlier version, batched matmuls over every block of a static bound with each block's weights
-            gathered, took 1.2-1.3x its time.
-`moe_impl="auto"` (the default) is megablox on TPU, ragged on GPU; on CPU blocked, or dense for calls with few
+            with a hand-written backward pass (`grouped_swiglu`). The fastest on CPU (bench_model.py), and the
+            one that fits on GPU; an earlier version, batched matmuls over every block of a static bound with each
+            block's weights gathered, took 1.2-1.3x its time.
+`moe_impl="auto"` (the default) is megablox on TPU, blocked on GPU and CPU, or on CPU dense for calls with few
 tokens (decode steps).
 
 Every path skips assignments whose expert is outside [0, E): they contribute nothing and cost nothing beyond the
@@ -354,16 +354,21 @@ SMALL_DENSE_ROWS = 256
 
 
 def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0) -> str:
-    """The concrete dispatch path of `impl`: "auto" is megablox on TPU, ragged (grouped GEMM) on GPU, and on CPU
-    blocked, or dense when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS."""
+    """The concrete dispatch path of `impl`: "auto" is megablox on TPU, blocked on GPU, and on CPU blocked, or dense
+    when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS.
+
+    Not ragged on GPU: on an H200 with jax 0.11.2, XLA:GPU lowered ragged_dot to zero-padded dense per-expert
+    products, and bench_learner.py's train step asked for 90 GiB of temporaries at 0.9B parameters (8 x 2048
+    tokens) and 125 GiB at 4.5B (4 x 4096), out of memory both; the blocked path ran the 4.5B step in 2.5 s."""
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
     platform = jax.devices()[0].platform
-    if platform != "cpu":
-        return "megablox" if platform == "tpu" else "ragged"
-    return "dense" if tokens is not None and tokens * num_experts <= SMALL_DENSE_ROWS else "blocked"
+    if platform == "tpu":
+        return "megablox"
+    few_tokens = platform == "cpu" and tokens is not None and tokens * num_experts <= SMALL_DENSE_ROWS
+    return "dense" if few_tokens else "blocked"
 
 
 class Experts(nnx.Module):

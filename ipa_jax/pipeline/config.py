@@ -81,7 +81,7 @@ class ModelConfig:
     dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
     param_dtype: dtype of the master weights and the optimizer state.
     remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
-    moe_impl: MoE dispatch: auto (megablox on TPU, ragged on GPU; blocked on CPU, dense for few-token calls),
+    moe_impl: MoE dispatch: auto (megablox on TPU, blocked on GPU and CPU, on CPU dense for few-token calls),
       blocked (sorted tokens, each expert's run in blocks of rows, a loop over the blocks), ragged (grouped
       lax.ragged_dot), megablox (Pallas TPU grouped matmul) or dense (the reference).
     attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, splash on TPU, blocked elsewhere), blocked

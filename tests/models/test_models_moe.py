@@ -3,6 +3,7 @@ float64 NumPy; every path expert-parallel in a sharded model on 8 fake devices a
 (forward and gradients; tokens split over the expert axis or replicated); routing replay and aux losses."""
 
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -241,6 +242,13 @@ def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_s
     assert moe_dispatch("blocked", 4, mesh, ("data", "fsdp", "expert"), ("data",)) == MoeDispatch("blocked", 4)
     with pytest.raises(ValueError, match="moe_impl"):
         resolve_moe_impl("sparse")
+
+
+@pytest.mark.parametrize("platform, want", [("gpu", "blocked"), ("tpu", "megablox")])
+def test_auto_on_accelerators(monkeypatch, platform, want):
+    monkeypatch.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(platform=platform)])
+    for tokens in (None, 8, 4096):  # the few-token dense shortcut is CPU-only
+        assert resolve_moe_impl("auto", tokens=tokens, num_experts=16) == want
 
 
 def test_routing_replay(moe_model):
