@@ -1,6 +1,7 @@
 """The GPU fast paths on a real NVIDIA GPU: cuDNN fused attention and the ragged (grouped GEMM) MoE against the
 reference paths, forward and gradients, and the whole bfloat16 model on the `auto` paths against the reference
-paths. Skipped without a GPU (CI); on a GPU node: JAX_PLATFORMS=cuda python -m pytest tests/models/test_models_gpu.py
+paths. Skipped without a GPU (CI); on a GPU node, without conftest's XLA:CPU flags (`--xla_cpu_*`, which another
+jaxlib may not know):  JAX_PLATFORMS=cuda XLA_FLAGS= python -m pytest tests/models/test_models_gpu.py
 
 bfloat16 paths are judged by their error against the float32 reference, which must stay within a small multiple
 of the error of the reference path run in bfloat16 itself (same inputs, same precision, no fused kernel)."""
