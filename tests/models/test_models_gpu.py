@@ -1,4 +1,4 @@
-"""The GPU fast paths on a real NVIDIA GPU: cuDNN fused attention and the ragged (grouped GEMM) MoE against the
+"""The GPU fast paths on a real NVIDIA GPU: cuDNN fused attention and the ragged (`jax.lax.ragged_dot`) MoE against the
 reference paths, forward and gradients, and the whole bfloat16 model on the `auto` paths against the reference
 paths. Skipped without a GPU (CI); on a GPU node, without conftest's XLA:CPU flags (`--xla_cpu_*`, which another
 jaxlib may not know):  JAX_PLATFORMS=cuda XLA_FLAGS= python -m pytest tests/models/test_models_gpu.py
