@@ -35,6 +35,7 @@ flags.DEFINE_integer("batch", 4, "batch size (trajectories)")
 flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
 flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
 flags.DEFINE_string("moe_impl", "auto", "ipa_jax MoE path: auto | blocked | ragged | dense (models/moe.py)")
+flags.DEFINE_integer("moe_block_rows", 0, "ipa_jax blocked MoE path: rows per block (0 = automatic)")
 flags.DEFINE_string("attention_impl", "auto", "ipa_jax attention: auto | blocked | xla | cudnn | reference")
 flags.DEFINE_bool("scan_layers", False, "ipa_jax decoder layers under nnx.scan")
 flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"], "ipa_jax rematerialisation per layer")
@@ -162,8 +163,9 @@ def main(_):
 
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl, attention_impl=FLAGS.attention_impl,
-                                scan_layers=FLAGS.scan_layers, remat_policy=FLAGS.remat)
+        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl, moe_block_rows=FLAGS.moe_block_rows,
+                                attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers,
+                                remat_policy=FLAGS.remat)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
@@ -217,6 +219,7 @@ def main(_):
                               moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
                               seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
                               microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
+                              moe_block_rows=FLAGS.moe_block_rows,
                               attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
                               device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
                               threads=len(os.sched_getaffinity(0)), load_average=os.getloadavg()[0])}

@@ -31,7 +31,8 @@ _IGNORED_HF_KEYS = frozenset(
 
 
 # Qwen3Config fields that choose how the model computes, not what: the learner's choice, not the checkpoint's.
-LEARNER_SIDE_FIELDS = ("moe_impl", "attention_impl", "remat_policy", "attention_query_block", "scan_layers")
+LEARNER_SIDE_FIELDS = ("moe_impl", "moe_block_rows", "attention_impl", "remat_policy", "attention_query_block",
+                       "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Qwen3Config:
     tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
     Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "megablox" on TPU, "blocked" on
     GPU and CPU, or on CPU "dense" for calls with few tokens such as decode steps; "dense" is the reference),
+    `moe_block_rows` (rows per block of the blocked MoE path, at most the call's assignments; 0 = its rule:
+    `expert_block_rows`, at most 256, the fastest on CPU),
     `attention_impl` (models/attention.py: "auto" = "cudnn" on NVIDIA GPUs in 16-bit dtypes, "splash" on TPU when
     head_dim is a multiple of 128, "blocked" on CPU, "xla" elsewhere; "reference" is the einsum reference),
     `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),
@@ -77,6 +80,7 @@ class Qwen3Config:
     family: str = "qwen3"
     attention_bias: bool = False
     moe_impl: str = "auto"
+    moe_block_rows: int = 0
     attention_impl: str = "auto"
     remat_policy: str = "none"
     attention_query_block: int = 128
@@ -112,6 +116,8 @@ class Qwen3Config:
             raise ValueError(f"Qwen3Config.attention_query_block must be >= 0, got {self.attention_query_block}")
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(f"Qwen3Config.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        if self.moe_block_rows < 0:
+            raise ValueError(f"Qwen3Config.moe_block_rows must be >= 0 (0 = automatic), got {self.moe_block_rows}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
                              f"got {self.attention_impl!r}")

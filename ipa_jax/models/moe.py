@@ -215,17 +215,18 @@ grouped_swiglu.defvjp(_grouped_swiglu_fwd, _grouped_swiglu_bwd)
 
 
 def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                           w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+                           w_up: jax.Array, w_down: jax.Array, block_rows: int = 0) -> jax.Array:
     """Blocked path, same signature and result as `swiglu_experts_dense`.
 
     The N*k assignments sorted by expert (stable), `grouped_swiglu` over the sorted rows (gate and up side by side:
-    one matmul instead of two), out[n] = sum_j weights[n, j] * y[sorted row of (n, j)].
+    one matmul instead of two) in blocks of `block_rows` rows (at most N*k; 0 = `expert_block_rows`),
+    out[n] = sum_j weights[n, j] * y[sorted row of (n, j)].
     """
     n, k = experts.shape
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     counts = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
-    rows = expert_block_rows(n * k, w_gate.shape[0])
+    rows = min(block_rows, n * k) if block_rows else expert_block_rows(n * k, w_gate.shape[0])
     ys = grouped_swiglu(x, (order // k).astype(jnp.int32), counts, jnp.concatenate([w_gate, w_up], axis=-1),
                         w_down, rows)
     sorted_row = jnp.zeros((n * k,), jnp.int32).at[order].set(jnp.arange(n * k, dtype=jnp.int32))
@@ -276,29 +277,39 @@ class MoeDispatch:
     only its own tokens (one global sort would gather every token on every device); 1 = all tokens at once.
     With `mesh` the groups are `shard_map` instances over the mesh axes `batch_axes` (megablox, and expert
     parallelism), else a vmap. `expert_axes`: the mesh axes the experts are split over (expert parallelism, module
-    doc), () = every device computes every expert."""
+    doc), () = every device computes every expert. `block_rows`: the blocked path's rows per block (0 = its rule)."""
 
     impl: str
     groups: int = 1
     mesh: Mesh | None = None
     batch_axes: tuple[str, ...] = ()
     expert_axes: tuple[str, ...] = ()
+    block_rows: int = 0
+
+    def path(self):
+        """The dispatch function, (x, experts, weights, w_gate, w_up, w_down) -> out, of `impl`."""
+        if self.impl == "blocked" and self.block_rows:
+            return functools.partial(swiglu_experts_blocked, block_rows=self.block_rows)
+        return DISPATCH[self.impl]
 
 
 def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_axes: tuple[str, ...] = (),
-                 expert_axes: tuple[str, ...] = ()) -> MoeDispatch:
+                 expert_axes: tuple[str, ...] = (), block_rows: int = 0) -> MoeDispatch:
     """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes` and whose
     experts are split over `expert_axes`: expert parallelism under shard_map on `mesh` when the expert axes have
     more than one device; else one token group per batch shard, except for ragged, whose `jax.lax.ragged_dot` has
-    no vmap rule with shared weights (JAX: NYI): its sort stays global. megablox's groups run under shard_map."""
+    no vmap rule with shared weights (JAX: NYI): its sort stays global. megablox's groups run under shard_map.
+    block_rows: the blocked path's rows per block (0 = its rule)."""
     expert_axes = tuple(a for a in expert_axes if mesh is not None and mesh.shape[a] > 1)
+    block_rows = block_rows if impl == "blocked" else 0
     if expert_axes:
-        return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes) if batch_shards > 1 else (), expert_axes)
+        return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes) if batch_shards > 1 else (), expert_axes,
+                           block_rows)
     if impl == "ragged":
         return MoeDispatch(impl, 1)
     if impl == "megablox" and batch_shards > 1:
         return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes))
-    return MoeDispatch(impl, batch_shards)
+    return MoeDispatch(impl, batch_shards, block_rows=block_rows)
 
 
 def _expert_parallel(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
@@ -307,7 +318,7 @@ def _expert_parallel(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights
     gets its batch shard's tokens (all tokens when the batch is not split) and its E / S experts' weights; tokens
     split over the expert axes are all-gathered along them, the assignments of other devices' experts skipped, and
     the outputs reduce-scattered back (psum'd when the tokens were not split over the expert axes)."""
-    fn, axes = DISPATCH[moe.impl], moe.expert_axes
+    fn, axes = moe.path(), moe.expert_axes
     tokens_split = set(axes) <= set(moe.batch_axes)
 
     def local(x, experts, weights, w_gate, w_up, w_down):
@@ -333,7 +344,7 @@ def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights
     expert's weights), else vmapped."""
     if moe.expert_axes:
         return _expert_parallel(moe, x, experts, weights, w_gate, w_up, w_down)
-    fn = DISPATCH[moe.impl]
+    fn = moe.path()
     if moe.groups == 1:
         return fn(x, experts, weights, w_gate, w_up, w_down)
     if moe.mesh is not None:

@@ -141,7 +141,8 @@ class Qwen3ForCausalLM(nnx.Module):
         b, t = input_ids.shape
         shards = batch_shards(self.mesh, self.rules, b)
         moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts), shards,
-                           self.mesh, rule_mesh_axes("batch", self.rules), rule_mesh_axes("expert", self.rules))
+                           self.mesh, rule_mesh_axes("batch", self.rules), rule_mesh_axes("expert", self.rules),
+                           cfg.moe_block_rows)
         if routed_experts is not None and routed_experts.shape != (b, t, cfg.num_hidden_layers,
                                                                    cfg.num_experts_per_tok):
             raise ValueError(f"routed_experts shape {routed_experts.shape} != "

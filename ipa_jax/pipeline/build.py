@@ -44,7 +44,8 @@ def build_mesh(mesh_config: MeshConfig) -> Mesh:
 
 def learner_side(model_cfg: ModelConfig) -> dict[str, Any]:
     """The Qwen3Config fields that are the learner's choice, not the checkpoint's."""
-    return dict(moe_impl=model_cfg.moe_impl, attention_impl=model_cfg.attention_impl, remat_policy=model_cfg.remat,
+    return dict(moe_impl=model_cfg.moe_impl, moe_block_rows=model_cfg.moe_block_rows,
+                attention_impl=model_cfg.attention_impl, remat_policy=model_cfg.remat,
                 scan_layers=model_cfg.scan_layers)
 
 

@@ -84,6 +84,8 @@ class ModelConfig:
     moe_impl: MoE dispatch: auto (megablox on TPU, blocked on GPU and CPU, on CPU dense for few-token calls),
       blocked (sorted tokens, each expert's run in blocks of rows, a loop over the blocks), ragged (grouped
       lax.ragged_dot), megablox (Pallas TPU grouped matmul) or dense (the reference).
+    moe_block_rows: rows per block of the blocked MoE path; 0 = automatic (twice the mean rows per expert, as a
+      power of two in [8, 256]: the fastest on CPU). Larger blocks mean fewer loop iterations (accelerators).
     attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, splash on TPU, blocked elsewhere), blocked
       (causal query blocks), xla (jax.nn.dot_product_attention per block), cudnn, splash (Pallas TPU kernel) or
       reference (the einsum reference).
@@ -102,6 +104,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     moe_impl: str = "auto"
+    moe_block_rows: int = 0
     attention_impl: str = "auto"
     scan_layers: bool = False
     routing_replay: bool = False
@@ -116,6 +119,7 @@ class ModelConfig:
         _require(self.remat in REMAT_POLICIES, "model.remat", f"must be one of {REMAT_POLICIES}, got {self.remat!r}")
         _require(self.moe_impl in MOE_IMPLS, "model.moe_impl",
                  f"must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        _require(self.moe_block_rows >= 0, "model.moe_block_rows", "must be >= 0 (0 = automatic)")
         _require(self.attention_impl in ATTENTION_IMPLS, "model.attention_impl",
                  f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
         _require(self.load_balancing_coef >= 0, "model.load_balancing_coef", "must be >= 0")

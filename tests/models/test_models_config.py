@@ -63,6 +63,8 @@ def test_invalid_config_values_raise():
         tiny_qwen3_config(moe=False, num_key_value_heads=3)
     with pytest.raises(ValueError, match="moe_impl"):
         tiny_qwen3_config(moe_impl="sparse")
+    with pytest.raises(ValueError, match="moe_block_rows"):
+        tiny_qwen3_config(moe_block_rows=-8)
 
 
 @pytest.mark.parametrize("rope", [

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.models import MeshConfig, batch_sharding, init_model, make_mesh
+from ipa_jax.models import moe as moe_module
 from ipa_jax.models.moe import (
     DISPATCH,
     MoeDispatch,
@@ -85,6 +86,20 @@ def test_dispatch_paths_agree_and_drop_nothing(expert_weights, routing):
             assert _rel(g, gd) < 1e-5, name
 
 
+@pytest.mark.parametrize("block_rows", [5, 8, 48, 1000])  # 5: no run a multiple of it; 1000 > the 48 assignments
+def test_blocked_path_at_any_block_size_equals_numpy_and_the_dense_gradients(expert_weights, block_rows):
+    x, weights, wg, wu, wd = expert_weights
+    blocked = lambda *a: moe_module.swiglu_experts_blocked(*a, block_rows=block_rows)  # noqa: E731
+    grad_fn = jax.jit(jax.value_and_grad(lambda *a: _loss(blocked, *a), argnums=(0, 2, 3, 4, 5)))
+    for routing in _routings().values():
+        experts = jnp.asarray(routing, jnp.int32)
+        assert _rel(jax.jit(blocked)(x, experts, weights, wg, wu, wd), _np_experts(x, experts, weights, wg, wu,
+                                                                                     wd)) < 1e-5
+        _, g_dense = _DISPATCH_GRADS["dense"](x, experts, weights, wg, wu, wd)
+        for gd, g in zip(g_dense, grad_fn(x, experts, weights, wg, wu, wd)[1]):
+            assert _rel(g, gd) < 1e-5
+
+
 def test_expert_blocks_cover_every_sorted_row_once_with_its_expert():
     rows = expert_block_rows(N * K, E)
     assert rows == 16  # 48 assignments over 6 experts: twice the mean, to a power of two
@@ -147,11 +162,12 @@ MOE_CFG = dict(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_la
                num_experts_per_tok=2)
 
 
-def _moe_grad_fn(mesh, rows: int = 4):
-    """(params, grad_fn, own) of a 2-layer model (layer 1 dense), sharded on `mesh` (None: one device), with a batch
-    of `rows` rows of 9 tokens; grad_fn(params, routed_experts, moe_impl) is jitted once per path: routed_experts
-    `own` (all -1) keeps the router's own choice. The same weights and batch on every mesh."""
-    cfg = tiny_qwen3_config(**MOE_CFG)
+def _moe_grad_fn(mesh, rows: int = 4, **config):
+    """(params, grad_fn, own) of a 2-layer model (layer 1 dense; `config`: more Qwen3Config fields), sharded on
+    `mesh` (None: one device), with a batch of `rows` rows of 9 tokens; grad_fn(params, routed_experts, moe_impl) is
+    jitted once per path: routed_experts `own` (all -1) keeps the router's own choice. The same weights and batch on
+    every mesh."""
+    cfg = tiny_qwen3_config(**MOE_CFG, **config)
     model = init_model(cfg, seed=4, mesh=mesh)
     # Larger router weights give confident, non-uniform routing (init std 0.02 makes all experts tie).
     for i in cfg.moe_layers:
@@ -219,6 +235,23 @@ def test_expert_parallel_over_four_devices_with_split_and_replicated_tokens(moe_
     assert _rel(out_path.logits, out_ref.logits) < 1e-5
     np.testing.assert_array_equal(np.asarray(out_path.aux["routed_experts"]), np.asarray(out_ref.aux["routed_experts"]))
     _assert_same_grads(g_path, g_ref)
+
+
+def test_the_configs_block_rows_reach_the_blocked_path_and_keep_the_function(monkeypatch, moe_reference):
+    """moe_block_rows=5 on 8 fake devices, expert-parallel: every blocked call runs in blocks of 5 rows (recorded
+    while tracing), and the model still equals the one-device dense reference."""
+    seen = []
+    grouped = moe_module.grouped_swiglu
+    monkeypatch.setattr(moe_module, "grouped_swiglu", lambda *a: seen.append(a[-1]) or grouped(*a))
+    params, grad_fn, own = _moe_grad_fn(make_mesh(MeshConfig(1, 2, 2, 2)), moe_block_rows=5)
+    g_ref, out_ref = moe_reference
+    g_path, out_path = grad_fn(params, own, "blocked")
+    assert seen and set(seen) == {5}
+    assert _rel(out_path.logits, out_ref.logits) < 1e-5
+    _assert_same_grads(g_path, g_ref)
+    # Only the blocked path has blocks: the others ignore the setting.
+    assert moe_dispatch("blocked", 2, block_rows=5).block_rows == 5
+    assert moe_dispatch("dense", 2, block_rows=5) == MoeDispatch("dense", 2)
 
 
 def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_shard():
