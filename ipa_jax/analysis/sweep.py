@@ -139,6 +139,11 @@ PRESETS: dict[str, Preset] = {
                                       "the longhorizon_flash preset on chains of 1-6 hops with a 600-step imitation "
                                       "cap, the warm start that works on seeds 0-3", overrides=MIXED_HOPS,
                                       claim="lower"),
+    "terminal": Preset(("terminal_credit_chunk", "terminal_control_il_continue", "terminal_credit_token"),
+                       (0, 1, 2, 3),
+                       "IPA against imitation continued and token credit on the terminal suite's easy tier (shell "
+                       "commands in sandboxes); for a policy that learns the tier: the tiny CPU policy stays at ~6% "
+                       "(configs/ablations/terminal_common.py)", claim="lower"),
     "staleness_offpolicy": Preset(
         ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
          "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",

@@ -154,6 +154,10 @@ ABLATIONS = {
     "longhorizon_credit_token_matched": ("longhorizon_common", {_OBJ + "credit", _OBJ + "gamma"}),
     "longhorizon_flash_reinforce": ("longhorizon_common", {"optimizer.lr"} | {_OBJ + k for k in FLASH_FIELDS}),
     "longhorizon_flash_token_mean": ("longhorizon_flash_reinforce", {_OBJ + "aggregation"}),
+    # The terminal suite's base (terminal_common) and its arms.
+    "terminal_credit_chunk": ("terminal_common", set()),
+    "terminal_credit_token": ("terminal_common", {_OBJ + "credit"}),
+    "terminal_control_il_continue": ("terminal_common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
 }
 
 
@@ -165,7 +169,7 @@ def _flat_resolved(name: str) -> dict:
 def test_every_ablation_config_changes_one_thing():
     files = {os.path.splitext(os.path.basename(p))[0]
              for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))}
-    assert files - {"common", "common_negatives", "longhorizon_common"} == set(ABLATIONS)
+    assert files - {"common", "common_negatives", "longhorizon_common", "terminal_common"} == set(ABLATIONS)
     # The negative branch's base: the common base with negative advantages, at the lr stable with them.
     negatives, common = _flat_resolved("common_negatives"), _flat_resolved("common")
     assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline",
