@@ -6,6 +6,7 @@
 #
 #   bash experiments/benchmarks/gpu_learner.sh                      # at most 9 minutes (the two time limits)
 #   bash experiments/benchmarks/gpu_learner.sh --moe_impl=ragged    # extra flags go to every run
+#   bash experiments/benchmarks/gpu_learner.sh --moe_block_rows=2048   # the blocked MoE's rows per block (0 = auto)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu_learner}
