@@ -7,10 +7,10 @@ RL steps. Each terminal_*.py changes ONE thing from here, as its namesake does f
 
 Measured (seed 0, 2 CPU cores, 2026-12-04; the same warm start): the tiny policy never reached the target (greedy
 match 0-12.5% of a batch) and after the 600 steps (33 minutes) solved 4 of 64 held-out easy tasks (6.2%; 3.1%
-after 100 steps), with 2.3 failed commands per episode. The preset's seed 0 (54 min) ended its arms at 4.7%
-(chunk credit), 7.8% (imitation continued) and 6.2% (token credit): at that floor no arm differs from another
-(README). The preset is for a policy that learns the tier, e.g. a Qwen3 checkpoint (--set=model.path=...) with
-SGLang servers, as in configs/terminal_qwen3.py.
+after 100 steps), with 2.3 failed commands per episode. The preset's 4 seeds (~2.6 h) started RL at 3.1-7.8% and
+ended it at 5.9% (chunk credit), 7.8% (imitation continued) and 6.2% (token credit) on average: at that floor no
+arm differs from another (paired intervals span 0; README). The preset is for a policy that learns the tier, e.g.
+a Qwen3 checkpoint (--set=model.path=...) with SGLang servers, as in configs/terminal_qwen3.py.
 """
 
 from pathlib import Path
