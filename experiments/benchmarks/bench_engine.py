@@ -1,10 +1,10 @@
 """Decode throughput of the embedded JAX engine next to transformers' `generate`, and weight-update latency.
 
-Both engines run the same random Qwen3 weights (transformers builds them and saves safetensors; ipa_jax loads
-them) in float32 on CPU, sampling at temperature 1 with no stop tokens, prompts of --prompt_len tokens.
-Decode tokens/s = B * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and the first token are
-excluded; each time is the minimum of --iters interleaved rounds (embedded and transformers, N and 1 new
-tokens, one run each per round) after a warm-up (compile) run. Weight-update latency:
+Both engines run the same random Qwen3 weights (transformers builds them and saves safetensors; ipa_jax loads them)
+in float32 on CPU, sampling at temperature 1 with no stop tokens, prompts of --prompt_len tokens. Decode tokens/s =
+B * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and the first token are excluded; each time is the
+minimum of --iters interleaved rounds (embedded and transformers, N and 1 new tokens, one run each per round, each
+after a short pause: ipa_jax.timing) after a warm-up (compile) run. Weight-update latency:
 EmbeddedEngine.update_weights (read safetensors + swap), set_params_from_model (in-process swap), and a full
 SGLangEngine sync (pause -> /update_weights_from_disk -> version read-back -> continue) on a dev server.
 
@@ -54,20 +54,6 @@ def median_time(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def min_times_round_robin(fns: dict, rounds: int) -> dict[str, float]:
-    """{name: minimum seconds} over `rounds` rounds that call every fn once (interleaved, so a shared machine's
-    load spreads over all of them), after one warm-up call each; each fn must block until done."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: min(t) for name, t in times.items()}
-
-
 def main(_):
     import numpy as np
     import torch
@@ -77,6 +63,7 @@ def main(_):
     from ipa_jax.engines.devserver import DevServer
     from ipa_jax.engines.embedded import EmbeddedEngine
     from ipa_jax.models import from_pretrained
+    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -120,8 +107,9 @@ def main(_):
                                         pad_token_id=0)
             assert out.shape[1] == p_len + n
 
-        t = min_times_round_robin({"jax_n": lambda: run_jax(n_new), "jax_1": lambda: run_jax(1),
+        rounds = time_round_robin({"jax_n": lambda: run_jax(n_new), "jax_1": lambda: run_jax(1),
                                    "hf_n": lambda: run_hf(n_new), "hf_1": lambda: run_hf(1)}, FLAGS.iters)
+        t = {name: min(times) for name, times in rounds.items()}
         t_jax, t_hf = t["jax_n"] - t["jax_1"], t["hf_n"] - t["hf_1"]
         jax_tps, hf_tps = b * (n_new - 1) / t_jax, b * (n_new - 1) / t_hf
         results[f"batch_{b}"] = {"embedded_tokens_per_s": jax_tps, "transformers_tokens_per_s": hf_tps,

@@ -1,13 +1,13 @@
 """Learner throughput: the jitted ipa_jax train step next to a plain PyTorch/transformers training step.
 
-Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safetensors), same batch, same
-objective (FlashREINFORCE: batch-mean baseline, detached token ratio, sequence Bernoulli-KL trust region,
-sample-mean; rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and
-Adam state; compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast).
-Also times ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the
-objective's share of the step. Reports tokens/s, MFU (6 * N_active * tokens + attention FLOPs over the
-device's peak), the minimum and median of --iters interleaved rounds after warm-up (compile), and the ratios
-(from the minima: the least disturbed measurements on a shared machine).
+Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safetensors), same batch, same objective
+(FlashREINFORCE: batch-mean baseline, detached token ratio, sequence Bernoulli-KL trust region, sample-mean;
+rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and Adam state;
+compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). Also times
+ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the objective's share
+of the step. Reports tokens/s, MFU (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum
+and median of --iters interleaved rounds after warm-up (compile; each timed call after a short pause:
+ipa_jax.timing), and the ratios (from the minima: the least disturbed measurements on a shared machine).
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 from absl import app, flags
 
@@ -42,6 +41,8 @@ flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"], "i
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of both sides (weights stay float32)")
 flags.DEFINE_string("torch_device", "cpu", "where the PyTorch step runs: cpu, cuda, or none (time ipa_jax alone)")
 flags.DEFINE_integer("heads", 8, "attention heads (KV heads: half of them)")
+flags.DEFINE_bool("update_bound", True, "ipa_jax shows each update finite by AdamW's bound before computing it "
+                  "(False: computes and checks it, as for a custom optax transformation; docs/design.md)")
 flags.DEFINE_integer("microbatches", 1, "ipa_jax gradient-accumulation microbatches (torch: one pass)")
 flags.DEFINE_bool("nll_step", True, "also time ipa_jax with a plain NLL loss (a second copy of the weights and "
                   "optimizer state: turn off for configs that fill the device)")
@@ -50,21 +51,6 @@ flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
 
 DELTA = 3e-3  # FlashREINFORCE trust-region threshold (both implementations)
-
-
-def _time_round_robin(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
-    """{name: {"min": s, "median": s}} over `rounds` rounds that time each step once, after one warm-up
-    (compile) call each. Interleaving spreads the noise of a shared machine over all of them; the minimum is
-    the least disturbed measurement. Each step() must block until its work is done."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: {"min": min(t), "median": statistics.median(t)} for name, t in times.items()}
 
 
 def _synthetic_batch(rng, batch: int, seq_len: int, vocab: int):
@@ -136,8 +122,10 @@ def main(_):
     import transformers
     from flax import nnx
 
+    from ipa_jax.host_memory import keep_freed_host_memory
     from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
+    from ipa_jax.timing import time_round_robin
     from ipa_jax.train import (
         OptimizerConfig,
         StepOptions,
@@ -173,7 +161,8 @@ def main(_):
     objective = flash_reinforce_config(DELTA)
     compute_dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
     options = StepOptions(objective=objective, logprob_block_size=128, entropy=False, compute_dtype=compute_dtype,
-                          microbatches=FLAGS.microbatches)
+                          microbatches=FLAGS.microbatches,
+                          optimizer=optimizer if FLAGS.update_bound else None)
     state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
     step = TrainStep(state, mesh, options, make_schedule(optimizer, total_steps=1000))
     device_batch = step.put_batch(batch)
@@ -219,6 +208,8 @@ def main(_):
                               moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
                               seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
                               microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
+                              update_bound=FLAGS.update_bound,
+                              keep_host_memory=keep_freed_host_memory(),
                               moe_block_rows=FLAGS.moe_block_rows,
                               attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
                               device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
@@ -230,7 +221,8 @@ def main(_):
     if FLAGS.torch_device != "none":
         steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
     del hf  # the torch step holds its own reference (on its device)
-    timed = _time_round_robin(steps, FLAGS.iters)
+    timed = {name: {"min": min(t), "median": statistics.median(t)}
+             for name, t in time_round_robin(steps, FLAGS.iters).items()}
     times = {name: t["min"] for name, t in timed.items()}
     flops = train_flops_per_token(config, FLAGS.seq_len) * tokens_per_step
     peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])

@@ -1,11 +1,11 @@
 """Forward+backward time of a small Qwen3-MoE: ipa_jax's MoE / attention paths next to transformers.
 
-Every variant runs the same random weights (transformers builds them, saves safetensors, ipa_jax loads them) on
-the same tokens and the same loss (mean next-token NLL), in float32 on CPU. A variant is MOE_IMPL/ATTENTION_IMPL
-(models/moe.py, models/attention.py); "auto/auto" is the default the learner runs, "dense/reference" the
-reference paths. After one warm-up (compile) call each, --iters rounds time every variant once per round
-(interleaved, so a shared machine's load spreads over all of them); the ratios to transformers come from the
-minima (the least disturbed measurements). The losses must agree.
+Every variant runs the same random weights (transformers builds them, saves safetensors, ipa_jax loads them) on the
+same tokens and the same loss (mean next-token NLL), in float32 on CPU. A variant is MOE_IMPL/ATTENTION_IMPL
+(models/moe.py, models/attention.py); "auto/auto" is the default the learner runs, "dense/reference" the reference
+paths. After one warm-up (compile) call each, --iters rounds time every variant once per round (interleaved, so a
+shared machine's load spreads over all of them; each after a short pause: ipa_jax.timing); the ratios to
+transformers come from the minima (the least disturbed measurements). The losses must agree.
 
   python experiments/benchmarks/bench_model.py                       # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_model.py --variants=auto/auto,blocked/reference,dense/auto
@@ -36,19 +36,6 @@ flags.DEFINE_integer("threads", 0, "torch intra-op threads (0 = torch default)")
 FLAGS = flags.FLAGS
 
 
-def time_round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
-    """{name: seconds of each round}; one warm-up call of every step first; each step() blocks until done."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return times
-
-
 def main(_):
     import jax
     import jax.numpy as jnp
@@ -58,6 +45,7 @@ def main(_):
     from flax import nnx
 
     from ipa_jax.models import from_pretrained
+    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)

@@ -136,7 +136,7 @@ def compile_train_step(config, mesh, *, batch: int, seq_len: int, microbatches: 
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0)
     state = abstract_state(config, mesh, make_optimizer(optimizer), jnp.dtype(param_dtype))
     options = StepOptions(objective=flash_reinforce_config(3e-3), microbatches=microbatches,
-                          compute_dtype=None if dtype == param_dtype else dtype)
+                          compute_dtype=None if dtype == param_dtype else dtype, optimizer=optimizer)
     step_batch = abstract_batch(batch, seq_len, lambda ndim: batch_sharding(mesh, ndim=ndim))
     # TrainStep's jit: explicit shardings, the state donated.
     state_shardings = jax.tree.map(lambda x: x.sharding, state)

@@ -82,6 +82,7 @@ def step_options(exp: ExperimentConfig, objective: ObjectiveConfig | None = None
         router_z_coef=m.router_z_coef,
         compute_dtype=None if m.dtype == m.param_dtype else m.dtype,
         success_reward=exp.resample.success_reward,  # the one definition of a successful episode
+        optimizer=exp.optimizer,
     )
 
 

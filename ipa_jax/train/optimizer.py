@@ -125,3 +125,28 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
 def apply_direction(params, direction, lr: jax.Array):
     """params - lr * direction (optax.adamw's scale_by_learning_rate, with the run-time learning rate)."""
     return optax.apply_updates(params, jax.tree.map(lambda d: (-lr * d).astype(d.dtype), direction))
+
+
+def update_magnitude_bound(config: OptimizerConfig, params, opt_state, grad_norm: jax.Array,
+                           lr: jax.Array) -> jax.Array:
+    """A float32 scalar >= |x| for every number the update of make_optimizer(config) then apply_direction(lr)
+    computes from a gradient of global norm grad_norm (moments, bias-corrected moments, direction, new
+    parameters), from the inputs alone; inf or nan when an input is not finite. The train step reads it to
+    apply an update without first computing it and checking the result (module doc of train/step.py).
+
+    With g the clipped gradient (|g_i| <= G = min(grad_norm, clip_norm)), M = max|mu|, N = max nu, P = max|p|:
+      |mu'| <= max(M, G),  nu' <= max(N, G^2) =: V,  nu' / (1 - b2^t) <= V / (1 - b2),
+      |mu' / (1 - b1^t)| <= max(M, G) / (1 - b1) =: H,
+      |direction| <= H / eps + weight_decay * P =: D,  |p - lr * direction| <= P + |lr| * D."""
+    def max_abs(tree):
+        return jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]))
+
+    g = grad_norm.astype(jnp.float32)
+    if config.clip_norm > 0:
+        g = jnp.minimum(g, config.clip_norm)
+    m = jnp.maximum(max_abs(optax.tree_utils.tree_get(opt_state, "mu")), g)
+    v = jnp.maximum(max_abs(optax.tree_utils.tree_get(opt_state, "nu")), g * g)
+    p = max_abs(params)
+    h = m / (1.0 - config.b1)
+    d = h / config.eps + config.weight_decay * p
+    return jnp.max(jnp.stack([v / (1.0 - config.b2), h, d, p + jnp.abs(lr) * d]))

@@ -9,8 +9,13 @@
    gradient equals the full-batch gradient (up to float reassociation). Per-row inputs of the objective travel
    with their rows: rewards (sign_by="reward"), the failure labels reward < options.success_reward (the entropy
    filter's failed rows) and the old log-probs.
-3. A non-finite loss, gradient or update (new params or optimizer state, e.g. from an overflowing learning rate)
-   leaves params and optimizer state unchanged and counts a skipped update.
+3. A non-finite loss or gradient, or an update not shown finite (new params or optimizer state, e.g. from an
+   overflowing learning rate), leaves params and optimizer state unchanged and counts a skipped update. With
+   options.optimizer the update is shown finite before it is computed, by `update_magnitude_bound` (a bound on
+   every number it computes, from the gradient norm, learning rate and the largest parameter and moment). It fails
+   only when learning rate x largest Adam moment / eps nears float32's range (with AdamW's defaults and clipping:
+   learning rates above about 1e29), so only absurd learning rates skip an update that would have been finite.
+   Without it, each update is computed, checked, and applied only when every new number is finite.
 
 Current log-probs (and entropies when asked) come from the model's blockwise `token_logprobs`.
 
@@ -49,7 +54,7 @@ from ipa_jax.objectives import (
     term_denominators,
 )
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
-from ipa_jax.train.optimizer import PhaseSchedule, apply_direction
+from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
 
@@ -67,6 +72,9 @@ class StepOptions:
     router_z_coef: float = 0.0
     compute_dtype: str | None = None  # cast floating params to this dtype in the forward (None = as stored)
     success_reward: float = 1.0  # a row with reward < this is a failure (the entropy filter's failed rows)
+    # The AdamW behind state.tx (make_optimizer(optimizer)), to show an update finite before computing it; None
+    # (any optax transformation): compute each update and check it (module doc, 3.)
+    optimizer: OptimizerConfig | None = None
 
     @property
     def needs_entropy(self) -> bool:
@@ -88,6 +96,11 @@ def _all_finite(tree: Any) -> jax.Array:
     """Whether every floating leaf of `tree` is finite (a scalar bool)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _smallest_float_max(tree: Any) -> float:
+    """The largest finite value of the narrowest floating dtype among `tree`'s leaves."""
+    return min(float(jnp.finfo(x.dtype).max) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def _cast_floating(tree: Any, dtype: str | None) -> Any:
@@ -257,14 +270,24 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
 
     def apply(_):
         direction, opt_state = state.tx.update(grads, state.opt_state, state.params)
-        params = apply_direction(state.params, direction, lr)
-        # A finite gradient can still make a non-finite update (an overflowing learning rate or Adam state).
+        return apply_direction(state.params, direction, lr), opt_state, jnp.asarray(True)
+
+    def apply_if_finite(_):
+        params, opt_state, _ = apply(None)
         ok = _all_finite(params) & _all_finite(opt_state)
         return jax.lax.cond(ok, lambda _: (params, opt_state, jnp.asarray(True)), keep, None)
 
     # A skipped update keeps params and optimizer state bit for bit (the learning rate schedule follows the
-    # step); cond runs only the taken branch, so the usual path pays only the update's finiteness check.
-    new_params, new_opt_state, applied = jax.lax.cond(finite, apply, keep, None)
+    # step). A finite gradient can still make a non-finite update (an overflowing learning rate), so the update
+    # must be shown finite too: by a bound from its inputs when the step knows the optimizer, which lets it write
+    # params and moments in place; otherwise by computing it and checking the result, which needs fresh buffers
+    # for them (25% of a small CPU step).
+    if options.optimizer is None:
+        new_params, new_opt_state, applied = jax.lax.cond(finite, apply_if_finite, keep, None)
+    else:
+        bound = update_magnitude_bound(options.optimizer, state.params, state.opt_state, grad_norm, lr)
+        bounded = bound <= 0.5 * _smallest_float_max(state.params)  # half: room for rounding
+        new_params, new_opt_state, applied = jax.lax.cond(finite & bounded, apply, keep, None)
     skipped = (~applied).astype(jnp.int32)
     new_state = state.replace(
         params=new_params,

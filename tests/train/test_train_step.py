@@ -1,6 +1,7 @@
 """The jitted train step: microbatching == full batch, non-finite losses and updates skipped, sharded == one device,
 and the optimizer schedule against its formula."""
 
+import dataclasses
 import math
 
 import jax
@@ -12,7 +13,13 @@ from train_helpers import MOE_ARCH, make_batch, make_exp, max_rel_diff, tree_cop
 
 from ipa_jax.models import MeshConfig, make_mesh
 from ipa_jax.pipeline.build import build_state, build_steps
-from ipa_jax.train.optimizer import OptimizerConfig, apply_direction, make_optimizer, make_schedule
+from ipa_jax.train.optimizer import (
+    OptimizerConfig,
+    apply_direction,
+    make_optimizer,
+    make_schedule,
+    update_magnitude_bound,
+)
 from ipa_jax.train.step import TrainStep, greedy_reproduced_rows
 
 
@@ -80,18 +87,88 @@ def test_nonfinite_batch_is_skipped_and_counted(setup):
     assert math.isclose(float(metrics["lr"]), exp.optimizer.lr, rel_tol=1e-6)
 
 
-def test_nonfinite_update_from_a_finite_gradient_is_skipped(setup):
+@pytest.mark.parametrize("shown_finite_by", ["bound", "check"])
+def test_nonfinite_update_from_a_finite_gradient_is_skipped(setup, shown_finite_by):
     """An overflowing learning rate makes every parameter non-finite from a finite loss and gradient: the update is
-    skipped, not applied (before, the run went on with every parameter NaN and exited 0)."""
+    skipped, not applied (before, the run went on with every parameter NaN and exited 0). Both ways of showing an
+    update finite: the bound from its inputs (the step knows the optimizer) and checking the computed update."""
     state, step_full, _, _ = setup
+    assert step_full.options.optimizer is not None  # build_steps passes the experiment's optimizer
+    options = step_full.options if shown_finite_by == "bound" else dataclasses.replace(step_full.options,
+                                                                                        optimizer=None)
     state = _copy_state(state)
     params0, opt0 = tree_copy(state.params), tree_copy(state.opt_state)
-    overflowing = TrainStep(state, step_full.mesh, step_full.options, lambda step, rl_start=0: jnp.float32(jnp.inf))
+    overflowing = TrainStep(state, step_full.mesh, options, lambda step, rl_start=0: jnp.float32(jnp.inf))
     state, metrics = overflowing(state, overflowing.put_batch(make_batch(8, seed=2)))
     assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
     assert int(metrics["skipped"]) == 1 and int(state.skipped) == 1
     jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
     jax.tree.map(np.testing.assert_array_equal, tree_copy(state.opt_state), opt0)
+
+
+def test_bounded_update_skips_only_absurd_learning_rates(setup):
+    """lr 1e35 is skipped by the bound (lr x Adam's largest direction ~ 1e35 x 1e5 overflows it), lr 1e20 is
+    applied: parameters of order 1e20, every number finite."""
+    state, step_full, _, _ = setup
+    state = _copy_state(state)
+    params0 = tree_copy(state.params)
+    step = TrainStep(state, step_full.mesh, step_full.options,
+                     lambda step, rl_start=0: jnp.where(step == 0, jnp.float32(1e35), jnp.float32(1e20)))
+    batch = step.put_batch(make_batch(8, seed=2))
+    state, first = step(state, batch)
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
+    state, second = step(state, batch)
+    assert (int(first["skipped"]), int(second["skipped"])) == (1, 0)
+    params = tree_copy(state.params)
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves((params, tree_copy(state.opt_state))))
+    assert 1e18 < max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params)) < 1e22
+
+
+def _adamw_numbers(config: OptimizerConfig, p, g, mu, nu, count, lr) -> dict[str, np.ndarray]:
+    """Every number AdamW's update computes, in float64 from its formula (one leaf, a matrix: weight decay on)."""
+    norm = np.sqrt(np.sum(g * g))
+    if config.clip_norm > 0 and norm > config.clip_norm:
+        g = g * config.clip_norm / norm
+    t = count + 1
+    mu1, nu1 = config.b1 * mu + (1 - config.b1) * g, config.b2 * nu + (1 - config.b2) * g * g
+    mu_hat, nu_hat = mu1 / (1 - config.b1 ** t), nu1 / (1 - config.b2 ** t)
+    direction = mu_hat / (np.sqrt(nu_hat) + config.eps) + config.weight_decay * p
+    return {"mu": mu1, "nu": nu1, "mu_hat": mu_hat, "nu_hat": nu_hat, "direction": direction,
+            "params": p - lr * direction}
+
+
+@pytest.mark.parametrize("case", ["random", "momentum_without_variance", "huge_variance", "huge_params_unclipped"])
+def test_update_magnitude_bound_covers_every_number_of_the_update(case):
+    """update_magnitude_bound >= |x| for every number of the AdamW update (float64 NumPy from the formula, itself
+    checked against the optax update), and within 20x of the largest in the cases built to approach it."""
+    rng = np.random.default_rng(0)
+    config, lr, count = OptimizerConfig(), 1e-3, 5
+    p, g = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    mu, nu = 0.1 * rng.normal(size=(6, 5)), 0.01 * rng.random((6, 5))
+    if case == "momentum_without_variance":  # d = mu_hat / eps at the first step: the direction's bound
+        config, lr, count, g, nu = OptimizerConfig(eps=1e-3), 1e30, 0, 0 * g, 0 * nu
+        mu[2, 3] = 1e3
+    elif case == "huge_variance":  # nu_hat = nu' / (1 - b2) at the first step
+        count, nu = 0, nu + 1e30
+    elif case == "huge_params_unclipped":
+        config, lr, g = OptimizerConfig(clip_norm=0.0, weight_decay=0.5), 0.5, 1e6 * g
+        p[0, 0] = 1e36
+    numbers = _adamw_numbers(config, p, g, mu, nu, count, lr)
+    largest = max(float(np.max(np.abs(x))) for x in numbers.values())
+
+    tx = make_optimizer(config)
+    params = {"w": jnp.asarray(p, jnp.float32)}
+    opt_state = optax.tree_utils.tree_set(tx.init(params), mu={"w": jnp.asarray(mu, jnp.float32)},
+                                          nu={"w": jnp.asarray(nu, jnp.float32)}, count=jnp.asarray(count, jnp.int32))
+    grads = {"w": jnp.asarray(g, jnp.float32)}
+    direction, _ = tx.update(grads, opt_state, params)
+    np.testing.assert_allclose(apply_direction(params, direction, lr)["w"], numbers["params"], rtol=1e-5, atol=1e-5)
+    bound = float(update_magnitude_bound(config, params, opt_state, optax.global_norm(grads), jnp.float32(lr)))
+    assert bound >= largest, (bound, largest)
+    if case != "random":
+        assert bound <= 20 * largest, (bound, largest)
+    assert not np.isfinite(float(update_magnitude_bound(config, params, opt_state, jnp.float32(np.nan),
+                                                        jnp.float32(lr))))
 
 
 def test_sharded_mesh_update_equals_one_device():

@@ -1,0 +1,43 @@
+"""ipa_jax's malloc settings (ipa_jax/host_memory.py): a jitted computation's large buffers are reused from one call
+to the next instead of faulted in afresh, counted in page faults in fresh processes with and without them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# 80 MB in and out: XLA's CPU client allocates the output from a worker thread, an mmap under glibc's defaults.
+SCRIPT = """
+import json, resource
+import ipa_jax
+from ipa_jax.host_memory import keep_freed_host_memory
+import jax, jax.numpy as jnp
+f = jax.jit(lambda x: jnp.sin(x) * 2.0)
+x = jnp.ones((20_000_000,), jnp.float32)
+for _ in range(8):  # the heap grows over the first calls (a few outputs alive at once), then holds
+    f(x).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    f(x).block_until_ready()
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+print(json.dumps({"faults_per_call": faults, "applies": keep_freed_host_memory()}))
+"""
+
+
+def _faults_per_call(keep: str) -> dict:
+    env = {**os.environ, "IPA_JAX_KEEP_HOST_MEMORY": keep, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings: Linux only")
+def test_large_buffers_are_reused_instead_of_faulted_in_every_call():
+    kept, default = _faults_per_call("1"), _faults_per_call("0")
+    if not kept["applies"]:
+        pytest.skip("not glibc (musl?): the settings do not apply")
+    assert not default["applies"]  # IPA_JAX_KEEP_HOST_MEMORY=0 keeps glibc's defaults
+    assert default["faults_per_call"] > 15_000, default  # the 80 MB output faulted in again: 4 KiB pages
+    assert kept["faults_per_call"] < 0.1 * default["faults_per_call"], (kept, default)
