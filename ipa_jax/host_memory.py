@@ -2,9 +2,9 @@
 
 XLA on CPU allocates each execution's scratch memory (activations, gradients: 90 MB for a small train step) with
 malloc from its worker threads. glibc serves an allocation that large with a fresh mmap from a thread's own arena,
-and returns it to the system on free, so every step faults in every page of it again: 22,000 page faults, a fifth
-of a 1 x 128-token step of the benchmark model. With one arena, no mmap and no trimming, freed memory stays in the
-process and the next step reuses it without a fault.
+and returns it to the system on free, so every step faults in every page of it again: 22,000 page faults per step
+of the benchmark model at 1 x 128 tokens, about 8% of its time. With one arena, no mmap and no trimming, freed
+memory stays in the process and the next step reuses it without a fault.
 
 The cost: the process keeps its peak heap (as a GPU allocator keeps its pool), and all threads share one malloc
 arena. Set IPA_JAX_KEEP_HOST_MEMORY=0 to keep glibc's defaults. The arena setting only reaches threads that have

@@ -4,8 +4,8 @@ import time
 from collections.abc import Callable
 
 # Idle time before each timed call. PyTorch's OpenMP threads spin-wait after its step and take cores from whatever
-# runs next: measured on a 2-core machine, the ipa_jax train step right after a torch step took 0.28-0.29 s against
-# 0.21 s after a pause (batch 2 x 256).
+# runs next: on a 2-core machine at batch 2 x 256 the ipa_jax train step (bench_learner) measured 0.28-0.30 s in 4
+# of 5 processes without the pause, and 0.21-0.23 s in 10 of 12 with it.
 PAUSE_S = 0.2
 
 

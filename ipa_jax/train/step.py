@@ -281,7 +281,7 @@ def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array 
     # step). A finite gradient can still make a non-finite update (an overflowing learning rate), so the update
     # must be shown finite too: by a bound from its inputs when the step knows the optimizer, which lets it write
     # params and moments in place; otherwise by computing it and checking the result, which needs fresh buffers
-    # for them (25% of a small CPU step).
+    # for them (a fifth of a small CPU step).
     if options.optimizer is None:
         new_params, new_opt_state, applied = jax.lax.cond(finite, apply_if_finite, keep, None)
     else:
