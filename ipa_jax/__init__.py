@@ -9,4 +9,4 @@ from ipa_jax.host_memory import keep_freed_host_memory
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 # Before JAX starts its CPU threads: XLA's per-step CPU buffers are reused instead of faulted in afresh.
-keep_freed_host_memory()
+HOST_MEMORY_KEPT = keep_freed_host_memory()  # whether the settings applied (ipa_jax/host_memory.py)

@@ -122,7 +122,7 @@ def main(_):
     import transformers
     from flax import nnx
 
-    from ipa_jax.host_memory import keep_freed_host_memory
+    import ipa_jax
     from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
     from ipa_jax.timing import time_round_robin
@@ -209,7 +209,7 @@ def main(_):
                               seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
                               microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
                               update_bound=FLAGS.update_bound,
-                              keep_host_memory=keep_freed_host_memory(),
+                              keep_host_memory=ipa_jax.HOST_MEMORY_KEPT,
                               moe_block_rows=FLAGS.moe_block_rows,
                               attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
                               device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
