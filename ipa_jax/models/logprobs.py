@@ -7,9 +7,11 @@ blocks). Autodiff through the same computation under `jax.checkpoint` took ~1.5x
 [block, V] passes for the log-sum-exp, gather and entropy derivatives, and a transposed copy of d logits for the
 lm_head gradient; bench_learner.py). `reference_logprobs` is the plain full-logits reference the tests hold it to.
 
-Given the positions a loss reads (`scored`: an RL row's sampled tokens and its expert tokens), a block in which no
-row scores a token is skipped in both passes: the LM head is the largest matmul of a small model, and an agentic
-row's prompt and tool observations, most of its tokens, need no log-prob.
+Given the positions a loss reads (`scored`: an RL row's sampled tokens and its expert tokens), each row's scored
+positions are moved to its front (a permutation along the sequence, undone on the outputs) and only the blocks that
+hold some row's scored positions are computed, in both passes: the LM head is the largest matmul of a small model,
+and an agentic row's prompt and tool observations, most of its tokens and interleaved with its actions, need no
+log-prob. A row with n scored positions costs ceil(n / block_size) blocks wherever they lie.
 """
 
 from __future__ import annotations
@@ -45,9 +47,37 @@ def _block_logits(h_block: jax.Array, lm_head: jax.Array) -> jax.Array:
     return jnp.einsum("bth,hv->btv", h_block, lm_head, preferred_element_type=jnp.float32)
 
 
-def _blocks_needed(scored: jax.Array, block_size: int) -> jax.Array:
-    """bool[N / block_size]: the sequence blocks in which some row scores a token (scored bool[B, N])."""
-    return jnp.any(_to_blocks(scored, block_size), axis=(1, 2))
+def scored_first(scored: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per row, its scored positions (in order) first, then the others (in order): (order, inverse) int32[B, N] of
+    scored bool[B, N], with compact[b, i] = x[b, order[b, i]] and x[b, j] = compact[b, inverse[b, j]]."""
+    scored = scored.astype(jnp.int32)
+    count = jnp.sum(scored, axis=1, keepdims=True)
+    # a scored position goes to its rank among the scored, another to count + its rank among the others
+    inverse = jnp.where(scored > 0, jnp.cumsum(scored, axis=1), count + jnp.cumsum(1 - scored, axis=1)) - 1
+    return jnp.argsort(inverse, axis=1).astype(jnp.int32), inverse.astype(jnp.int32)
+
+
+def _take_positions(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x[b, index[b, i], ...] for x [B, N, ...], index int32[B, N]."""
+    return jax.vmap(lambda row, i: row[i])(x, index)
+
+
+@jax.custom_vjp
+def _permute_positions(x: jax.Array, order: jax.Array, inverse: jax.Array) -> jax.Array:
+    """x [B, N, ...] permuted along the sequence: x[b, order[b, i]] (`inverse` the inverse permutation). Its
+    backward pass permutes the cotangent back with a gather (autodiff of the gather would scatter-add)."""
+    return _take_positions(x, order)
+
+
+def _permute_positions_fwd(x, order, inverse):
+    return _take_positions(x, order), inverse
+
+
+def _permute_positions_bwd(inverse, g):
+    return _take_positions(g, inverse), None, None
+
+
+_permute_positions.defvjp(_permute_positions_fwd, _permute_positions_bwd)
 
 
 def _forward(hidden, lm_head, targets, needed, block_size, with_entropy):
@@ -123,18 +153,28 @@ def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array
 
     hidden [B, N, H], lm_head [H, V], targets int32[B, N], scored bool[B, N] | None (the positions read; None = all)
     -> (logprobs float32[B, N], entropy float32[B, N] | None). Neither pass holds more than one block's
-    [B, block, V] float32 logits; both outputs are differentiable. With `scored`, blocks where no row scores a
-    position are skipped: their outputs are 0 (positions outside `scored` in the other blocks are computed).
+    [B, block, V] float32 logits; both outputs are differentiable. With `scored`, each row's scored positions are
+    computed first (`scored_first`) and only ceil(max scored per row / block_size) blocks are computed; positions
+    outside `scored` hold 0.
     """
     b, n, h = hidden.shape
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     pad = -n % block_size
-    needed = (jnp.ones(((n + pad) // block_size,), bool) if scored is None
-              else _blocks_needed(jnp.pad(scored.astype(bool), ((0, 0), (0, pad))), block_size))
-    logprobs, entropy = _fused_logprobs(jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))), lm_head,
-                                        jnp.pad(targets, ((0, 0), (0, pad))), needed, block_size, return_entropy)
-    return logprobs[:, :n], (entropy[:, :n] if return_entropy else None)
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    num_blocks = (n + pad) // block_size
+    if scored is None:
+        logprobs, entropy = _fused_logprobs(hidden, lm_head, targets, jnp.ones((num_blocks,), bool), block_size,
+                                            return_entropy)
+        return logprobs[:, :n], (entropy[:, :n] if return_entropy else None)
+    scored = jnp.pad(scored.astype(bool), ((0, 0), (0, pad)))
+    order, inverse = scored_first(scored)
+    needed = jnp.arange(num_blocks) * block_size < jnp.max(jnp.sum(scored, axis=1))
+    compact = _fused_logprobs(_permute_positions(hidden, order, inverse), lm_head, _take_positions(targets, order),
+                              needed, block_size, return_entropy)
+    logprobs, entropy = (jnp.where(scored, _permute_positions(x, inverse, order), 0.0)[:, :n] for x in compact)
+    return logprobs, (entropy if return_entropy else None)
 
 
 def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = None,
@@ -148,7 +188,7 @@ def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = 
     aux). Position 0, padding, a token right after padding and the first token of a segment hold 0 (entropy
     too); entropy[:, t] is that of the distribution tokens[t] was drawn from. aux: the model's aux dict
     (load-balancing / z losses, routed experts). scored bool[B, T] | None: the tokens the caller reads (None =
-    all); sequence blocks with none of them are not computed and hold 0 (`blockwise_logprobs`).
+    all); only they are computed, in as few blocks as they fill, and the others hold 0 (`blockwise_logprobs`).
     """
     hidden, aux = model.hidden_states(tokens, positions, attention_mask, segment_ids=segment_ids,
                                       routed_experts=routed_experts, moe_impl=moe_impl)

@@ -135,7 +135,7 @@ def batch_advantages(batch: TrajectoryBatch, baseline: str) -> jax.Array:
 
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
     """The learner's forward: (log-probs float32 [b, T], entropies [b, T] | None, aux) of one microbatch, at its
-    action and expert tokens (the only ones any loss or statistic reads; elsewhere 0 in blocks without them)."""
+    action and expert tokens (the only ones any loss or statistic reads; elsewhere 0)."""
     model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
     logp, entropy, aux = token_logprobs(
         model, mb.tokens, mb.attention_mask, mb.positions, segment_ids=mb.segment_ids, return_entropy=return_entropy,

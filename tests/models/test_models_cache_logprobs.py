@@ -149,16 +149,17 @@ def test_token_logprobs_gradients_equal_naive(model_and_fwd):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-4, atol=1e-6, err_msg=str(path))
 
 
-def test_scored_positions_skip_the_blocks_without_them(model_and_fwd):
-    """With `scored`, the blocks (of 4 positions) no row scores hold 0 and give no gradient; every other position,
-    scored or not, keeps its log-prob and entropy, and a loss over the scored positions has the naive gradient."""
+def test_scored_positions_alone_are_computed(model_and_fwd):
+    """With `scored`, the scored positions hold the naive log-probs and entropies, every other position 0, and a
+    loss over the scored positions has the naive gradient. Scored positions in every block (of 4) of the 10 targets
+    are computed first, in one block per row."""
     model, fwd_params, fwd = model_and_fwd
     graphdef, params = nnx.split(model, nnx.Param)
     rng = np.random.RandomState(4)
     ids = jnp.asarray(rng.randint(0, 128, (B, T)), jnp.int32)
     mask = jnp.arange(T)[None] < jnp.asarray([[11], [9], [7]])
-    scored = np.zeros((B, T), bool)  # targets 1..10 form blocks [1-4], [5-8], [9-10]: only the second is scored
-    scored[0, 6], scored[2, 5] = True, True
+    scored = np.zeros((B, T), bool)  # targets 1..10 form blocks [1-4], [5-8], [9-10]
+    scored[0, [2, 6, 10]], scored[2, [1, 5]] = True, True
     w = jnp.asarray(rng.randn(B, T), jnp.float32)
 
     def forward(p, scored):
@@ -166,10 +167,9 @@ def test_scored_positions_skip_the_blocks_without_them(model_and_fwd):
 
     lp, ent, _ = forward(params, jnp.asarray(scored))
     want_lp, want_ent = _naive(fwd(fwd_params, ids, None, mask, None).logits, np.asarray(ids), np.asarray(mask))
-    in_block = (np.arange(T) >= 5) & (np.arange(T) <= 8)
-    np.testing.assert_allclose(np.asarray(lp), np.where(in_block, want_lp, 0), atol=2e-6)
-    np.testing.assert_allclose(np.asarray(ent), np.where(in_block, want_ent, 0), atol=2e-6)
-    assert np.all(want_lp[0, ~in_block][1:] != 0)  # the skipped positions of the full row do have log-probs
+    np.testing.assert_allclose(np.asarray(lp), np.where(scored, want_lp, 0), atol=2e-6)
+    np.testing.assert_allclose(np.asarray(ent), np.where(scored, want_ent, 0), atol=2e-6)
+    assert np.all(want_lp[0, ~scored[0]][1:] != 0)  # the other positions of the full row do have log-probs
 
     def loss(p, skip: bool):
         lp, ent, _ = forward(p, jnp.asarray(scored) if skip else None)
@@ -179,6 +179,42 @@ def test_scored_positions_skip_the_blocks_without_them(model_and_fwd):
     g_all = jax.jit(jax.grad(lambda p: loss(p, False)))(params)
     for (path, a), (_, b) in zip(nnx.to_flat_state(g_skip), nnx.to_flat_state(g_all)):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
+def test_blockwise_logprobs_computes_only_the_blocks_the_scored_positions_fill():
+    """Every block of 4 holds a scored position, but no row has more than 4, so one block is computed: a row's
+    scored positions and then its first others fill it. Hidden states at every position outside it are NaN and
+    neither the outputs nor the gradients see them (computing a block with a NaN row would put NaN in d lm_head).
+    Values and gradients equal the reference at the scored positions."""
+    rng = np.random.RandomState(5)
+    scored = np.zeros((2, 16), bool)
+    scored[0, [0, 5, 10, 15]], scored[1, [3, 7]] = True, True
+    in_block = scored | (np.cumsum(~scored, axis=1) <= 4 - scored.sum(1, keepdims=True))  # row 1: also 0 and 1
+    hidden = rng.randn(2, 16, 8).astype(np.float32)
+    head = jnp.asarray(rng.randn(8, 40) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.randint(0, 40, (2, 16)), jnp.int32)
+    w = jnp.asarray(rng.randn(2, 16), jnp.float32)
+
+    def loss(fn):
+        def f(h, head):
+            lp, ent = fn(h, head)
+            return jnp.sum(jnp.where(scored, w * lp + 0.1 * w * ent, 0.0))
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
+
+    blocked = lambda h, head: blockwise_logprobs(h, head, targets, block_size=4, return_entropy=True,  # noqa: E731
+                                                 scored=jnp.asarray(scored))
+    reference = lambda h, head: reference_logprobs(h, head, targets, return_entropy=True)  # noqa: E731
+    (got, (g_h, g_head)), (want, (want_h, want_head)) = (loss(blocked)(jnp.asarray(np.where(in_block[..., None], hidden,
+                                                                                             np.nan)), head),
+                                                          loss(reference)(jnp.asarray(hidden), head))
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(g_head), np.asarray(want_head), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(g_h)[scored], np.asarray(want_h)[scored], rtol=1e-4, atol=1e-5)
+    assert np.all(np.asarray(g_h)[~scored] == 0)
+    lp, ent = blocked(jnp.asarray(hidden), head)
+    want_lp, want_ent = reference(jnp.asarray(hidden), head)
+    np.testing.assert_allclose(np.asarray(lp), np.where(scored, want_lp, 0), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), np.where(scored, want_ent, 0), atol=1e-5)
 
 
 def test_token_logprobs_never_builds_full_float32_logits(model_and_fwd):
