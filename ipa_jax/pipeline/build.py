@@ -76,6 +76,7 @@ def step_options(exp: ExperimentConfig, objective: ObjectiveConfig | None = None
         objective=objective or exp.objective,
         microbatches=exp.train.microbatches,
         logprob_block_size=m.logprob_block_size,
+        logprob_keep_logits_mib=m.logprob_keep_logits_mib,
         entropy=exp.logging.entropy,
         routing_replay=m.routing_replay,
         load_balancing_coef=m.load_balancing_coef,

@@ -95,6 +95,9 @@ class ModelConfig:
     load_balancing_coef: weight of the Switch load-balancing loss (MoE).
     router_z_coef: weight of the router z-loss (MoE).
     logprob_block_size: sequence block of the token log-probs ([B, T, V] logits are never held at once).
+    logprob_keep_logits_mib: the learner's forward keeps its float32 logits for the backward pass instead of
+      recomputing them when they take at most this many MiB per microbatch ([b, T, V] x 4 bytes; 0 = always
+      recompute, one block at a time). Saves one of the LM head's four matmuls.
     """
 
     path: str = ""
@@ -111,6 +114,7 @@ class ModelConfig:
     load_balancing_coef: float = 0.0
     router_z_coef: float = 0.0
     logprob_block_size: int = 128
+    logprob_keep_logits_mib: int = 256
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -125,6 +129,7 @@ class ModelConfig:
         _require(self.load_balancing_coef >= 0, "model.load_balancing_coef", "must be >= 0")
         _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
         _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
+        _require(self.logprob_keep_logits_mib >= 0, "model.logprob_keep_logits_mib", "must be >= 0 (0 = recompute)")
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
         _require(not unknown, f"model.arch.{unknown[0] if unknown else ''}",
                  f"unknown architecture field; known: {sorted(DEFAULT_ARCH)}")

@@ -66,6 +66,7 @@ class StepOptions:
     objective: ObjectiveConfig
     microbatches: int = 1
     logprob_block_size: int = 128
+    logprob_keep_logits_mib: int = 256  # keep the forward's logits for the backward up to this size
     entropy: bool = False  # compute token entropies (always on when the objective needs them)
     routing_replay: bool = False  # feed batch.routed_experts to the model's MoE layers
     load_balancing_coef: float = 0.0
@@ -140,6 +141,7 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
     logp, entropy, aux = token_logprobs(
         model, mb.tokens, mb.attention_mask, mb.positions, segment_ids=mb.segment_ids, return_entropy=return_entropy,
         block_size=options.logprob_block_size,
+        keep_logits_bytes=options.logprob_keep_logits_mib << 20,
         routed_experts=mb.routed_experts if options.routing_replay else None,
         scored=mb.action_mask | mb.expert_mask,
     )

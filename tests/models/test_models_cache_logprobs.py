@@ -264,10 +264,12 @@ def test_remat_policy_same_gradients(model_and_fwd, plain_grads, policy):
         np.testing.assert_allclose(np.asarray(a[...]), b, atol=1e-5 * np.abs(b).max(), err_msg=str(path))
 
 
+@pytest.mark.parametrize("keep_logits_bytes", [0, 1 << 20])
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_blockwise_logprobs_vjp_equals_reference(with_entropy):
+def test_blockwise_logprobs_vjp_equals_reference(with_entropy, keep_logits_bytes):
     """The hand-written backward of blockwise_logprobs against autodiff of the full-logits reference: values and
-    gradients w.r.t. hidden and lm_head, N = 13 not a multiple of the block (5); bfloat16 inputs keep their dtype."""
+    gradients w.r.t. hidden and lm_head, N = 13 not a multiple of the block (5), the logits recomputed or kept;
+    bfloat16 inputs keep their dtype."""
     rng = np.random.RandomState(4)
     hidden = jnp.asarray(rng.randn(2, 13, 8), jnp.float32)
     head = jnp.asarray(rng.randn(8, 40) * 0.5, jnp.float32)
@@ -280,7 +282,8 @@ def test_blockwise_logprobs_vjp_equals_reference(with_entropy):
             return jnp.sum(w_lp * lp) + (jnp.sum(w_ent * ent) if with_entropy else 0.0)
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
 
-    blocked = lambda h, w: blockwise_logprobs(h, w, targets, block_size=5, return_entropy=with_entropy)  # noqa: E731
+    blocked = lambda h, w: blockwise_logprobs(h, w, targets, block_size=5, return_entropy=with_entropy,  # noqa: E731
+                                              keep_logits_bytes=keep_logits_bytes)
     reference = lambda h, w: reference_logprobs(h, w, targets, return_entropy=with_entropy)  # noqa: E731
     (got, got_grads), (want, want_grads) = loss(blocked)(hidden, head), loss(reference)(hidden, head)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
@@ -292,3 +295,23 @@ def test_blockwise_logprobs_vjp_equals_reference(with_entropy):
     assert (ent is None) == (not with_entropy)
     _, (g_h, g_w) = loss(blocked)(hidden.astype(jnp.bfloat16), head.astype(jnp.bfloat16))
     assert g_h.dtype == jnp.bfloat16 and g_w.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("keep_logits_bytes, logits_matmuls", [(0, 2), (2 * 15 * 40 * 4, 1), (2 * 15 * 40 * 4 - 1, 2)])
+def test_kept_logits_are_not_recomputed(keep_logits_bytes, logits_matmuls):
+    """The gradient computes the [.., V] logits once (forward) when their 2 x 15 x 40 float32 (N = 13 in blocks of
+    5) fit in keep_logits_bytes, twice (forward, backward) otherwise."""
+    hidden, head = jnp.ones((2, 13, 8)), jnp.ones((8, 40))
+    targets = jnp.zeros((2, 13), jnp.int32)
+
+    def loss(h, w):
+        return jnp.sum(blockwise_logprobs(h, w, targets, block_size=5, keep_logits_bytes=keep_logits_bytes)[0])
+
+    def dots(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.shape == (2, 5, 40):  # a block's logits
+                yield eqn
+            for sub in jax.core.jaxprs_in_params(eqn.params):
+                yield from dots(sub)
+
+    assert len(list(dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, head).jaxpr))) == logits_matmuls
