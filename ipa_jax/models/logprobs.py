@@ -1,4 +1,4 @@
-"""Per-token log-probabilities and entropies without materialising [B, T, V] float32 logits.
+"""Per-token log-probabilities and entropies without materialising [B, T, V] float32 logits (unless they fit a budget).
 
 `blockwise_logprobs` runs the LM head block by block over the sequence with a hand-written backward pass
 (`jax.custom_vjp`): the forward keeps each token's log-sum-exp and entropy, the backward recomputes a block's
@@ -49,7 +49,7 @@ def _block_logits(h_block: jax.Array, lm_head: jax.Array) -> jax.Array:
     return jnp.einsum("bth,hv->btv", h_block, lm_head, preferred_element_type=jnp.float32)
 
 
-def scored_first(scored: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _scored_first(scored: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per row, its scored positions (in order) first, then the others (in order): (order, inverse) int32[B, N] of
     scored bool[B, N], with compact[b, i] = x[b, order[b, i]] and x[b, j] = compact[b, inverse[b, j]]."""
     scored = scored.astype(jnp.int32)
@@ -161,7 +161,7 @@ def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array
     hidden [B, N, H], lm_head [H, V], targets int32[B, N], scored bool[B, N] | None (the positions read; None = all)
     -> (logprobs float32[B, N], entropy float32[B, N] | None). Neither pass holds more than one block's
     [B, block, V] float32 logits; both outputs are differentiable. With `scored`, each row's scored positions are
-    computed first (`scored_first`) and only ceil(max scored per row / block_size) blocks are computed; positions
+    computed first (`_scored_first`) and only ceil(max scored per row / block_size) blocks are computed; positions
     outside `scored` hold 0. keep_logits_bytes: when the float32 logits of every block ([B, N, V], N rounded up to
     whole blocks) take at most this many bytes, a differentiated call keeps them for the backward pass instead of
     recomputing them (0 = always recompute: one block's logits at a time).
@@ -179,7 +179,7 @@ def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array
                                             return_entropy, keep_logits)
         return logprobs[:, :n], (entropy[:, :n] if return_entropy else None)
     scored = jnp.pad(scored.astype(bool), ((0, 0), (0, pad)))
-    order, inverse = scored_first(scored)
+    order, inverse = _scored_first(scored)
     needed = jnp.arange(num_blocks) * block_size < jnp.max(jnp.sum(scored, axis=1))
     compact = _fused_logprobs(_permute_positions(hidden, order, inverse), lm_head, _take_positions(targets, order),
                               needed, block_size, return_entropy, keep_logits)
