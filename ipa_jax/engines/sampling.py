@@ -44,7 +44,7 @@ def sampling_logprobs(logits: jax.Array, temperature: jax.Array, top_p: jax.Arra
         lambda x: x,
         scaled,
     )
-    return jnp.where(greedy[:, None], jax.nn.log_softmax(logits, axis=-1), jax.nn.log_softmax(masked, axis=-1))
+    return jax.nn.log_softmax(jnp.where(greedy[:, None], logits, masked), axis=-1)
 
 
 def sample_categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
@@ -74,5 +74,8 @@ def sample_tokens(
     """
     logp = sampling_logprobs(logits, temperature, top_p, top_k)
     drawn = sample_categorical(key, logp)
-    tokens = jnp.where(temperature <= 0.0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    greedy = temperature <= 0.0
+    # The argmax over the vocabulary only when a row is greedy: on CPU it costs as much as the draw.
+    tokens = jax.lax.cond(jnp.any(greedy), lambda: jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn),
+                          lambda: drawn).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
