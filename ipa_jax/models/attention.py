@@ -24,8 +24,9 @@ The causal paths skip the keys after a query's index. That is exact for every qu
 its row: all real tokens of rows whose real tokens' positions grow along the row, as right- or left-padded rows
 and packed segments have (a left pad, which nothing reads, may differ).
 
-With a KV cache (`attend_cache`) the keys are cache slots, not this call's tokens, and come head-major
-([B, Hkv, S, D], models/cache.py): every path uses all keys; blocked multiplies the cache as it is stored.
+With a KV cache (`attend_cache`) the keys are cache slots, not this call's tokens, and come head-major (keys
+[B, Hkv, D, S], values [B, Hkv, S, D]: models/cache.py): every path uses all keys; blocked multiplies the cache as
+it is stored.
 """
 
 from __future__ import annotations
@@ -105,11 +106,13 @@ def _to_head_major(q, k, v):
     return _queries_head_major(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
-def _head_major_block(q, k, v, visible, scale):
-    """Attention of head-major queries q [B, Hkv, Q, D] over k/v [B, Hkv, S, D], visible bool[B, Q, S]: two plain
-    batched matmuls, no transposes. out = (exp(s - max) v) / sum exp(s - max): the normaliser divides the
-    [Q, D] output, not the [Q, S] probabilities."""
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k).astype(jnp.float32) * scale
+def _head_major_block(q, k, v, visible, scale, keys_slots_last: bool = False):
+    """Attention of head-major queries q [B, Hkv, Q, D] over k/v [B, Hkv, S, D] (k [B, Hkv, D, S] with
+    keys_slots_last), visible bool[B, Q, S]: two plain batched matmuls, no transposes.
+    out = (exp(s - max) v) / sum exp(s - max): the normaliser divides the [Q, D] output, not the [Q, S]
+    probabilities."""
+    scores = jnp.einsum("bkqd,bkds->bkqs" if keys_slots_last else "bkqd,bksd->bkqs", q, k)
+    scores = scores.astype(jnp.float32) * scale
     scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
     weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
     out = jnp.einsum("bkqs,bksd->bkqd", weights.astype(v.dtype), v)
@@ -260,18 +263,20 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: 
     return causal_block_attention(kernel, q, k, v, visible, scale, query_block)
 
 
-def attend_cache(q: jax.Array, k_heads: jax.Array, v_heads: jax.Array, visible: jax.Array, scale: float, *,
+def attend_cache(q: jax.Array, k_columns: jax.Array, v_heads: jax.Array, visible: jax.Array, scale: float, *,
                  impl: str) -> jax.Array:
-    """Attention of q [B, T, Hq, D] over a KV cache's head-major k/v [B, Hkv, S, D] with `visible` bool[B, T, S]
-    -> [B, T, Hq * D]. Every path uses all S slots; blocked (the CPU path) multiplies the buffers as stored,
-    the others take them [B, S, Hkv, D] (a transposed copy: what `jax.nn.dot_product_attention` reads); cudnn and
-    splash, which have no KV-cache form here, run its xla implementation."""
+    """Attention of q [B, T, Hq, D] over a KV cache's keys k_columns [B, Hkv, D, S] and values v_heads
+    [B, Hkv, S, D] with `visible` bool[B, T, S] -> [B, T, Hq * D]. Every path uses all S slots; blocked (the CPU
+    path) multiplies the buffers as stored, the others take them [B, S, Hkv, D] (transposed copies: what
+    `jax.nn.dot_product_attention` reads); cudnn and splash, which have no KV-cache form here, run its xla
+    implementation."""
     if impl == "blocked":
-        t, groups = q.shape[1], q.shape[2] // k_heads.shape[1]
-        qh = _queries_head_major(q, k_heads.shape[1])
-        out = _head_major_block(qh, k_heads, v_heads, jnp.repeat(visible, groups, axis=1), scale)
+        t, groups = q.shape[1], q.shape[2] // k_columns.shape[1]
+        qh = _queries_head_major(q, k_columns.shape[1])
+        out = _head_major_block(qh, k_columns, v_heads, jnp.repeat(visible, groups, axis=1), scale,
+                                keys_slots_last=True)
         return _from_head_major(out, t, groups)
-    k, v = k_heads.swapaxes(1, 2), v_heads.swapaxes(1, 2)
+    k, v = k_columns.transpose(0, 3, 1, 2), v_heads.swapaxes(1, 2)
     if impl == "reference":
         return reference_attention(q, k, v, visible, scale)
     return _fused_attention(q, k, v, visible, scale, "xla")

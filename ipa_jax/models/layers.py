@@ -92,7 +92,7 @@ class Attention(nnx.Module):
         the splash path reads (models/attention.py).
 
         Without a cache, keys are this call's tokens and visible is bool[B, T, T]; with a cache (head-major
-        [B, Hkv, S, D] buffers), the new keys are written at `slots` and the queries attend to all slots (slot
+        buffers, models/cache.py), the new keys are written at `slots` and the queries attend to all slots (slot
         index = key position) with visible bool[B, T, S] (models/attention.py).
         """
         b, t, _ = x.shape
@@ -111,7 +111,7 @@ class Attention(nnx.Module):
             out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block, segments=segments,
                          mesh=mesh)
         else:
-            new_cache = (write_heads(kv_cache[0], slots, k), write_heads(kv_cache[1], slots, v))
+            new_cache = (write_heads(kv_cache[0], slots, k, slots_last=True), write_heads(kv_cache[1], slots, v))
             out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale,
                                impl=impl)
         out = out @ self.o_proj[...]

@@ -53,8 +53,9 @@ def test_paths_equal_reference_forward_and_gradients(impl):
 
     segments = jnp.where(jnp.asarray(MASK), seg + 1, 0)  # what splash reads instead of `visible`
     self_path = lambda *a: attend(*a, impl=impl, query_block=4, segments=segments)  # noqa: E731
-    # the cache path reads head-major [B, Hkv, S, D] buffers (models/cache.py)
-    cache_path = lambda q, k, v, *a: attend_cache(q, k.swapaxes(1, 2), v.swapaxes(1, 2), *a, impl=impl)  # noqa: E731
+    # the cache path reads head-major buffers, keys [B, Hkv, D, S] and values [B, Hkv, S, D] (models/cache.py)
+    cache_path = lambda q, k, v, *a: attend_cache(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), *a,  # noqa: E731
+                                                  impl=impl)
     for fn_path, k_, v_, visible, name in ((self_path, k, v, self_visible, "self"),
                                            (cache_path, k16, v16, cache_visible, "cache")):
         want, want_grads = jax.jit(lambda k, v, vis: value_and_grads(reference_attention, k, v, vis))(k_, v_, visible)
