@@ -10,11 +10,13 @@ anywhere: no token is ever dropped.
   megablox — the sorted assignments through megablox's grouped matmul (a Pallas TPU kernel, with its own custom
             VJP), gate and up in one call; off TPU the kernel runs in Pallas' interpreter (tests; slow). On a
             mesh it runs under `shard_map`, one token group per batch shard (GSPMD cannot split a Pallas call).
-  blocked — the sorted assignments, each expert's run cut into blocks of rows, in a loop over the blocks the
-            routing needs (`expert_blocks`), each block multiplied with its expert's weights where they are stored,
-            with a hand-written backward pass (`grouped_swiglu`). The fastest on CPU (bench_model.py), and the
-            one that fits on GPU; an earlier version, batched matmuls over every block of a static bound with each
-            block's weights gathered, took 1.2-1.3x its time.
+  blocked — the sorted assignments, each expert's run cut into blocks of rows (`expert_blocks`): every expert's
+            first block in one matmul batched over the experts, the further blocks the routing needs in a loop,
+            each multiplied with its expert's weights, with a hand-written backward pass (`grouped_swiglu`). The
+            fastest on CPU (bench_model.py), and the one that fits on GPU. XLA:CPU copies a block's expert weights
+            out of the stacked tensor when the expert is a loop index; the batched first blocks read them as
+            stored. An earlier version, batched matmuls over every block of a static bound with each block's
+            weights gathered, took 1.2-1.3x the time of the loop.
 `moe_impl="auto"` (the default) is megablox on TPU, blocked on GPU and CPU, or on CPU dense for calls with few
 tokens (decode steps).
 
@@ -122,58 +124,102 @@ class ExpertBlocks(NamedTuple):
     num_blocks: jax.Array
 
 
-def expert_blocks(counts: jax.Array, assignments: int, rows: int) -> ExpertBlocks:
-    """The blocks (`ExpertBlocks`) of the runs of `assignments` sorted assignments, counts int32[E] per expert."""
+def expert_blocks(counts: jax.Array, assignments: int, rows: int, run_start: jax.Array | None = None) -> ExpertBlocks:
+    """The blocks (`ExpertBlocks`) of the runs of `assignments` sorted assignments, counts int32[E] per expert;
+    run_start int32[E]: each run's first sorted row (default: the runs back to back from row 0)."""
     num_experts = counts.shape[0]
     per_expert = -(-counts // rows)
     blocks_end = jnp.cumsum(per_expert)  # expert e owns blocks [blocks_end[e] - per_expert[e], blocks_end[e])
     index = jnp.arange(assignments // rows + num_experts)
     expert = jnp.minimum(jnp.searchsorted(blocks_end, index, side="right"), num_experts - 1)
-    run_start = jnp.cumsum(counts) - counts
+    if run_start is None:
+        run_start = jnp.cumsum(counts) - counts
     start = run_start[expert] + (index - (blocks_end - per_expert)[expert]) * rows
     length = jnp.clip(run_start[expert] + counts[expert] - start, 0, rows)
     return ExpertBlocks(expert.astype(jnp.int32), start.astype(jnp.int32), length.astype(jnp.int32),
                         blocks_end[-1].astype(jnp.int32))
 
 
-def _block_window(blocks: ExpertBlocks, i: jax.Array, total: int, rows: int) -> tuple[jax.Array, jax.Array]:
-    """Block i's window of sorted rows [first, first + rows), kept inside [0, total) (a last block that would
-    overrun starts earlier), and which of the window's rows are the block's own: (first, own bool[rows])."""
-    first = jnp.minimum(blocks.start[i], total - rows)
-    offset = jnp.arange(rows) + first - blocks.start[i]
-    return first, (offset >= 0) & (offset < blocks.length[i])
+def _block_window(start: jax.Array, length: jax.Array, total: int, rows: int) -> tuple[jax.Array, jax.Array]:
+    """The window of sorted rows [first, first + rows) of the block of `length` rows at `start`, kept inside
+    [0, total) (a last block that would overrun starts earlier), and which of the window's rows are the block's
+    own: (first, own bool[..., rows]). start/length: scalars, or [E] for one block per expert."""
+    first = jnp.minimum(start, total - rows)
+    offset = jnp.arange(rows) + (first - start)[..., None]
+    return first, (offset >= 0) & (offset < length[..., None])
+
+
+class _Split(NamedTuple):
+    """The blocks of `expert_blocks` in two parts: each expert's first block, all E at once (`window_first`
+    int32[E], `own` bool[E, rows]: `_block_window`), and the blocks after it (`later`)."""
+
+    window_first: jax.Array
+    own: jax.Array
+    later: ExpertBlocks
+
+
+def _split_blocks(counts: jax.Array, total: int, rows: int) -> _Split:
+    run_start = jnp.cumsum(counts) - counts
+    first, own = _block_window(run_start, jnp.minimum(counts, rows), total, rows)
+    return _Split(first, own, expert_blocks(jnp.maximum(counts - rows, 0), total, rows, run_start + rows))
+
+
+def _swiglu_rows(xs, w_gate_up, w_down):
+    """Blocks of rows through their experts: xs [G, R, H], w_gate_up [G, H, 2I], w_down [G, I, H] ->
+    (y [G, R, H], gate_up [G, R, 2I])."""
+    gate_up = jnp.einsum("grh,ghi->gri", xs, w_gate_up)
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    return jnp.einsum("gri,gih->grh", jax.nn.silu(gate) * up, w_down), gate_up
+
+
+def _swiglu_rows_grad(xs, gate_up, dy, w_gate_up, w_down):
+    """The backward pass of `_swiglu_rows` from its dy [G, R, H] -> (d xs, d w_gate_up, d w_down): dW_down = h^T dy,
+    dh = dy W_down^T, d gate_up from silu's derivative, dW_gate_up = xs^T d gate_up, d xs = d gate_up W_gate_up^T."""
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    sig = jax.nn.sigmoid(gate)
+    act = gate * sig  # silu(gate)
+    d_w_down = jnp.einsum("gri,grh->gih", act * up, dy)
+    dh = jnp.einsum("grh,gih->gri", dy, w_down)
+    # silu'(g) = sig (1 + g (1 - sig))
+    d_gate_up = jnp.concatenate([dh * up * sig * (1 + gate * (1 - sig)), dh * act], axis=-1)
+    return (jnp.einsum("gri,ghi->grh", d_gate_up, w_gate_up), jnp.einsum("grh,gri->ghi", xs, d_gate_up), d_w_down)
 
 
 def _grouped_forward(x, row_token, counts, w_gate_up, w_down, rows):
     """y (sorted rows [N*k, H]) and gate_up (sorted rows [N*k, 2I], kept for the backward pass)."""
     total = row_token.shape[0]
-    blocks = expert_blocks(counts, total, rows)
+    split = _split_blocks(counts, total, rows)
+    window = split.window_first[:, None] + jnp.arange(rows)  # [E, rows]
+    y, gate_up = _swiglu_rows(x[row_token[window]], w_gate_up, w_down)
+    # Rows that are not a block's own hold another expert's results: dropped here, kept below.
+    dest = jnp.where(split.own, window, total).reshape(-1)
+    first = lambda new: jnp.zeros((total, new.shape[-1]), x.dtype).at[dest].set(  # noqa: E731
+        new.reshape(-1, new.shape[-1]), mode="drop")
+    blocks = split.later
 
     def block(i, carry):
         ys, gate_ups = carry
-        first, own = _block_window(blocks, i, total, rows)
+        start, own = _block_window(blocks.start[i], blocks.length[i], total, rows)
         e = blocks.expert[i]
-        gate_up = x[jax.lax.dynamic_slice_in_dim(row_token, first, rows)] @ w_gate_up[e]
-        gate, up = jnp.split(gate_up, 2, axis=-1)
-        y = (jax.nn.silu(gate) * up) @ w_down[e]
-        # Rows that are not the block's own hold another expert's results: keep them.
+        y, gate_up = _swiglu_rows(x[jax.lax.dynamic_slice_in_dim(row_token, start, rows)][None],
+                                  w_gate_up[e][None], w_down[e][None])
         keep = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-            buf, jnp.where(own[:, None], new, jax.lax.dynamic_slice_in_dim(buf, first, rows)), first, 0)
+            buf, jnp.where(own[:, None], new[0], jax.lax.dynamic_slice_in_dim(buf, start, rows)), start, 0)
         return keep(ys, y), keep(gate_ups, gate_up)
 
-    init = (jnp.zeros((total, x.shape[1]), x.dtype), jnp.zeros((total, w_gate_up.shape[-1]), x.dtype))
-    return jax.lax.fori_loop(0, blocks.num_blocks, block, init)
+    return jax.lax.fori_loop(0, blocks.num_blocks, block, (first(y), first(gate_up)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def grouped_swiglu(x: jax.Array, row_token: jax.Array, counts: jax.Array, w_gate_up: jax.Array,
                    w_down: jax.Array, rows: int) -> jax.Array:
     """y[r] = down_e(silu(x[t] gate_e) * (x[t] up_e)) for every sorted row r (token t = row_token[r] of expert e's
-    run), expert by expert in blocks of `rows` rows: a loop over the blocks the routing needs, each block's
-    expert's weights read where they are stored (no per-block copy of the weights), one matmul for gate and up.
+    run), expert by expert in blocks of `rows` rows, one matmul for gate and up: every expert's first block in one
+    batched matmul over the experts (their weights read where they are stored), the further blocks (experts with more
+    than `rows` assignments) in a loop, each multiplied with its expert's weights.
 
     x [N, H], row_token int32[N*k] (the token of each sorted row), counts int32[E] (the runs' lengths),
-    w_gate_up [E, H, 2I], w_down [E, I, H] -> [N*k, H]. The backward pass is a second loop over the blocks.
+    w_gate_up [E, H, 2I], w_down [E, I, H] -> [N*k, H]. The backward pass takes the blocks in the same two parts.
     """
     return _grouped_forward(x, row_token, counts, w_gate_up, w_down, rows)[0]
 
@@ -184,30 +230,31 @@ def _grouped_swiglu_fwd(x, row_token, counts, w_gate_up, w_down, rows):
 
 
 def _grouped_swiglu_bwd(rows, residuals, d_ys):
-    """Per block: dy (own rows; 0 elsewhere, so nothing below leaks into another expert), dW_down += h^T dy,
-    dh = dy W_down^T, d gate_up from silu's derivative, dW_gate_up += x^T d gate_up, dx[t] += d gate_up W^T."""
+    """`_swiglu_rows_grad` of every block, dy = 0 at the rows that are not the block's own (so nothing leaks into
+    another expert): the first blocks batched, then a loop over the further ones."""
     x, row_token, counts, w_gate_up, w_down, gate_ups = residuals
     total = row_token.shape[0]
-    blocks = expert_blocks(counts, total, rows)
+    split = _split_blocks(counts, total, rows)
+    window = split.window_first[:, None] + jnp.arange(rows)  # [E, rows]
+    tokens = row_token[window]
+    d_xs, d_gate_up_w, d_down_w = _swiglu_rows_grad(x[tokens], gate_ups[window],
+                                                    jnp.where(split.own[..., None], d_ys[window], 0), w_gate_up,
+                                                    w_down)
+    d_x = jnp.zeros_like(x).at[tokens.reshape(-1)].add(d_xs.reshape(-1, x.shape[-1]))
+    blocks = split.later
 
     def block(i, carry):
         d_x, d_gate_up_w, d_down_w = carry
-        first, own = _block_window(blocks, i, total, rows)
+        start, own = _block_window(blocks.start[i], blocks.length[i], total, rows)
         e = blocks.expert[i]
-        tokens = jax.lax.dynamic_slice_in_dim(row_token, first, rows)
-        dy = jnp.where(own[:, None], jax.lax.dynamic_slice_in_dim(d_ys, first, rows), 0)
-        gate, up = jnp.split(jax.lax.dynamic_slice_in_dim(gate_ups, first, rows), 2, axis=-1)
-        sig = jax.nn.sigmoid(gate)
-        act = gate * sig  # silu(gate)
-        d_down_w = d_down_w.at[e].add(((act * up).T @ dy).astype(d_down_w.dtype))
-        dh = dy @ w_down[e].T
-        # silu'(g) = sig (1 + g (1 - sig))
-        d_gate_up = jnp.concatenate([dh * up * sig * (1 + gate * (1 - sig)), dh * act], axis=-1)
-        d_gate_up_w = d_gate_up_w.at[e].add((x[tokens].T @ d_gate_up).astype(d_gate_up_w.dtype))
-        return d_x.at[tokens].add(d_gate_up @ w_gate_up[e].T), d_gate_up_w, d_down_w
+        tokens = jax.lax.dynamic_slice_in_dim(row_token, start, rows)
+        dy = jnp.where(own[:, None], jax.lax.dynamic_slice_in_dim(d_ys, start, rows), 0)
+        d_xs, d_gu, d_dn = _swiglu_rows_grad(x[tokens][None], jax.lax.dynamic_slice_in_dim(gate_ups, start, rows)[None],
+                                             dy[None], w_gate_up[e][None], w_down[e][None])
+        return (d_x.at[tokens].add(d_xs[0]), d_gate_up_w.at[e].add(d_gu[0].astype(d_gate_up_w.dtype)),
+                d_down_w.at[e].add(d_dn[0].astype(d_down_w.dtype)))
 
-    init = (jnp.zeros_like(x), jnp.zeros_like(w_gate_up), jnp.zeros_like(w_down))
-    d_x, d_gate_up_w, d_down_w = jax.lax.fori_loop(0, blocks.num_blocks, block, init)
+    d_x, d_gate_up_w, d_down_w = jax.lax.fori_loop(0, blocks.num_blocks, block, (d_x, d_gate_up_w, d_down_w))
     return d_x, None, None, d_gate_up_w, d_down_w
 
 
