@@ -23,8 +23,11 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   `partial="abort_resume"` (and on a paused engine) they are interrupted: their tokens and log-probs so far are
   kept and each continues as a new segment, prompt + tokens so far prefilled with the new weights (the remaining
   budget), returned to its caller as one result whose `token_versions` say which weights sampled each token.
-* Shapes are bucketed (batch and prompt lengths to powers of two, admissions to powers of four; the cache
-  spans max_len) so compiles are bounded; compiled functions are module-level and shared by every engine with
+* The KV cache grows with the batch's longest row: its slots double (from MIN_CACHE_SLOTS up to max_len) before
+  an admission or a decode chunk would write past them, so a decode step attends over about the positions in use,
+  not the whole max_len (agentic configs set max_len to the longest episode; most turns run far shorter).
+* Shapes are bucketed (batch, prompt lengths and cache slots to powers of two, admissions to powers of four) so
+  compiles are bounded; compiled functions are module-level and shared by every engine with
   the same model structure.
 
 Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
@@ -57,11 +60,12 @@ from ipa_jax.engines.base import (
     check_partial,
 )
 from ipa_jax.engines.sampling import sample_tokens
-from ipa_jax.models import KVCache, Qwen3ForCausalLM, from_pretrained, init_kv_cache
+from ipa_jax.models import KVCache, Qwen3ForCausalLM, extend_kv_cache, from_pretrained, init_kv_cache
 
 RUNNING, STOP, LENGTH, ABORT = 0, 1, 2, 3
 _FINISH_NAMES = {STOP: "stop", LENGTH: "length", ABORT: "abort"}
 MIN_LEN_BUCKET = 16
+MIN_CACHE_SLOTS = 64  # a new batch's KV cache slots (fewer when max_len is smaller); they double as rows grow
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -127,12 +131,13 @@ def _record(st: DecodeState, tok: jax.Array, lp: jax.Array, rp: RowParams) -> De
 
 
 def empty_state(config, batch: int, cache_len: int, with_routed: bool, key: jax.Array, dtype) -> DecodeState:
-    """A DecodeState with every row finished (free) and an empty cache; output buffers have cache_len columns."""
+    """A DecodeState with every row finished (free) and an empty cache of min(MIN_CACHE_SLOTS, cache_len) slots
+    (`EmbeddedEngine` extends it as rows grow); output buffers have cache_len columns."""
     routed = None
     if with_routed:
         routed = jnp.zeros((batch, cache_len, config.num_hidden_layers, config.num_experts_per_tok), jnp.int32)
     return DecodeState(
-        cache=init_kv_cache(config, batch, cache_len, dtype),
+        cache=init_kv_cache(config, batch, min(MIN_CACHE_SLOTS, cache_len), dtype),
         last=jnp.zeros((batch,), jnp.int32),
         pos=jnp.zeros((batch,), jnp.int32),
         n_gen=jnp.zeros((batch,), jnp.int32),
@@ -617,6 +622,10 @@ class EmbeddedEngine(Engine):
                 self._hold.wait(0.01)
                 continue
             params, _ = self._current
+            # A row writes at pos, pos + 1, ... for the chunk's steps or the tokens left to it, whichever is fewer.
+            rows = [i for i, slot in enumerate(slots) if slot is not None]
+            left = np.minimum(host_rp.max_new[rows] - np.asarray(st.n_gen)[rows], self.decode_chunk)
+            st = self._with_slots(st, int(np.max(np.asarray(st.pos)[rows] + left)))
             st = decode(self._graphdef, params, st, rp, jnp.int32(self.decode_chunk))
 
     def _batch_state(self, b: int, cache_len: int, with_routed: bool) -> DecodeState:
@@ -629,6 +638,14 @@ class EmbeddedEngine(Engine):
             return kept[0]._replace(key=key)
         self._caches = [None] * b
         return empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
+
+    def _with_slots(self, st: DecodeState, needed: int) -> DecodeState:
+        """st with a KV cache of at least min(needed, max_len) slots: doubled until it has (a write past the slots
+        would be dropped)."""
+        slots = st.cache.max_len
+        while slots < min(needed, self.max_len):
+            slots = min(2 * slots, self.max_len)
+        return st if slots == st.cache.max_len else st._replace(cache=extend_kv_cache(st.cache, slots))
 
     def _place(self, slots: list[_Slot | None], reqs: list[_Request]) -> tuple[list[int], list[int]]:
         """A free row for each request, and how many of its context tokens that row's cache holds (computed with
@@ -717,6 +734,7 @@ class EmbeddedEngine(Engine):
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
+        st = self._with_slots(st, int(np.max(start_ids + lengths)))
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
                                    jnp.asarray(start_ids), jnp.asarray(row_ids), rp)
         self.num_batches += 1

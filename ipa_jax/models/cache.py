@@ -43,6 +43,16 @@ def init_kv_cache(config: Qwen3Config, batch: int, max_len: int, dtype=jnp.float
                    valid=jnp.zeros((batch, max_len), bool))
 
 
+def extend_kv_cache(cache: KVCache, max_len: int) -> KVCache:
+    """The cache with `max_len` >= cache.max_len slots: the new slots empty (invalid), the others as they were."""
+    extra = max_len - cache.max_len
+    if extra < 0:
+        raise ValueError(f"cannot shrink a KV cache of {cache.max_len} slots to {max_len}")
+    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
+    return KVCache(keys=tuple(pad(k, 3) for k in cache.keys), values=tuple(pad(v, 2) for v in cache.values),
+                   valid=pad(cache.valid, 1))
+
+
 def write_slots(positions: jax.Array, attention_mask: jax.Array, max_len: int) -> jax.Array:
     """Cache slot of each token int32[B, T]: its position, or max_len (out of range, dropped) for padding."""
     return jnp.where(attention_mask, positions, max_len).astype(jnp.int32)

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 from tiny_models import make_tiny_hf_checkpoint, tiny_qwen3_config
 
-from ipa_jax.engines import SamplingParams
+from ipa_jax.engines import SamplingParams, embedded
 from ipa_jax.engines.base import PrefixCounts
 from ipa_jax.engines.embedded import EmbeddedEngine
 from ipa_jax.models import MeshConfig, from_pretrained, init_model, make_mesh, token_logprobs
@@ -282,6 +282,25 @@ def test_finished_rows_take_queued_requests(model, reference, loop):
     assert order == ["short", "long"] and eng.num_batches == 2  # one batch prefill + one admission
     assert s.token_ids == greedy[2][:2] and s.finish_reason == "length"
     assert [r.token_ids for r in longs] == greedy
+
+
+def test_kv_cache_grows_with_the_rows(model, reference, loop, monkeypatch):
+    """The cache starts at MIN_CACHE_SLOTS slots (8 here) and doubles before an admission (a 12-token prompt: 16)
+    or a decode chunk (32 after 20 tokens) would write past them: tokens and log-probs equal the full forward."""
+    monkeypatch.setattr(embedded, "MIN_CACHE_SLOTS", 8)
+    prompts = [PROMPTS[0], list(range(1, 13)), PROMPTS[2]]
+    eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,))
+    try:
+        results = loop.run_until_complete(eng.generate(prompts, sp(20, temperature=0.0)))
+        slots = eng._kept[0].cache.max_len  # the state the batch left (kept for the prefix cache)
+    finally:
+        loop.run_until_complete(eng.close())
+    assert slots == 32
+    assert [r.token_ids for r in results] == reference.greedy(prompts, 20)
+    full = [p + r.token_ids for p, r in zip(prompts, results)]
+    lp = reference.logprobs(full)
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        np.testing.assert_allclose(r.logprobs, lp[i, len(p): len(full[i])], atol=1e-5)
 
 
 def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, loop):
