@@ -82,10 +82,11 @@ class ModelConfig:
     param_dtype: dtype of the master weights and the optimizer state.
     remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
     moe_impl: MoE dispatch: auto (megablox on TPU, blocked on GPU and CPU, on CPU dense for few-token calls),
-      blocked (sorted tokens, each expert's run in blocks of rows, a loop over the blocks), ragged (grouped
-      lax.ragged_dot), megablox (Pallas TPU grouped matmul) or dense (the reference).
-    moe_block_rows: rows per block of the blocked MoE path; 0 = automatic (twice the mean rows per expert, as a
-      power of two in [8, 256]: the fastest on CPU). Larger blocks mean fewer loop iterations (accelerators).
+      blocked (sorted tokens, each expert's run in blocks of rows: every expert's first block in one batched
+      matmul, a loop over the further blocks), ragged (grouped lax.ragged_dot), megablox (Pallas TPU grouped
+      matmul) or dense (the reference).
+    moe_block_rows: rows per block of the blocked MoE path; 0 = automatic (a quarter more than the mean rows per
+      expert, to a multiple of 8 in [8, 256]: the fastest on CPU). Larger blocks mean fewer loop iterations.
     attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, splash on TPU, blocked elsewhere), blocked
       (causal query blocks), xla (jax.nn.dot_product_attention per block), cudnn, splash (Pallas TPU kernel) or
       reference (the einsum reference).

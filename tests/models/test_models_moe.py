@@ -102,7 +102,7 @@ def test_blocked_path_at_any_block_size_equals_numpy_and_the_dense_gradients(exp
 
 def test_expert_blocks_cover_every_sorted_row_once_with_its_expert():
     rows = expert_block_rows(N * K, E)
-    assert rows == 16  # 48 assignments over 6 experts: twice the mean, to a power of two
+    assert rows == 16  # 48 assignments over 6 experts: a quarter more than the mean (8), to a multiple of 8
     for routing in _routings().values():
         flat = routing.reshape(-1)
         counts = np.bincount(flat, minlength=E)
