@@ -161,6 +161,7 @@ class _Split(NamedTuple):
 
 
 def _split_blocks(counts: jax.Array, total: int, rows: int) -> _Split:
+    """The `_Split` of the blocks of `rows` rows over `total` sorted assignments, counts int32[E] per expert."""
     run_start = jnp.cumsum(counts) - counts
     first, own = _block_window(run_start, jnp.minimum(counts, rows), total, rows)
     return _Split(first, own, expert_blocks(jnp.maximum(counts - rows, 0), total, rows, run_start + rows))
