@@ -288,14 +288,15 @@ def test_kv_cache_grows_with_the_rows(model, reference, loop, monkeypatch):
     """The cache starts at MIN_CACHE_SLOTS slots (8 here) and doubles before an admission (a 12-token prompt: 16)
     or a decode chunk (32 after 20 tokens) would write past them: tokens and log-probs equal the full forward."""
     monkeypatch.setattr(embedded, "MIN_CACHE_SLOTS", 8)
+    extended, extend = [], embedded.extend_kv_cache
+    monkeypatch.setattr(embedded, "extend_kv_cache", lambda cache, n: extended.append(n) or extend(cache, n))
     prompts = [PROMPTS[0], list(range(1, 13)), PROMPTS[2]]
     eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,))
     try:
         results = loop.run_until_complete(eng.generate(prompts, sp(20, temperature=0.0)))
-        slots = eng._kept[0].cache.max_len  # the state the batch left (kept for the prefix cache)
     finally:
         loop.run_until_complete(eng.close())
-    assert slots == 32
+    assert extended == [16, 32]  # the longest row writes up to position 12 + 19 - 1 = 30
     assert [r.token_ids for r in results] == reference.greedy(prompts, 20)
     full = [p + r.token_ids for p, r in zip(prompts, results)]
     lp = reference.logprobs(full)
