@@ -16,7 +16,8 @@ class LoggingConfig:
     console_every: learner steps between progress lines when the output is not a terminal (a terminal gets a bar).
     tensorboard: also write TensorBoard events to <run_dir>/tb (tags grouped as train/, eval/, rollout/, queue/, perf/).
     entropy: compute the policy's token entropy every step (one extra logsumexp pass).
-    peak_tflops: peak TFLOP/s per device for MFU; 0 = detect from the device kind.
+    peak_tflops: peak TFLOP/s per device for MFU; 0 = detect from the device kind (on CPU from the clock
+        /proc/cpuinfo reports, which in a VM is often the base clock: set it to get a CPU MFU you can compare).
     wandb: also log the grouped scalars to Weights & Biases (pip install 'ipa_jax[wandb]'; WANDB_MODE=offline works).
     wandb_project: the W&B project.
     wandb_entity: the W&B entity (user or team); "" = your default entity.
@@ -86,7 +87,11 @@ _PEAK_TFLOPS = {
 
 
 def peak_flops_per_device(device: jax.Device | None = None) -> float:
-    """Peak FLOP/s of one device: a table for accelerators; for CPU, cores * clock * FMA width (float32)."""
+    """Peak FLOP/s of one device: a table for accelerators; for CPU, cores * clock * FMA width (float32).
+
+    The CPU clock is what /proc/cpuinfo reports; a virtual machine often reports its base clock while the cores run
+    faster (on an Intel Xeon VM reporting 2,100 MHz a float32 2048^3 matmul ran at 1.7x this peak), so a CPU MFU from
+    it can overstate; pass a measured peak (`logging.peak_tflops`, `bench_learner.py --peak_tflops`) to compare."""
     device = device or jax.devices()[0]
     if device.platform == "cpu":
         return _cpu_peak_flops() / max(jax.local_device_count(), 1)
