@@ -90,8 +90,9 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float:
     """Peak FLOP/s of one device: a table for accelerators; for CPU, cores * clock * FMA width (float32).
 
     The CPU clock is what /proc/cpuinfo reports; a virtual machine often reports its base clock while the cores run
-    faster (on an Intel Xeon VM reporting 2,100 MHz a float32 2048^3 matmul ran at 1.7x this peak), so a CPU MFU from
-    it can overstate; pass a measured peak (`logging.peak_tflops`, `bench_learner.py --peak_tflops`) to compare."""
+    faster (on an Intel Xeon VM reporting 2,100 MHz, float32 2048^3 matmuls ran at 1.5x (XLA) and 1.7x (PyTorch) this
+    peak), so a CPU MFU from it can overstate; pass a measured peak (`logging.peak_tflops`, `bench_learner.py
+    --peak_tflops`) to compare."""
     device = device or jax.devices()[0]
     if device.platform == "cpu":
         return _cpu_peak_flops() / max(jax.local_device_count(), 1)
