@@ -248,6 +248,19 @@ def test_expert_parallel_over_four_devices_with_split_and_replicated_tokens(moe_
     _assert_same_grads(g_path, g_ref)
 
 
+def test_tokamax_per_batch_shard_under_shard_map_equals_the_unsharded_reference(moe_reference):
+    """fsdp 4 x tensor 2, no expert axis: each of the 4 batch shards sorts and multiplies its own tokens in a
+    shard_map instance (tokamax's ragged_dot, like jax's, has no vmap rule with shared weights)."""
+    mesh = make_mesh(MeshConfig(1, 4, 1, 2))
+    assert moe_dispatch("tokamax", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
+        "tokamax", 4, mesh, ("data", "fsdp", "expert"))
+    params, grad_fn, own = _moe_grad_fn(mesh)
+    g_ref, out_ref = moe_reference
+    g_path, out_path = grad_fn(params, own, "tokamax")
+    assert _rel(out_path.logits, out_ref.logits) < 1e-5
+    _assert_same_grads(g_path, g_ref)
+
+
 def test_the_configs_block_rows_reach_the_blocked_path_and_keep_the_function(monkeypatch, moe_reference):
     """moe_block_rows=5 on 8 fake devices, expert-parallel: every blocked call runs in blocks of 5 rows (recorded
     while tracing), and the model still equals the one-device dense reference."""
