@@ -1,6 +1,6 @@
 """Qwen3-MoE sparse block: float32 router, top-k, optional routing replay, dropless dispatch.
 
-Three dispatch paths compute the same function (tested to agree in outputs and gradients). No capacity factor
+The dispatch paths compute the same function (tested to agree in outputs and gradients). No capacity factor
 anywhere: no token is ever dropped.
   dense   — every expert on every token, combined with a [N, E] weight matrix (the readable reference; E/k x the
             useful work).

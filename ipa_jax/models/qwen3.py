@@ -30,7 +30,8 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     # Every matmul output but attention's (batched dots: [B, heads, T, S] scores): the projections and the MoE's
-    # grouped matmuls, which are no dot_general and are kept by name. The backward recomputes only elementwise work.
+    # grouped matmuls, which are no dot_general and are kept by name. The backward recomputes attention and the
+    # elementwise work (norms, activations).
     "matmuls": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
         jax.checkpoint_policies.save_only_these_names(GROUPED_MATMUL)),
