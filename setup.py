@@ -44,6 +44,7 @@ setup(
             "ruff>=0.17,<0.18",
             "wandb>=0.31",  # the offline W&B logging test
             "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
+            "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
         ],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
@@ -53,7 +54,8 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
         # Rollout hosts only: SGLang needs a CUDA GPU.
         "sglang": ["sglang[all]>=0.5"],
-        "gpu": ["jax[cuda12]"],
+        # tokamax: the grouped-matmul MoE kernels (moe_impl="tokamax", what "auto" picks on GPUs when installed).
+        "gpu": ["jax[cuda12]", "tokamax>=0.0.12"],
         "tpu": ["jax[tpu]"],
     },
 )

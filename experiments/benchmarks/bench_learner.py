@@ -5,14 +5,17 @@ Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safet
 rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and Adam state;
 compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). Also times
 ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the objective's share
-of the step. Reports tokens/s, MFU (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum
-and median of --iters interleaved rounds after warm-up (compile; each timed call after a short pause:
-ipa_jax.timing), and the ratios (from the minima: the least disturbed measurements on a shared machine).
+of the step. With --torch_device=none nothing is built by transformers: ipa_jax's own random init of the same
+architecture (faster at billions of parameters, and nothing written to disk). Reports tokens/s, MFU
+(6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
+rounds after warm-up (compile; each timed call after a short pause: ipa_jax.timing), and the ratios (from the
+minima: the least disturbed measurements on a shared machine).
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
   python experiments/benchmarks/bench_learner.py --dtype=bfloat16 --layers=24 --hidden=2048 --experts=64 --top_k=8 \
       --moe_width=768 --vocab=151936 --batch=8 --seq_len=4096 --torch_device=cuda   # one GPU (gpu_learner.sh)
+  python experiments/benchmarks/bench_learner.py --moe_impl=tokamax --torch_device=none --nonll_step  # one MoE path
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import tempfile
 
 from absl import app, flags
 
+from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
+
 flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
 flags.DEFINE_integer("experts", 16, "experts per MoE layer")
@@ -33,11 +38,11 @@ flags.DEFINE_integer("vocab", 8192, "vocabulary size")
 flags.DEFINE_integer("batch", 4, "batch size (trajectories)")
 flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
 flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
-flags.DEFINE_string("moe_impl", "auto", "ipa_jax MoE path: auto | blocked | ragged | dense (models/moe.py)")
+flags.DEFINE_enum("moe_impl", "auto", MOE_IMPLS, "ipa_jax MoE path (models/moe.py)")
 flags.DEFINE_integer("moe_block_rows", 0, "ipa_jax blocked MoE path: rows per block (0 = automatic)")
 flags.DEFINE_string("attention_impl", "auto", "ipa_jax attention: auto | blocked | xla | cudnn | reference")
 flags.DEFINE_bool("scan_layers", False, "ipa_jax decoder layers under nnx.scan")
-flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"], "ipa_jax rematerialisation per layer")
+flags.DEFINE_enum("remat", "none", REMAT_POLICIES, "ipa_jax rematerialisation per layer")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of both sides (weights stay float32)")
 flags.DEFINE_string("torch_device", "cpu", "where the PyTorch step runs: cpu, cuda, or none (time ipa_jax alone)")
 flags.DEFINE_integer("heads", 8, "attention heads (KV heads: half of them)")
@@ -123,7 +128,7 @@ def main(_):
     from flax import nnx
 
     import ipa_jax
-    from ipa_jax.models import MeshConfig, from_pretrained, make_mesh, token_logprobs
+    from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
     from ipa_jax.timing import time_round_robin
     from ipa_jax.train import (
@@ -145,15 +150,18 @@ def main(_):
         moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=FLAGS.heads,
         num_key_value_heads=FLAGS.heads // 2, head_dim=FLAGS.hidden // FLAGS.heads, num_experts=FLAGS.experts,
         num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True, max_position_embeddings=4 * FLAGS.seq_len)
-    hf = transformers.Qwen3MoeForCausalLM(hf_config).float().train()
     batch = _synthetic_batch(np.random.RandomState(0), FLAGS.batch, FLAGS.seq_len, FLAGS.vocab)
     tokens_per_step = FLAGS.batch * FLAGS.seq_len
-
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp)
-        model = from_pretrained(tmp, moe_impl=FLAGS.moe_impl, moe_block_rows=FLAGS.moe_block_rows,
-                                attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers,
-                                remat_policy=FLAGS.remat)
+    learner_side = dict(moe_impl=FLAGS.moe_impl, moe_block_rows=FLAGS.moe_block_rows,
+                        attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat_policy=FLAGS.remat)
+    if FLAGS.torch_device == "none":
+        hf = None
+        model = init_model(Qwen3Config.from_hf_dict(hf_config.to_dict(), **learner_side), seed=0)
+    else:
+        hf = transformers.Qwen3MoeForCausalLM(hf_config).float().train()
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp)
+            model = from_pretrained(tmp, **learner_side)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("qwen3", "qwen2")
-MOE_IMPLS = ("auto", "dense", "ragged", "blocked", "megablox")
+MOE_IMPLS = ("auto", "dense", "ragged", "blocked", "megablox", "tokamax")
 ATTENTION_IMPLS = ("auto", "reference", "blocked", "xla", "cudnn", "splash")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "matmuls")
 ROPE_TYPES = ("default", "linear", "yarn")
 
 # HF keys that carry no information for the computation (bookkeeping, generation, inference-only knobs).
@@ -43,13 +43,15 @@ class Qwen3Config:
     option of biases on q/k/v/o. `num_experts == 0` means a dense model. A layer i is MoE iff num_experts > 0, i not
     in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the transformers rule). `rope_scaling` is a sorted
     tuple of (key, value) pairs (hashable, so the config can be a static attribute under jit) or None.
-    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "megablox" on TPU, "blocked" on
-    GPU and CPU, or on CPU "dense" for calls with few tokens such as decode steps; "dense" is the reference),
+    Learner-side (not written to config.json): `moe_impl` (models/moe.py: "auto" = "megablox" on TPU, "tokamax" on
+    GPU when the tokamax package is installed, else "blocked" on GPU and CPU, or on CPU "dense" for calls with few
+    tokens such as decode steps; "dense" is the reference),
     `moe_block_rows` (rows per block of the blocked MoE path, at most the call's assignments; 0 = its rule:
     `expert_block_rows`, at most 256, the fastest on CPU),
     `attention_impl` (models/attention.py: "auto" = "cudnn" on NVIDIA GPUs in 16-bit dtypes, "splash" on TPU when
     head_dim is a multiple of 128, "blocked" on CPU, "xla" elsewhere; "reference" is the einsum reference),
-    `remat_policy` ("none" | "full" | "dots" | "dots_no_batch", applied per decoder layer),
+    `remat_policy` ("none" | "full" | "dots" | "dots_no_batch" | "matmuls", applied per decoder layer; "matmuls"
+    keeps the unbatched dots' and the MoE grouped matmuls' outputs),
     `attention_query_block` (queries per attention block when a call has more; 0 = one block: bounds the
     float32 attention scores held at once to [B, H, block, S]), `scan_layers` (the decoder layers' parameters
     stacked on a leading axis and run under `nnx.scan`, so compile time does not grow with depth; every layer

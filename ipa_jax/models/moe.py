@@ -1,6 +1,6 @@
 """Qwen3-MoE sparse block: float32 router, top-k, optional routing replay, dropless dispatch.
 
-Three dispatch paths compute the same function (tested to agree in outputs and gradients). No capacity factor
+The dispatch paths compute the same function (tested to agree in outputs and gradients). No capacity factor
 anywhere: no token is ever dropped.
   dense   — every expert on every token, combined with a [N, E] weight matrix (the readable reference; E/k x the
             useful work).
@@ -17,8 +17,16 @@ anywhere: no token is ever dropped.
             out of the stacked tensor when the expert is a loop index; the batched first blocks read them as
             stored. An earlier version, batched matmuls over every block of a static bound with each block's
             weights gathered, took 1.2-1.3x the time of the loop.
-`moe_impl="auto"` (the default) is megablox on TPU, blocked on GPU and CPU, or on CPU dense for calls with few
-tokens (decode steps).
+  tokamax  — the sorted assignments through the tokamax package's `ragged_dot` (an optional dependency, imported
+            when first used), gate and up in one call: on NVIDIA Hopper its Pallas Mosaic GPU kernel (bf16/fp16
+            inputs), else its Pallas Triton kernel, else (CPU, tests) XLA's ragged_dot. Its custom VJP keeps the
+            backward grouped: d lhs = dy W_e^T per group (the same kernel, on the weights transposed) and
+            d W_e = lhs_e^T dy_e per group (a kernel with the ragged dimension contracted), so no dense
+            per-expert product is formed. The kernels take rhs [E, K, N], the layout the experts are stored in
+            (gate/up [E, H, I], down [E, I, H]; Hugging Face's per-expert [out, in] matrices are transposed on
+            load and export, hf_io.py): no transpose in the forward; tokamax transposes the weights for d lhs.
+`moe_impl="auto"` (the default) is megablox on TPU, tokamax on GPU when the package imports (else blocked), blocked
+on CPU, or on CPU dense for calls with few tokens (decode steps).
 
 Every path skips assignments whose expert is outside [0, E): they contribute nothing and cost nothing beyond the
 sort. Expert parallelism builds on that (`dispatch_experts`): on a mesh whose `expert` axis has S > 1 devices,
@@ -36,13 +44,19 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models.config import MOE_IMPLS, Qwen3Config
 from ipa_jax.models.layers import make_param
+
+# The name (jax.ad_checkpoint.checkpoint_name) of the grouped matmuls' outputs, which the "matmuls" remat policy
+# keeps: they are no dot_general (ragged_dot, Pallas calls), so jax's dots policies do not see them.
+GROUPED_MATMUL = "moe_grouped_matmul"
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool,
@@ -95,8 +109,9 @@ def swiglu_experts_ragged(x: jax.Array, experts: jax.Array, weights: jax.Array, 
     order = jnp.argsort(flat, stable=True)
     group_sizes = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
     xs = x[order // k]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes)) * jax.lax.ragged_dot(xs, w_up, group_sizes)
-    ys = jax.lax.ragged_dot(h, w_down, group_sizes)
+    grouped = lambda lhs, rhs: checkpoint_name(jax.lax.ragged_dot(lhs, rhs, group_sizes), GROUPED_MATMUL)  # noqa: E731
+    h = jax.nn.silu(grouped(xs, w_gate)) * grouped(xs, w_up)
+    ys = grouped(h, w_down)
     y = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
     return jnp.einsum("nkh,nk->nh", y, weights)
 
@@ -229,6 +244,7 @@ def grouped_swiglu(x: jax.Array, row_token: jax.Array, counts: jax.Array, w_gate
 
 def _grouped_swiglu_fwd(x, row_token, counts, w_gate_up, w_down, rows):
     ys, gate_ups = _grouped_forward(x, row_token, counts, w_gate_up, w_down, rows)
+    ys, gate_ups = (checkpoint_name(a, GROUPED_MATMUL) for a in (ys, gate_ups))
     return ys, (x, row_token, counts, w_gate_up, w_down, gate_ups)
 
 
@@ -287,37 +303,75 @@ def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array,
 MEGABLOX_TILE = 128
 
 
-def swiglu_experts_megablox(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                            w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """TPU path, same signature and result as `swiglu_experts_dense`: the N*k assignments sorted by expert (stable),
-    padded to whole tiles of rows, two megablox grouped matmuls (gate and up side by side, then down) with group
-    sizes = assignments per expert, out[n] = sum_j weights[n, j] * y[sorted row of (n, j)]."""
+def _sorted_swiglu(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+                   w_down: jax.Array, grouped_matmul, row_multiple: int = 1) -> jax.Array:
+    """The kernel paths' common body, same signature and result as `swiglu_experts_dense` given
+    grouped_matmul(lhs [M, K] in groups of rows, rhs [E, K, N], group_sizes int32[E]) -> [M, N]: the N*k
+    assignments sorted by expert (stable), padded to a multiple of `row_multiple` rows, two grouped matmuls (gate
+    and up side by side, then down) with group sizes = assignments per expert,
+    out[n] = sum_j weights[n, j] * y[sorted row of (n, j)]."""
     n, k = experts.shape
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     group_sizes = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
     rows = n * k
-    tile = min(MEGABLOX_TILE, -(-rows // 8) * 8)
-    interpret = jax.devices()[0].platform != "tpu"
-    # Rows past the groups (padding to whole tiles, skipped assignments) are not computed, forward or backward:
-    # selecting zeros there drops whatever the kernel left in them, in both directions.
-    in_groups = (jnp.arange(rows + -rows % tile) < jnp.sum(group_sizes))[:, None]
+    # Rows past the groups (padding, skipped assignments) are not computed, forward or backward: a kernel may
+    # leave anything in them, and selecting zeros there drops it in both directions.
+    in_groups = (jnp.arange(rows + -rows % row_multiple) < jnp.sum(group_sizes))[:, None]
 
-    def grouped(lhs, rhs):  # lhs [M, K] in groups of rows, rhs [E, K, N] -> [M, N]
-        tiling = (tile, min(128, rhs.shape[1]), min(128, rhs.shape[2]))
-        out = megablox.gmm(jnp.where(in_groups, lhs, 0), rhs, group_sizes, lhs.dtype, tiling, None, None, False,
-                           interpret)
-        return jnp.where(in_groups, out, 0)
+    def grouped(lhs, rhs):
+        out = grouped_matmul(jnp.where(in_groups, lhs, 0), rhs, group_sizes)
+        return checkpoint_name(jnp.where(in_groups, out, 0), GROUPED_MATMUL)
 
-    xs = jnp.pad(x[order // k], ((0, -rows % tile), (0, 0)))
+    xs = jnp.pad(x[order // k], ((0, -rows % row_multiple), (0, 0)))
     gate, up = jnp.split(grouped(xs, jnp.concatenate([w_gate, w_up], axis=-1)), 2, axis=-1)
     ys = grouped(jax.nn.silu(gate) * up, w_down)[:rows]
     sorted_row = jnp.zeros((rows,), jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
     return jnp.einsum("nkh,nk->nh", ys[sorted_row].reshape(n, k, -1), weights)
 
 
+def swiglu_experts_megablox(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                            w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """TPU path, same signature and result as `swiglu_experts_dense`: `_sorted_swiglu` on megablox's grouped
+    matmul, the sorted rows padded to whole tiles."""
+    tile = min(MEGABLOX_TILE, -(-experts.size // 8) * 8)
+    interpret = jax.devices()[0].platform != "tpu"
+
+    def gmm(lhs, rhs, group_sizes):
+        tiling = (tile, min(128, rhs.shape[1]), min(128, rhs.shape[2]))
+        return megablox.gmm(lhs, rhs, group_sizes, lhs.dtype, tiling, None, None, False, interpret)
+
+    return _sorted_swiglu(x, experts, weights, w_gate, w_up, w_down, gmm, tile)
+
+
+@functools.cache
+def tokamax_ragged_dot():
+    """tokamax.ragged_dot, or None when the tokamax package is not installed."""
+    try:
+        import tokamax  # noqa: PLC0415 (optional: the GPU extra)
+    except ImportError:
+        return None
+    # tokamax reads its options from absl flags and, if no absl app has parsed them, parses sys.argv on first use,
+    # which fails in any other program (pytest, a script with its own arguments): its options keep their defaults.
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return tokamax.ragged_dot
+
+
+def swiglu_experts_tokamax(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                           w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """GPU path, same signature and result as `swiglu_experts_dense`: `_sorted_swiglu` on tokamax's ragged_dot,
+    which picks its implementation (module doc)."""
+    ragged_dot = tokamax_ragged_dot()
+    if ragged_dot is None:
+        raise ImportError('moe_impl="tokamax" needs the tokamax package: pip install tokamax (or ipa_jax[gpu])')
+    return _sorted_swiglu(x, experts, weights, w_gate, w_up, w_down, ragged_dot)
+
+
 DISPATCH = {"dense": swiglu_experts_dense, "ragged": swiglu_experts_ragged, "blocked": swiglu_experts_blocked,
-            "megablox": swiglu_experts_megablox}
+            "megablox": swiglu_experts_megablox, "tokamax": swiglu_experts_tokamax}
+# Paths whose groups of tokens run under shard_map on a mesh: GSPMD cannot split a Pallas call.
+KERNEL_PATHS = ("megablox", "tokamax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +379,7 @@ class MoeDispatch:
     """How one forward sends tokens to experts: `impl` (a key of DISPATCH) run separately on each of `groups`
     equal slices of the tokens. On a mesh the groups are the batch shards, so each device sorts and multiplies
     only its own tokens (one global sort would gather every token on every device); 1 = all tokens at once.
-    With `mesh` the groups are `shard_map` instances over the mesh axes `batch_axes` (megablox, and expert
+    With `mesh` the groups are `shard_map` instances over the mesh axes `batch_axes` (KERNEL_PATHS, and expert
     parallelism), else a vmap. `expert_axes`: the mesh axes the experts are split over (expert parallelism, module
     doc), () = every device computes every expert. `block_rows`: the blocked path's rows per block (0 = its rule)."""
 
@@ -348,8 +402,8 @@ def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_a
     """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes` and whose
     experts are split over `expert_axes`: expert parallelism under shard_map on `mesh` when the expert axes have
     more than one device; else one token group per batch shard, except for ragged, whose `jax.lax.ragged_dot` has
-    no vmap rule with shared weights (JAX: NYI): its sort stays global. megablox's groups run under shard_map.
-    block_rows: the blocked path's rows per block (0 = its rule)."""
+    no vmap rule with shared weights (JAX: NYI): its sort stays global. The groups of KERNEL_PATHS run under
+    shard_map. block_rows: the blocked path's rows per block (0 = its rule)."""
     expert_axes = tuple(a for a in expert_axes if mesh is not None and mesh.shape[a] > 1)
     block_rows = block_rows if impl == "blocked" else 0
     if expert_axes:
@@ -357,7 +411,7 @@ def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_a
                            block_rows)
     if impl == "ragged":
         return MoeDispatch(impl, 1)
-    if impl == "megablox" and batch_shards > 1:
+    if impl in KERNEL_PATHS and batch_shards > 1:
         return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes))
     return MoeDispatch(impl, batch_shards, block_rows=block_rows)
 
@@ -415,8 +469,9 @@ SMALL_DENSE_ROWS = 256
 
 
 def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0) -> str:
-    """The concrete dispatch path of `impl`: "auto" is megablox on TPU, blocked on GPU, and on CPU blocked, or dense
-    when the call's `tokens` (per dispatch group) x `num_experts` <= SMALL_DENSE_ROWS.
+    """The concrete dispatch path of `impl`: "auto" is megablox on TPU, tokamax on GPU when the tokamax package is
+    installed (else blocked), and on CPU blocked, or dense when the call's `tokens` (per dispatch group) x
+    `num_experts` <= SMALL_DENSE_ROWS.
 
     Not ragged on GPU: on an H200 with jax 0.11.2, XLA:GPU lowered ragged_dot to zero-padded dense per-expert
     products, and bench_learner.py's train step asked for 90 GiB of temporaries at 0.9B parameters (8 x 2048
@@ -428,6 +483,8 @@ def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0)
     platform = jax.devices()[0].platform
     if platform == "tpu":
         return "megablox"
+    if platform == "gpu":
+        return "tokamax" if tokamax_ragged_dot() is not None else "blocked"
     few_tokens = platform == "cpu" and tokens is not None and tokens * num_experts <= SMALL_DENSE_ROWS
     return "dense" if few_tokens else "blocked"
 

@@ -14,7 +14,7 @@ from ipa_jax.models.attention import AttentionMesh, segment_positions, visible_k
 from ipa_jax.models.cache import KVCache, scatter_rows, write_slots
 from ipa_jax.models.config import Qwen3Config
 from ipa_jax.models.layers import INIT_STD, MLP, Attention, RMSNorm, make_param, rope_tables
-from ipa_jax.models.moe import MoeDispatch, SparseMoeBlock, moe_dispatch, resolve_moe_impl
+from ipa_jax.models.moe import GROUPED_MATMUL, MoeDispatch, SparseMoeBlock, moe_dispatch, resolve_moe_impl
 from ipa_jax.models.sharding import (
     DEFAULT_RULES,
     Rules,
@@ -29,6 +29,12 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # Every matmul output but attention's (batched dots: [B, heads, T, S] scores): the projections and the MoE's
+    # grouped matmuls, which are no dot_general and are kept by name. The backward recomputes attention and the
+    # elementwise work (norms, activations).
+    "matmuls": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(GROUPED_MATMUL)),
 }
 
 

@@ -80,11 +80,14 @@ class ModelConfig:
     arch: HF config.json fields of the random-init model (num_experts > 0 makes it a Qwen3-MoE).
     dtype: compute dtype (weights are cast to it in the forward): float32 or bfloat16.
     param_dtype: dtype of the master weights and the optimizer state.
-    remat: rematerialisation per decoder layer: none, full, dots or dots_no_batch.
-    moe_impl: MoE dispatch: auto (megablox on TPU, blocked on GPU and CPU, on CPU dense for few-token calls),
+    remat: rematerialisation per decoder layer: none, full, dots, dots_no_batch or matmuls (keeps the outputs of
+      the unbatched matmuls and of the MoE's grouped matmuls, recomputes the rest: attention, norms, activations).
+    moe_impl: MoE dispatch: auto (megablox on TPU, tokamax on GPU when installed, else blocked on GPU and CPU, on
+      CPU dense for few-token calls),
       blocked (sorted tokens, each expert's run in blocks of rows: every expert's first block in one batched
       matmul, a loop over the further blocks), ragged (grouped lax.ragged_dot), megablox (Pallas TPU grouped
-      matmul) or dense (the reference).
+      matmul), tokamax (the tokamax package's ragged_dot: Pallas Mosaic GPU / Triton kernels, grouped forward and
+      backward; needs `pip install tokamax`) or dense (the reference).
     moe_block_rows: rows per block of the blocked MoE path; 0 = automatic (a quarter more than the mean rows per
       expert, to a multiple of 8 in [8, 256]: the fastest on CPU). Larger blocks mean fewer loop iterations.
     attention_impl: attention: auto (cudnn on NVIDIA GPUs in bf16/fp16, splash on TPU, blocked elsewhere), blocked

@@ -253,7 +253,7 @@ def plain_grads(model_and_fwd):
     return grad_fn, jax.jit(fn)(params)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
+@pytest.mark.parametrize("policy", ["full", "dots", "matmuls"])
 def test_remat_policy_same_gradients(model_and_fwd, plain_grads, policy):
     model, _, _ = model_and_fwd
     grad_fn, plain = plain_grads

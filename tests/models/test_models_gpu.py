@@ -1,7 +1,8 @@
-"""The GPU fast paths on a real NVIDIA GPU: cuDNN fused attention and the ragged (`jax.lax.ragged_dot`) MoE against the
-reference paths, forward and gradients, and the whole bfloat16 model on the `auto` paths against the reference
-paths. Skipped without a GPU (CI); on a GPU node, without conftest's XLA:CPU flags (`--xla_cpu_*`, which another
-jaxlib may not know):  JAX_PLATFORMS=cuda XLA_FLAGS= python -m pytest tests/models/test_models_gpu.py
+"""The GPU fast paths on a real NVIDIA GPU: cuDNN fused attention and the grouped MoE paths (`jax.lax.ragged_dot`,
+tokamax's kernels) against the reference paths, forward and gradients, and the whole bfloat16 model on the `auto`
+paths against the reference paths. Skipped without a GPU (CI); on a GPU node, without conftest's XLA:CPU flags
+(`--xla_cpu_*`, which another jaxlib may not know):
+JAX_PLATFORMS=cuda XLA_FLAGS= python -m pytest tests/models/test_models_gpu.py
 
 bfloat16 paths are judged by their error against the float32 reference, which must stay within a small multiple
 of the error of the reference path run in bfloat16 itself (same inputs, same precision, no fused kernel)."""
@@ -62,24 +63,43 @@ def test_cudnn_attention_is_as_accurate_as_the_reference_in_bfloat16():
         assert _max_err(g, w) <= 2 * _max_err(r, w) + 1e-3
 
 
-def test_ragged_moe_equals_dense_forward_and_gradients():
+def _moe_value_and_grads(fn, dtype):
+    """sum(sin(fn(...))) and its gradients w.r.t. x, weights and the expert weights (float32) of 512 tokens, 16
+    experts top-4, routing skewed (expert 0 takes half the tokens' first choice); inputs cast to `dtype` in fn."""
     n, h, w, e, k = 512, 64, 32, 16, 4
     rng = np.random.RandomState(1)
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
     x, weights = f32(rng.randn(n, h)), f32(rng.rand(n, k))
     wg, wu, wd = f32(0.2 * rng.randn(e, h, w)), f32(0.2 * rng.randn(e, h, w)), f32(0.2 * rng.randn(e, w, h))
     experts = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
-    experts = experts.at[: n // 2, 0].set(0)  # skewed: expert 0 takes half the tokens' first choice
+    experts = experts.at[: n // 2, 0].set(0)
 
-    def value_and_grads(fn):
-        loss = lambda *a: jnp.sum(jnp.sin(fn(*a)))  # noqa: E731
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 2, 3, 4, 5)))(x, experts, weights, wg, wu, wd)
+    def loss(x, experts, *floats):
+        return jnp.sum(jnp.sin(fn(x.astype(dtype), experts, *(a.astype(dtype) for a in floats)).astype(jnp.float32)))
 
-    want, want_grads = value_and_grads(DISPATCH["dense"])
-    got, got_grads = value_and_grads(DISPATCH["ragged"])
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 2, 3, 4, 5)))(x, experts, weights, wg, wu, wd)
+
+
+# tokamax in float32: its Triton kernel (Mosaic GPU takes 16-bit inputs only).
+@pytest.mark.parametrize("path", ["ragged", "tokamax"])
+def test_grouped_moe_equals_dense_forward_and_gradients(path):
+    want, want_grads = _moe_value_and_grads(DISPATCH["dense"], jnp.float32)
+    got, got_grads = _moe_value_and_grads(DISPATCH[path], jnp.float32)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-4)
     for g, d in zip(got_grads, want_grads):
         assert _max_err(g, d) <= 1e-4 * float(np.abs(np.asarray(d)).max())
+
+
+def test_tokamax_moe_is_as_accurate_as_dense_in_bfloat16():
+    """On Hopper tokamax's Mosaic GPU kernels (forward, d lhs, d W), else Triton: the error against the float32
+    dense path within a small multiple of the dense path's own in bfloat16."""
+    want, want_grads = _moe_value_and_grads(DISPATCH["dense"], jnp.float32)
+    ref16, ref16_grads = _moe_value_and_grads(DISPATCH["dense"], jnp.bfloat16)
+    got, got_grads = _moe_value_and_grads(DISPATCH["tokamax"], jnp.bfloat16)
+    assert np.isfinite(float(got))
+    assert _max_err(got, want) <= 2 * _max_err(ref16, want) + 1e-2
+    for g, r, w in zip(got_grads, ref16_grads, want_grads):
+        assert _max_err(g, w) <= 2 * _max_err(r, w) + 1e-3 * float(np.abs(np.asarray(w)).max())
 
 
 def test_bfloat16_model_on_auto_paths_matches_the_reference_paths():

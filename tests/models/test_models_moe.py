@@ -1,11 +1,16 @@
-"""MoE router and dropless dispatch: dense reference vs ragged, blocked and megablox (Pallas interpreter) paths vs
-float64 NumPy; every path expert-parallel in a sharded model on 8 fake devices against the same model on one device
-(forward and gradients; tokens split over the expert axis or replicated); routing replay and aux losses."""
+"""MoE router and dropless dispatch: dense reference vs ragged, blocked, megablox (Pallas interpreter) and tokamax
+(its XLA implementation on CPU) paths vs float64 NumPy; every path expert-parallel in a sharded model on 8 fake
+devices against the same model on one device (forward and gradients; tokens split over the expert axis or
+replicated); routing replay and aux losses; the tokamax path's grouped backward; the "matmuls" remat policy."""
 
+import collections
+import functools
 import math
+import sys
 import types
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -162,10 +167,10 @@ MOE_CFG = dict(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_la
                num_experts_per_tok=2)
 
 
-def _moe_grad_fn(mesh, rows: int = 4, **config):
-    """(params, grad_fn, own) of a 2-layer model (layer 1 dense; `config`: more Qwen3Config fields), sharded on
-    `mesh` (None: one device), with a batch of `rows` rows of 9 tokens; grad_fn(params, routed_experts, moe_impl) is
-    jitted once per path: routed_experts `own` (all -1) keeps the router's own choice. The same weights and batch on
+def _moe_loss(mesh, rows: int = 4, **config):
+    """(params, loss, own) of a 2-layer model (layer 1 dense; `config`: more Qwen3Config fields), sharded on
+    `mesh` (None: one device), with a batch of `rows` rows of 9 tokens: loss(params, routed_experts, moe_impl) ->
+    (loss, model output); routed_experts `own` (all -1) keeps the router's own choice. The same weights and batch on
     every mesh."""
     cfg = tiny_qwen3_config(**MOE_CFG, **config)
     model = init_model(cfg, seed=4, mesh=mesh)
@@ -186,8 +191,14 @@ def _moe_grad_fn(mesh, rows: int = 4, **config):
         nll = jnp.sum(jnp.where(mask[..., None], jax.nn.log_softmax(out.logits), 0.0)[..., 0])
         return nll + out.aux["load_balancing_loss"] + out.aux["router_z_loss"], out
 
-    grad_fn = jax.jit(jax.grad(loss, has_aux=True), static_argnums=2)
-    return params, grad_fn, jnp.full((rows, 9, 2, 2), -1, jnp.int32)
+    return params, loss, jnp.full((rows, 9, 2, 2), -1, jnp.int32)
+
+
+def _moe_grad_fn(mesh, rows: int = 4, **config):
+    """(params, grad_fn, own) of `_moe_loss`: grad_fn(params, routed_experts, moe_impl) -> (grads, model output),
+    jitted once per path."""
+    params, loss, own = _moe_loss(mesh, rows, **config)
+    return params, jax.jit(jax.grad(loss, has_aux=True), static_argnums=2), own
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +221,7 @@ def _assert_same_grads(got, want, tol=1e-5):
         assert _rel(a[...], b[...]) < tol, path
 
 
-@pytest.mark.parametrize("path", ["dense", "blocked", "ragged", "megablox"])  # megablox: Pallas interpreter
+@pytest.mark.parametrize("path", ["dense", "blocked", "ragged", "megablox", "tokamax"])  # megablox: Pallas interpreter
 def test_expert_parallel_paths_equal_the_unsharded_reference(moe_model, moe_reference, path):
     params, grad_fn, own = moe_model
     g_ref, out_ref = moe_reference
@@ -234,6 +245,19 @@ def test_expert_parallel_over_four_devices_with_split_and_replicated_tokens(moe_
     g_path, out_path = grad_fn(params, own, "blocked")
     assert _rel(out_path.logits, out_ref.logits) < 1e-5
     np.testing.assert_array_equal(np.asarray(out_path.aux["routed_experts"]), np.asarray(out_ref.aux["routed_experts"]))
+    _assert_same_grads(g_path, g_ref)
+
+
+def test_tokamax_per_batch_shard_under_shard_map_equals_the_unsharded_reference(moe_reference):
+    """fsdp 4 x tensor 2, no expert axis: each of the 4 batch shards sorts and multiplies its own tokens in a
+    shard_map instance (tokamax's ragged_dot, like jax's, has no vmap rule with shared weights)."""
+    mesh = make_mesh(MeshConfig(1, 4, 1, 2))
+    assert moe_dispatch("tokamax", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
+        "tokamax", 4, mesh, ("data", "fsdp", "expert"))
+    params, grad_fn, own = _moe_grad_fn(mesh)
+    g_ref, out_ref = moe_reference
+    g_path, out_path = grad_fn(params, own, "tokamax")
+    assert _rel(out_path.logits, out_ref.logits) < 1e-5
     _assert_same_grads(g_path, g_ref)
 
 
@@ -277,25 +301,72 @@ def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_s
         resolve_moe_impl("sparse")
 
 
-@pytest.mark.parametrize("platform, want", [("gpu", "blocked"), ("tpu", "megablox")])
-def test_auto_on_accelerators(monkeypatch, platform, want):
+@pytest.mark.parametrize("platform, tokamax, want", [("gpu", True, "tokamax"), ("gpu", False, "blocked"),
+                                                     ("tpu", True, "megablox")])
+def test_auto_on_accelerators(monkeypatch, platform, tokamax, want):
     monkeypatch.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(platform=platform)])
+    if not tokamax:
+        _without_tokamax(monkeypatch)
     for tokens in (None, 8, 4096):  # the few-token dense shortcut is CPU-only
         assert resolve_moe_impl("auto", tokens=tokens, num_experts=16) == want
 
 
-def test_routing_replay(moe_model):
-    params, grad_fn, own = moe_model
-    g_own, out_own = grad_fn(params, own, "blocked")
-    routed = out_own.aux["routed_experts"]
-    assert routed.shape == (4, 9, 2, 2) and bool(jnp.all(routed[:, :, 1] == -1))  # layer 1 is dense
-    g_replay, out_replay = grad_fn(params, routed, "blocked")
-    np.testing.assert_array_equal(np.asarray(out_replay.logits), np.asarray(out_own.logits))
-    for (path, a), (_, b) in zip(nnx.to_flat_state(g_own), nnx.to_flat_state(g_replay)):
-        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-6, atol=1e-7, err_msg=str(path))
-    # Replaying other experts changes the output, uses exactly those experts, and still trains the router.
-    other = jnp.where(routed >= 0, (routed + 1) % 8, routed)
-    g_other, out_other = grad_fn(params, other, "blocked")
-    np.testing.assert_array_equal(np.asarray(out_other.aux["routed_experts"]), np.asarray(other))
-    assert _rel(out_other.logits, out_own.logits) > 1e-3
-    assert float(jnp.abs(g_other["layers"][0]["mlp"]["gate"][...]).max()) > 0
+def _without_tokamax(monkeypatch):
+    """As if the tokamax package were not installed (an import of it raises ImportError)."""
+    monkeypatch.setitem(sys.modules, "tokamax", None)
+    monkeypatch.setattr(moe_module, "tokamax_ragged_dot", functools.cache(moe_module.tokamax_ragged_dot.__wrapped__))
+
+
+def test_tokamax_path_without_the_package_says_how_to_install_it(monkeypatch, expert_weights):
+    _without_tokamax(monkeypatch)
+    x, weights, wg, wu, wd = expert_weights
+    with pytest.raises(ImportError, match="pip install tokamax"):
+        moe_module.swiglu_experts_tokamax(x, jnp.zeros((N, K), jnp.int32), weights, wg, wu, wd)
+
+
+def test_tokamax_backward_is_grouped(expert_weights):
+    """The tokamax path's gradient program (what its GPU kernels receive): every matmul with expert weights is
+    grouped, with the dimension numbers tokamax's Mosaic GPU and Triton kernels implement: per grouped matmul
+    (gate-up, down) the forward, d lhs = dy W_e^T (the weights' last dimension contracted) and d W_e = lhs_e^T dy_e
+    (the ragged rows contracted, [E, K, N] out); no dot_general forms a per-expert product."""
+    x, weights, wg, wu, wd = expert_weights
+    experts = jnp.asarray(_routings()["random"], jnp.int32)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *a: _loss(moe_module.swiglu_experts_tokamax, *a), argnums=(0, 3, 4, 5)))(
+        x, experts, weights, wg, wu, wd)
+
+    def eqns(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield eqn
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from eqns(sub)
+
+    kinds = collections.Counter()
+    for eqn in eqns(jaxpr.jaxpr):
+        if eqn.primitive.name == "ragged_dot_general":
+            contract, _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+            kinds[tuple(map(tuple, contract)), eqn.outvars[0].aval.shape[0]] += 1
+        else:
+            assert eqn.primitive.name != "dot_general" or eqn.outvars[0].aval.shape[0] != E, eqn
+    rows = N * K
+    assert kinds == {(((1,), (1,)), rows): 2, (((1,), (2,)), rows): 2, (((0,), (0,)), E): 2}, kinds
+
+
+def test_matmuls_remat_keeps_the_grouped_matmuls_and_trains_like_no_remat(capsys):
+    """remat_policy="matmuls" on the tokamax path: the saved residuals include the grouped matmuls' outputs, and
+    three SGD steps give the same losses, gradients and parameters as without remat."""
+    trained = {}
+    for policy in ("none", "matmuls"):
+        params, loss, own = _moe_loss(None, remat_policy=policy)
+        step = jax.jit(jax.value_and_grad(lambda p, loss=loss, own=own: loss(p, own, "tokamax")[0]))
+        losses = []
+        for _ in range(3):
+            value, grads = step(params)
+            params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+            losses.append(float(value))
+        trained[policy] = losses, grads, params
+        if policy == "matmuls":
+            jax.ad_checkpoint.print_saved_residuals(lambda p, loss=loss, own=own: loss(p, own, "tokamax")[0], params)
+    assert "named 'moe_grouped_matmul'" in capsys.readouterr().out
+    np.testing.assert_allclose(trained["matmuls"][0], trained["none"][0], rtol=1e-6)
+    _assert_same_grads(trained["matmuls"][1], trained["none"][1])
+    _assert_same_grads(trained["matmuls"][2], trained["none"][2])

@@ -112,6 +112,7 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
     ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
     ("model.moe_impl='fast'", "model.moe_impl"),
+    ("model.remat='everything'", "model.remat"),
     ("model.moe_block_rows=-1", "model.moe_block_rows"),
     ("model.routing_replay=True", "model.routing_replay"),  # dense model
     ("model.arch.num_key_value_heads=3", "model.arch.num_key_value_heads"),
@@ -247,8 +248,8 @@ def test_config_files_load_from_any_directory_without_importing_torch(tmp_path):
 def test_learner_side_model_fields_reach_the_model_config():
     from ipa_jax.pipeline.build import model_config
 
-    exp = validate(load_config(TINY, {"model.scan_layers": True, "model.moe_impl": "blocked", "model.remat": "full",
+    exp = validate(load_config(TINY, {"model.scan_layers": True, "model.moe_impl": "tokamax", "model.remat": "matmuls",
                                       "model.attention_impl": "reference", "model.moe_block_rows": 64}))
     qwen = model_config(exp.model)
     assert (qwen.scan_layers, qwen.moe_impl, qwen.remat_policy, qwen.attention_impl, qwen.moe_block_rows) == (
-        True, "blocked", "full", "reference", 64)
+        True, "tokamax", "matmuls", "reference", 64)
