@@ -11,14 +11,19 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
+from tiny_models import tiny_qwen3_config
 
 from ipa_jax import storage
-from ipa_jax.pipeline import RunFolder
+from ipa_jax.models import init_model
+from ipa_jax.pipeline import RunFolder, load_config, validate
+from ipa_jax.pipeline.export import existing_tokenizer, export_policy
+from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.train import LoggingConfig
 from ipa_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from ipa_jax.trajectory import Trajectory, build_chunk_ids
 
 BUCKET = "gs://bucket"
+TINY_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "offline_tiny.py")
 
 
 @contextlib.contextmanager
@@ -148,3 +153,36 @@ def test_wandb_needs_a_local_run_folder():
     log = RunFolder(f"{BUCKET}/run").metrics_log(LoggingConfig(tensorboard=False, wandb=True))
     with pytest.raises(ValueError, match="must be local"):
         log._start_wandb(None)
+
+
+def test_local_folder_and_local_copy_round_trip_a_tree(tmp_path):
+    with fake_bucket(str(tmp_path / "bucket")):
+        with storage.local_folder(f"{BUCKET}/tree") as local:
+            assert storage.is_local(local)
+            os.makedirs(os.path.join(local, "sub"))
+            for name, data in (("a.bin", b"\0\1" * 1000), ("sub/b.json", b"{}")):
+                with open(os.path.join(local, name), "wb") as f:
+                    f.write(data)
+        with storage.local_copy(f"{BUCKET}/tree") as copy:
+            _same_tree(copy, str(tmp_path / "bucket" / "tree"))
+    assert not os.path.exists(local) and not os.path.exists(copy)  # the temporary folders are gone
+    with storage.local_folder(tmp_path / "here") as local:  # a local path is used as it is
+        assert local == str(tmp_path / "here")
+
+
+def test_hf_folders_of_a_bucket_run_folder(tmp_path, monkeypatch):
+    """The run's tokenizer and the exported policy (libraries that write local folders only) on gs://."""
+    monkeypatch.chdir(tmp_path)
+    exp = validate(load_config(TINY_CONFIG, ["model.arch.vocab_size=1024"]))
+    model = init_model(tiny_qwen3_config())
+    local = RunFolder(str(tmp_path / "local"))
+    tokenizer = load_or_build_tokenizer(exp.model, local)
+    export_policy(model, None, local.hf_dir)
+    with fake_bucket(str(tmp_path / "bucket")):
+        remote = RunFolder(f"{BUCKET}/run")
+        assert len(load_or_build_tokenizer(exp.model, remote)) == len(tokenizer)  # built and copied there
+        assert existing_tokenizer(exp.model, remote).get_vocab() == tokenizer.get_vocab()  # read back from there
+        export_policy(model, None, remote.hf_dir)
+    assert sorted(os.listdir(tmp_path)) == ["bucket", "local"]
+    _same_tree(local.tokenizer_dir, str(tmp_path / "bucket" / "run" / "tokenizer"))
+    _same_tree(local.hf_dir, str(tmp_path / "bucket" / "run" / "hf"))
