@@ -2,8 +2,10 @@
 by its cluster; the local dry run starts the per-process command as 2 CPU processes that train as one job."""
 
 import ast
+import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -12,9 +14,11 @@ import pytest
 import yaml
 
 from ipa_jax.launch import LaunchSpec, job_name, render_gke, render_ray, render_slurm, run_local
+from ipa_jax.launch.local import CLUSTER_VARIABLE_PREFIXES
 from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 OVERRIDES = ("--config.train.run_dir=gs://bucket/runs/tiny", "--config.train.data=('a b.jsonl',)")
 COMMAND = ["python", "experiments/train.py", "--config=configs/offline_tiny.py", *OVERRIDES]
 
@@ -158,19 +162,55 @@ def _trajectories(n: int) -> list[Trajectory]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["slurm", "gke"])  # jax's Slurm detection; the explicit JAX_* (GKE and Ray)
-def test_local_dry_run_trains_as_one_two_process_job(tmp_path, target):
-    data, run_dir = tmp_path / "data.jsonl", tmp_path / "run"
+def _tiny_job(tmp_path, **kwargs) -> LaunchSpec:
+    """2 processes training the tiny offline config for 2 steps into <tmp_path>/run, one CPU device each."""
+    data = tmp_path / "data.jsonl"
     write_jsonl(data, _trajectories(8))
-    spec = LaunchSpec(config="configs/offline_tiny.py", name="tiny", nodes=2, image="img", workdir=REPO,
-                      python=sys.executable, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
-                      overrides=(f"--config.train.data=('{data}',)", f"--config.train.run_dir={run_dir}",
-                                 "--config.train.steps=2", "--config.logging.tensorboard=False"))
-    results = run_local(spec, target, str(tmp_path / "logs"), timeout_s=300)
-    logs = [open(r.log_path, encoding="utf-8").read() for r in results]
-    assert [r.returncode for r in results] == [0, 0], [log[-3000:] for log in logs]
-    # One job: process 0 alone writes the run folder and prints the summary.
-    assert "run folder:" in logs[0] and "run folder:" not in logs[1]
+    overrides = (f"--config.train.data=('{data}',)", f"--config.train.run_dir={tmp_path / 'run'}",
+                 "--config.train.steps=2", "--config.logging.tensorboard=False")
+    return LaunchSpec(**{"config": "configs/offline_tiny.py", "name": "tiny", "nodes": 2, "workdir": REPO,
+                         "python": sys.executable, "overrides": overrides,
+                         "env": {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, **kwargs})
+
+
+def _assert_one_job(run_dir, logs: list[str]) -> None:
+    """Process 0 alone writes the run folder and prints the summary (two separate 1-process runs would both)."""
+    assert "run folder:" in logs[0] and "run folder:" not in logs[1], [log[-3000:] for log in logs]
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl", encoding="utf-8")]
     assert [row["step"] for row in rows] == [1, 2]
+
+
+@pytest.mark.slow
+def test_local_dry_run_under_srun_variables_trains_as_one_two_process_job(tmp_path):
+    """jax's own Slurm detection; the explicit JAX_* variables of GKE and Ray: the Ray script's test below."""
+    results = run_local(_tiny_job(tmp_path), "slurm", str(tmp_path / "logs"), timeout_s=300)
+    logs = [open(r.log_path, encoding="utf-8").read() for r in results]
+    assert [r.returncode for r in results] == [0, 0], [log[-3000:] for log in logs]
+    _assert_one_job(tmp_path / "run", logs)
+
+
+@pytest.mark.slow
+def test_the_ray_script_runs_one_training_process_per_bundle(tmp_path):
+    """The rendered script itself, under a stand-in for Ray (tests/launch/fake_ray: tasks in threads here)."""
+    spec = _tiny_job(tmp_path, coordinator_port=_free_port(), env={
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"})
+    script = tmp_path / "ray_job.py"
+    script.write_text(render_ray(dataclasses.replace(spec, workdir=".")))
+    events = tmp_path / "ray_events.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIXES)}
+    env.update(FAKE_RAY_LOG=str(events), PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fake_ray"), REPO]))
+    job = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    recorded = [json.loads(line) for line in open(events, encoding="utf-8")]
+    assert recorded[1] == {"event": "placement_group", "bundles": [{"CPU": 1}] * 2, "strategy": "STRICT_SPREAD"}
+    tasks = [(e["name"], e["bundle"]) for e in recorded if e["event"] == "task"]
+    assert tasks == [("node_address", 0), ("train", 0), ("train", 1)]
+    assert job.stdout.count("run folder:") == 1  # both processes print to the job's output; only process 0 reports
+    _assert_one_job(tmp_path / "run", [job.stdout, ""])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
