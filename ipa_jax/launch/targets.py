@@ -145,14 +145,12 @@ def main():
     coordinator = f"{ray.get(node_address.options(scheduling_strategy=on_node(0)).remote())}:{PORT}"
     pending = [train.options(scheduling_strategy=on_node(i)).remote(i, coordinator) for i in range(NODES)]
     status = 0
-    while pending:  # a failed process ends the others: they would wait in collectives
+    while pending and not status:  # a failed process ends the others: they would wait in collectives
         done, pending = ray.wait(pending)
-        status = max(status, *ray.get(done))
-        if status:
-            for task in pending:
-                ray.cancel(task, force=True)
-            break
-    raise SystemExit(status)
+        status = next((code for code in ray.get(done) if code != 0), 0)
+    for task in pending:
+        ray.cancel(task, force=True)
+    raise SystemExit(abs(status))  # a process killed by signal N: N
 
 
 if __name__ == "__main__":

@@ -194,20 +194,31 @@ def test_the_ray_script_runs_one_training_process_per_bundle(tmp_path):
     """The rendered script itself, under a stand-in for Ray (tests/launch/fake_ray: tasks in threads here)."""
     spec = _tiny_job(tmp_path, coordinator_port=_free_port(), env={
         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"})
-    script = tmp_path / "ray_job.py"
-    script.write_text(render_ray(dataclasses.replace(spec, workdir=".")))
-    events = tmp_path / "ray_events.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIXES)}
-    env.update(FAKE_RAY_LOG=str(events), PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fake_ray"), REPO]))
-    job = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    job, recorded = _run_ray_script(spec, tmp_path)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
-    recorded = [json.loads(line) for line in open(events, encoding="utf-8")]
     assert recorded[1] == {"event": "placement_group", "bundles": [{"CPU": 1}] * 2, "strategy": "STRICT_SPREAD"}
     tasks = [(e["name"], e["bundle"]) for e in recorded if e["event"] == "task"]
     assert tasks == [("node_address", 0), ("train", 0), ("train", 1)]
     assert job.stdout.count("run folder:") == 1  # both processes print to the job's output; only process 0 reports
     _assert_one_job(tmp_path / "run", [job.stdout, ""])
+
+
+def test_the_ray_script_fails_with_its_first_failed_process(tmp_path):
+    job, _ = _run_ray_script(_tiny_job(tmp_path, overrides=("--config.train.steps=-1",)), tmp_path)
+    assert job.returncode == 2, (job.stdout + job.stderr)[-3000:]  # experiments/train.py's status on a config error
+    assert "train.steps" in job.stderr
+
+
+def _run_ray_script(spec: LaunchSpec, tmp_path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Runs the rendered Ray script from the repository root (the job's working directory) under the stand-in for
+    Ray; returns the finished job and what the stand-in recorded."""
+    script, events = tmp_path / "ray_job.py", tmp_path / "ray_events.jsonl"
+    script.write_text(render_ray(dataclasses.replace(spec, workdir=".")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIXES)}
+    env.update(FAKE_RAY_LOG=str(events), PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fake_ray"), REPO]))
+    job = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    return job, [json.loads(line) for line in open(events, encoding="utf-8")]
 
 
 def _free_port() -> int:
