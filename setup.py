@@ -15,6 +15,7 @@ setup(
         "flax>=0.11",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
+        "etils[epath]>=1.5",  # run folders and checkpoints on local paths or gs:// (the path library Orbax uses)
         "transformers>=4.51",
         "tokenizers>=0.21",
         "safetensors>=0.4",
@@ -54,6 +55,8 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
         # Rollout hosts only: SGLang needs a CUDA GPU.
         "sglang": ["sglang[all]>=0.5"],
+        # gs:// run folders: etils.epath's backend for GCS (Orbax writes the arrays through TensorStore's own driver).
+        "gcs": ["gcsfs>=2024.2"],
         # tokamax: the grouped-matmul MoE kernels (moe_impl="tokamax", what "auto" picks on GPUs when installed).
         "gpu": ["jax[cuda12]", "tokamax>=0.0.12"],
         "tpu": ["jax[tpu]"],

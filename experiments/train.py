@@ -9,7 +9,8 @@ command resumes from the latest complete checkpoint. Ctrl-C or SIGTERM (a schedu
 checkpoint (after SIGTERM the exit status is 143); a run that cannot go on (rollout servers gone past
 rollout.outage_budget_s, nothing admissible for queue.stall_timeout_s) stops with a checkpoint, prints why and exits
 with status 1. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_* environment
-variables, or nothing on TPU pods / SLURM) and run the same command on every host.
+variables, or nothing under srun / mpirun / a TPU slice on GKE: jax detects the cluster) and run the same command
+on every host (experiments/launch.py renders the Slurm, GKE JobSet and Ray launchers).
 """
 
 from absl import app, flags

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -286,24 +286,33 @@ def _json_default(obj: Any) -> Any:
 def write_jsonl(path: str | os.PathLike, trajs: Iterable[Trajectory], append: bool = False) -> None:
     """Writes one JSON line per trajectory (overwrites ``path``, or adds to its end with ``append``)."""
     with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for traj in trajs:
-            f.write(traj.to_json())
-            f.write("\n")
+        f.writelines(jsonl_lines(trajs))
+
+
+def jsonl_lines(trajs: Iterable[Trajectory]) -> Iterator[str]:
+    """The lines of write_jsonl, for a writer of its own (an object store's file)."""
+    for traj in trajs:
+        yield traj.to_json() + "\n"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Trajectory]:
     """Reads the trajectories written by write_jsonl (blank lines skipped). Does not validate: call
     ``validate()`` on each (the learner drops and counts the bad ones). A malformed line raises a ValueError
     naming the file and line number."""
-    out = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Trajectory.from_json(line))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
+        return parse_jsonl(f, os.fspath(path))
+
+
+def parse_jsonl(lines: Iterable[str], source: str) -> list[Trajectory]:
+    """read_jsonl on lines read elsewhere (an object store's file); `source` names them in errors."""
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Trajectory.from_json(line))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{source}:{lineno}: {e}") from None
     return out
 
 

@@ -9,8 +9,10 @@ import os
 from typing import Any
 
 import jax
+from etils import epath
 from transformers import PreTrainedTokenizerBase
 
+from ipa_jax import storage
 from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
 from ipa_jax.models import Qwen3Config, Qwen3ForCausalLM, save_pretrained
 from ipa_jax.pipeline.config import ModelConfig
@@ -40,14 +42,15 @@ def export_policy(model_or_state: Qwen3ForCausalLM | TrainState, tokenizer: PreT
     """
     model = model_or_state.model() if isinstance(model_or_state, TrainState) else model_or_state
     ids = special_token_ids(tokenizer, model.config)  # before writing anything: a wrong tokenizer raises here
-    save_pretrained(model, path, dtype=dtype)
-    if jax.process_index() != 0:
-        return
-    _update_json(os.path.join(path, "config.json"), ids)
-    with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump(generation_config(ids), f, indent=2)
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, path)
+    with storage.local_folder(path) as local:  # a gs:// path: written here, then copied
+        save_pretrained(model, local, dtype=dtype)
+        if jax.process_index() != 0:
+            return
+        _update_json(os.path.join(local, "config.json"), ids)
+        with open(os.path.join(local, "generation_config.json"), "w", encoding="utf-8") as f:
+            json.dump(generation_config(ids), f, indent=2)
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, local)
 
 
 def special_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Qwen3Config) -> dict[str, Any]:
@@ -107,8 +110,9 @@ def existing_tokenizer(model: ModelConfig, folder: RunFolder) -> PreTrainedToken
     if model.tokenizer:
         return load_tokenizer(model.tokenizer)
     for path in (model.path, folder.tokenizer_dir):
-        if path and os.path.exists(os.path.join(path, "tokenizer_config.json")):
-            return load_tokenizer(path)
+        if path and epath.Path(path, "tokenizer_config.json").exists():
+            with storage.local_copy(path) as local:
+                return load_tokenizer(local)
     return None
 
 

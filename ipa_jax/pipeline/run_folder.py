@@ -20,25 +20,28 @@
 
 Only process 0 of a multi-host run writes. metrics.jsonl stores non-finite floats as the strings "nan", "inf",
 "-inf" (JSON has no such numbers); `read_metrics` turns them back into floats.
+
+The run folder may be a local path or an object store's URI (gs://bucket/runs/x): every file operation goes through
+etils.epath (`ipa_jax.storage`); W&B keeps its files in a local run folder only.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+from etils import epath
 
+from ipa_jax import storage
 from ipa_jax.train.metrics import LoggingConfig
-from ipa_jax.trajectory import Trajectory, read_jsonl, write_jsonl
+from ipa_jax.trajectory import Trajectory, jsonl_lines, parse_jsonl
 
 TRAJECTORY_FILES = ("train", "unconsumed")
 
@@ -104,11 +107,11 @@ class RunFolder:
         `current` is what a killed run synced after its last checkpoint)."""
         if not is_writer():
             return
-        versions = sorted((int(m.group(1)) for d in os.listdir(self.file("weights"))
-                           if (m := re.fullmatch(r"v(\d+)", d))), reverse=True)
+        versions = sorted((int(m.group(1)) for name in _names(self.file("weights"))
+                           if (m := re.fullmatch(r"v(\d+)", name))), reverse=True)
         kept = [current] + [v for v in versions if v < current][:keep - 1]
         for version in set(versions) - set(kept):
-            shutil.rmtree(self.weights_dir(version), ignore_errors=True)
+            epath.Path(self.weights_dir(version)).rmtree(missing_ok=True)
 
     def eval_report_path(self, step: int, k: int, temperature: float) -> str:
         return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")
@@ -133,13 +136,11 @@ class RunFolder:
         return _read_json(self.config_path, "config.json (not a run folder?)")
 
     def has_config(self) -> bool:
-        return os.path.exists(self.config_path)
+        return epath.Path(self.config_path).exists()
 
     def latest_checkpoint_step(self) -> int | None:
         """The newest complete checkpoint's step (Orbax names a finished checkpoint by its step), or None."""
-        steps = [int(d) for d in os.listdir(self.checkpoints_dir) if d.isdigit()] \
-            if os.path.isdir(self.checkpoints_dir) else []
-        return max(steps, default=None)
+        return max((int(name) for name in _names(self.checkpoints_dir) if name.isdigit()), default=None)
 
     def record_config_change(self, step: int | None, changes: dict[str, tuple[Any, Any]]) -> None:
         """Appends {"time", "step" (the checkpoint resumed from), "changes": {key: [old, new]}} to
@@ -147,17 +148,16 @@ class RunFolder:
         if is_writer():
             record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
                       "changes": {k: list(v) for k, v in changes.items()}}
-            with open(self.file("config_changes.jsonl"), "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            storage.append_text(self.file("config_changes.jsonl"), json.dumps(record) + "\n")
 
     # ---- metrics.jsonl
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every complete line of metrics.jsonl, non-finite floats restored; a partial last line (a killed run)
         is skipped. Raises FileNotFoundError when the run has not logged yet."""
-        if not os.path.exists(self.metrics_path):
+        if not epath.Path(self.metrics_path).exists():
             raise FileNotFoundError(f"{self.path}: no metrics.jsonl (not a run folder, or the run has not started)")
         rows = []
-        with open(self.metrics_path, encoding="utf-8") as f:
+        with epath.Path(self.metrics_path).open(encoding="utf-8") as f:
             for line in f:
                 try:
                     row = json.loads(line)
@@ -182,13 +182,12 @@ class RunFolder:
         return _read_json(self.summary_path, "summary.json (the run did not finish)")
 
     def has_summary(self) -> bool:
-        return os.path.exists(self.summary_path)
+        return epath.Path(self.summary_path).exists()
 
     # ---- samples/ and trajectories/
     def write_samples(self, step: int, trajs: list[Trajectory]) -> None:
         if is_writer():
-            os.makedirs(os.path.dirname(self.samples_path(step)), exist_ok=True)
-            write_jsonl(self.samples_path(step), trajs)
+            storage.write_text(self.samples_path(step), "".join(jsonl_lines(trajs)))
 
     def read_samples(self, split: str | None = None) -> list[tuple[int, Trajectory]]:
         """(step, trajectory) of every sampled episode, in step order; `split` ("train" | "eval") keeps only the
@@ -196,36 +195,40 @@ class RunFolder:
         if split not in (None, "train", "eval"):
             raise ValueError(f"split must be None, 'train' or 'eval', got {split!r}")
         out = []
-        for path in sorted(glob.glob(self.file("samples", "step_*.jsonl"))):
-            match = re.fullmatch(r"step_(\d+)\.jsonl", os.path.basename(path))
+        for name in sorted(_names(self.file("samples"))):
+            match = re.fullmatch(r"step_(\d+)\.jsonl", name)
             if match is not None:
-                out += [(int(match.group(1)), t) for t in read_jsonl(path)
+                out += [(int(match.group(1)), t) for t in _read_jsonl(self.file("samples", name))
                         if split is None or t.info.get("split") == split]
         return out
 
     def append_trajectories(self, kind: str, trajs: list[Trajectory]) -> None:
         """Adds to trajectories/<kind>.jsonl ("train": consumed by the learner; "unconsumed": left at exit)."""
         if is_writer() and trajs:
-            os.makedirs(self.file("trajectories"), exist_ok=True)
-            write_jsonl(self.trajectories_path(kind), trajs, append=True)
+            storage.append_text(self.trajectories_path(kind), "".join(jsonl_lines(trajs)))
 
     def read_trajectories(self, kind: str) -> list[Trajectory]:
         path = self.trajectories_path(kind)
-        return read_jsonl(path) if os.path.exists(path) else []
+        return _read_jsonl(path) if epath.Path(path).exists() else []
 
     def count_trajectories(self, kind: str) -> int:
         """Complete lines of trajectories/<kind>.jsonl (a line cut short by a kill does not count)."""
-        path = self.trajectories_path(kind)
-        if not os.path.exists(path):
+        path = epath.Path(self.trajectories_path(kind))
+        if not path.exists():
             return 0
-        with open(path, encoding="utf-8") as f:
+        with path.open(encoding="utf-8") as f:
             return sum(line.endswith("\n") for line in f)
 
     def truncate_trajectories(self, kind: str, count: int) -> None:
         """Keeps the first `count` lines of trajectories/<kind>.jsonl: on resume, what the restored checkpoint
         had consumed (a killed run may have logged a batch after it)."""
         path = self.trajectories_path(kind)
-        if not is_writer() or not os.path.exists(path):
+        if not is_writer() or not epath.Path(path).exists():
+            return
+        if not storage.is_local(path):  # an object is rewritten whole
+            with epath.Path(path).open(encoding="utf-8") as f:
+                kept = [line for line, _ in zip(f, range(count))]
+            storage.write_text(path, "".join(kept))
             return
         with open(path, "rb+") as f:
             for _ in range(count):
@@ -244,15 +247,15 @@ class RunFolder:
 
     def eval_tasks_steps(self) -> list[int]:
         """The steps with a per-task evaluation record, ascending (none in run folders from before the records)."""
-        names = os.listdir(self.file("eval_tasks")) if os.path.isdir(self.file("eval_tasks")) else []
-        return sorted(int(m.group(1)) for name in names if (m := re.fullmatch(r"step_(\d+)\.json", name)))
+        return sorted(int(m.group(1)) for name in _names(self.file("eval_tasks"))
+                      if (m := re.fullmatch(r"step_(\d+)\.json", name)))
 
     def drop_eval_tasks_after(self, step: int) -> None:
         """Deletes the per-task records of steps > `step`: what a killed run evaluated after the checkpoint it
         resumes from (-1: a fresh start drops them all)."""
         if is_writer():
             for later in (s for s in self.eval_tasks_steps() if s > step):
-                os.remove(self.eval_tasks_path(later))
+                epath.Path(self.eval_tasks_path(later)).unlink()
 
     # ---- forks.json
     def write_forks(self, report: dict[str, Any]) -> None:
@@ -268,7 +271,7 @@ class RunFolder:
         metrics.jsonl (the warm start may end early on train.il_warmup_target), else train.il_warmup_steps of
         config.json. `rows`: the run's metrics if already read."""
         if rows is None:
-            rows = self.read_metrics() if os.path.exists(self.metrics_path) else []
+            rows = self.read_metrics() if epath.Path(self.metrics_path).exists() else []
         logged = [r["rl_start"] for r in rows if "rl_start" in r]
         return int(logged[-1]) if logged else int(self.read_config()["train"]["il_warmup_steps"])
 
@@ -311,6 +314,7 @@ class MetricsLog:
 
     def __init__(self, folder: RunFolder, logging: LoggingConfig, config: dict[str, Any] | None = None):
         self.folder, self.logging, self.config = folder, logging, config
+        self._started = False
         self._file = None
         self._tb = None
         self._wandb = None
@@ -318,10 +322,12 @@ class MetricsLog:
     def start(self, resume_step: int | None) -> None:
         if not is_writer():
             return
-        os.makedirs(self.folder.path, exist_ok=True)
+        epath.Path(self.folder.path).mkdir(parents=True, exist_ok=True)
         self._truncate(-1 if resume_step is None else resume_step)
         self.folder.drop_eval_tasks_after(-1 if resume_step is None else resume_step)
-        self._file = open(self.folder.metrics_path, "a", encoding="utf-8")
+        self._started = True
+        if storage.is_local(self.folder.metrics_path):  # an object store's object is rewritten per line instead
+            self._file = open(self.folder.metrics_path, "a", encoding="utf-8")
         if self.logging.tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -331,11 +337,14 @@ class MetricsLog:
             self._wandb = self._start_wandb(resume_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        if self._file is None:
+        if not self._started:
             return
         row = {"step": int(step), **{k: _to_json_value(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        else:
+            storage.append_text(self.folder.metrics_path, json.dumps(row) + "\n")
         scalars = {tensorboard_tag(k): v for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
@@ -345,6 +354,7 @@ class MetricsLog:
             self._wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
+        self._started = False
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -360,6 +370,9 @@ class MetricsLog:
             import wandb
         except ImportError as e:
             raise ImportError("logging.wandb needs the wandb package: pip install 'ipa_jax[wandb]'") from e
+        if not storage.is_local(self.folder.path):
+            raise ValueError(f"logging.wandb: W&B keeps its files in the run folder, which must be local; got "
+                             f"{self.folder.path} (turn logging.wandb off, or sync a local run folder)")
         # One W&B run per run folder: a resumed run reuses the stored id; a fresh start (its metrics.jsonl just
         # emptied) takes a new one, so the W&B run holds no steps that metrics.jsonl dropped.
         path = self.folder.wandb_id_path
@@ -379,18 +392,26 @@ class MetricsLog:
     def _truncate(self, last_step: int) -> None:
         """Keeps only the complete lines with step <= last_step (atomic rewrite)."""
         path = self.folder.metrics_path
-        if not os.path.exists(path):
+        if not epath.Path(path).exists():
             return
         kept = [line if line.endswith("\n") else line + "\n"
                 for line, row in _parsed_lines(path) if row is not None and row.get("step", math.inf) <= last_step]
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(kept)
-        os.replace(tmp, path)
+        storage.write_text(path, "".join(kept))
+
+
+def _read_jsonl(path: str) -> list[Trajectory]:
+    with epath.Path(path).open(encoding="utf-8") as f:
+        return parse_jsonl(f, path)
+
+
+def _names(folder: str) -> list[str]:
+    """The names in `folder`; none when it does not exist."""
+    path = epath.Path(folder)
+    return [child.name for child in path.iterdir()] if path.is_dir() else []
 
 
 def _parsed_lines(path: str):
-    with open(path, encoding="utf-8") as f:
+    with epath.Path(path).open(encoding="utf-8") as f:
         for line in f:
             try:
                 yield line, json.loads(line)
@@ -413,15 +434,11 @@ def _restore_float(value: Any) -> Any:
 
 
 def _write_json(path: str, values: Any) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(values, f, indent=2)
-    os.replace(tmp, path)
+    storage.write_text(path, json.dumps(values, indent=2))
 
 
 def _read_json(path: str, what: str) -> Any:
-    if not os.path.exists(path):
+    if not epath.Path(path).exists():
         raise FileNotFoundError(f"{os.path.dirname(path)}: no {what}")
-    with open(path, encoding="utf-8") as f:
+    with epath.Path(path).open(encoding="utf-8") as f:
         return json.load(f)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
+from etils import epath
 from transformers import PreTrainedTokenizerBase
 
-from ipa_jax import chat_template
+from ipa_jax import chat_template, storage
 from ipa_jax.envs import BUILTIN_ENVS, Env, make_env
 from ipa_jax.pipeline.config import ConfigError, EnvConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
@@ -43,12 +43,14 @@ def load_or_build_tokenizer(model: ModelConfig, folder: RunFolder, env: EnvConfi
     if path:
         return load_tokenizer(path)
     vocab_size = int(model.arch["vocab_size"])
-    if os.path.exists(os.path.join(folder.tokenizer_dir, "tokenizer_config.json")):
-        tok = load_tokenizer(folder.tokenizer_dir)
+    if epath.Path(folder.tokenizer_dir, "tokenizer_config.json").exists():
+        with storage.local_copy(folder.tokenizer_dir) as local:
+            tok = load_tokenizer(local)
     else:
         tok = build_corpus_tokenizer(vocab_size, env)
         if is_writer():
-            tok.save_pretrained(folder.tokenizer_dir)
+            with storage.local_folder(folder.tokenizer_dir) as local:
+                tok.save_pretrained(local)
     if len(tok) > vocab_size:
         raise ConfigError("model.arch.vocab_size", f"{vocab_size} is smaller than the tokenizer's {len(tok)} tokens "
                                                    f"({folder.tokenizer_dir})")

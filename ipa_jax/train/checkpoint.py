@@ -19,7 +19,9 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
+from ipa_jax import storage
 from ipa_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -54,11 +56,12 @@ class CheckpointConfig:
 
 
 class Checkpointer:
-    """A thin wrapper over `ocp.CheckpointManager` for TrainState + JSON host state."""
+    """A thin wrapper over `ocp.CheckpointManager` for TrainState + JSON host state. `directory`: a local path or an
+    object store's URI (gs://bucket/run/checkpoints), handed to Orbax as an etils.epath.Path."""
 
-    def __init__(self, directory: str, config: CheckpointConfig):
+    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig):
         self.config = config
-        self.directory = os.path.abspath(directory)
+        self.directory = epath.Path(storage.absolute(directory))
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -118,8 +121,8 @@ class Checkpointer:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         if jax.process_index() == 0:
             for step in steps:
-                path = os.path.join(self.directory, str(step))
-                os.rename(path, f"{path}.damaged-{stamp}")
+                path = self.directory / str(step)
+                path.rename(path.with_name(f"{step}.damaged-{stamp}"))
         self._manager.reload()
 
     def _restore_step(self, template: TrainState, step: int) -> tuple[TrainState, dict[str, Any]]:

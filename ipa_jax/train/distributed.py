@@ -1,28 +1,69 @@
 """Multi-host: jax.distributed initialisation and feeding each process's slice of a global batch."""
 
+import logging
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster whose launcher gave this process its place: `jax.distributed.initialize()` finds the coordinator,
+    the process count and this process's id in the same environment."""
+
+    name: str
+    num_processes: int
+
+
+def detect_cluster(environ: Mapping[str, str] = os.environ) -> Cluster | None:
+    """The cluster that jax.distributed.initialize() would detect by itself, from the environment variables it reads
+    (jax/_src/clusters, checked in the same order), or None on a plain machine.
+
+    Open MPI: OMPI_MCA_orte_hnp_uri (mpirun); Slurm: SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID,
+    SLURM_LOCALID (srun); a TPU slice on GKE: TPU_PROCESS_ADDRESSES or TPU_WORKER_HOSTNAMES (times
+    MEGASCALE_NUM_SLICES). Not detected: TPU VMs outside GKE and other Kubernetes jobs, whose process count jax reads
+    from the metadata server or the Kubernetes API; give those JAX_NUM_PROCESSES (the JobSet launcher sets all
+    three JAX_* variables).
+    """
+    if "OMPI_MCA_orte_hnp_uri" in environ:
+        return Cluster("Open MPI", int(environ["OMPI_COMM_WORLD_SIZE"]))
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+    if all(name in environ for name in slurm):
+        return Cluster("Slurm", int(environ["SLURM_NTASKS"]))
+    hosts = environ.get("TPU_PROCESS_ADDRESSES", environ.get("TPU_WORKER_HOSTNAMES"))
+    if hosts is not None:
+        return Cluster("TPU on GKE", len(hosts.split(",")) * int(environ.get("MEGASCALE_NUM_SLICES") or 1))
+    return None
+
 
 def initialize(
     coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
 ) -> bool:
-    """Calls jax.distributed.initialize when more than one process is configured (arguments, else the
-    JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment variables).
+    """Calls jax.distributed.initialize when more than one process is configured: by the arguments, else the
+    JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment variables, else a cluster that jax
+    detects by itself (`detect_cluster`: srun, mpirun, a TPU slice on GKE; logged). Returns whether it initialised.
 
-    Returns whether it initialised. On TPU pods and SLURM/Open MPI clusters jax detects all three by itself:
-    set JAX_NUM_PROCESSES (or pass num_processes) to any value > 1 and leave the rest unset.
-    On CPU the cross-process collectives go through gloo.
+    Setting only JAX_NUM_PROCESSES (or num_processes) > 1 leaves the rest to jax's detection (TPU VMs outside GKE).
+    A plain machine, or a cluster job of one process, initialises nothing. On CPU the cross-process collectives go
+    through gloo.
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
         num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and os.environ.get("JAX_PROCESS_ID"):
         process_id = int(os.environ["JAX_PROCESS_ID"])
-    if num_processes is None or num_processes <= 1:
+    if num_processes is None:
+        cluster = detect_cluster()
+        if cluster is None or cluster.num_processes <= 1:
+            return False
+        log.info("%s detected: jax.distributed.initialize() over %d processes", cluster.name, cluster.num_processes)
+    elif num_processes <= 1:
         return False
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
