@@ -3,13 +3,14 @@
     config -> validate -> ExperimentConfig -> mesh, TrainState -> source (offline JSONL, or the online loop:
     engines, rollouts, queue, weight sync, evaluation) -> Learner.run() -> summary.json (+ hf/ export)
 
-Rerunning the same config resumes from the run folder's latest complete checkpoint; rerunning a finished run says so
-and changes nothing; resuming with a different config is refused, naming the changed keys, unless
-train.allow_config_change is set (the change is then recorded in config_changes.jsonl). SIGINT / SIGTERM (Ctrl-C,
-a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`); after
-SIGTERM the process then exits with status 143, as one killed by it would. A run that cannot go on (the rollout
-servers gone past their outage budget, no admissible trajectory for too long) stops with a checkpoint and raises
-`TrainingStopped` naming why.
+One trainer at a time: the run holds the folder's lock (`run_folder_lock`) from start to end, and a second one is
+refused at once, naming the holder. Rerunning the same config resumes from the run folder's latest complete
+checkpoint; rerunning a finished run says so and changes nothing; resuming with a different config is refused, naming
+the changed keys, unless train.allow_config_change is set (the change is then recorded in config_changes.jsonl).
+SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint
+(`stop_on_signals`); after SIGTERM the process then exits with status 143, as one killed by it would. A run that
+cannot go on (the rollout servers gone past their outage budget, no admissible trajectory for too long) stops with a
+checkpoint and raises `TrainingStopped` naming why.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, config_change
 from ipa_jax.pipeline.export import existing_tokenizer, export_policy
 from ipa_jax.pipeline.online import OnlineSource
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
+from ipa_jax.pipeline.run_lock import run_folder_lock
 from ipa_jax.train import JsonlSource, Learner
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,15 @@ log = logging.getLogger(__name__)
 
 def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
     """Trains `config` (validated first when given as a ConfigDict) into its run folder; returns the summary (also
-    summary.json)."""
+    summary.json). Raises RunFolderBusy when another trainer holds the folder."""
     t_start = time.perf_counter()
     exp = validate(config) if isinstance(config, ConfigDict) else config
-    folder = RunFolder(exp.run_dir)
+    with run_folder_lock(exp.run_dir):  # one trainer per run folder, for the run's life
+        return run_in_folder(exp, RunFolder(exp.run_dir), t_start)
+
+
+def run_in_folder(exp: ExperimentConfig, folder: RunFolder, t_start: float) -> dict[str, Any]:
+    """`run` once the folder's lock is held."""
     if not exp.checkpoint.resume and folder.latest_checkpoint_step() is not None:
         raise ConfigError("checkpoint.resume", f"False, but {folder.checkpoints_dir} holds checkpoints of an earlier "
                                                "run: resume it or choose another train.run_dir")
