@@ -9,8 +9,9 @@ checkpoint; rerunning a finished run says so and changes nothing; resuming with 
 the changed keys, unless train.allow_config_change is set (the change is then recorded in config_changes.jsonl).
 SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint
 (`stop_on_signals`); after SIGTERM the process then exits with status 143, as one killed by it would. A run that
-cannot go on (the rollout servers gone past their outage budget, no admissible trajectory for too long) stops with a
-checkpoint and raises `TrainingStopped` naming why.
+cannot go on (the rollout servers gone past their outage budget, no admissible trajectory for too long,
+train.max_consecutive_skipped updates in a row skipped as non-finite) stops with a checkpoint and raises
+`TrainingStopped` naming why.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "reward_after": at(after, "reward"),
         "steps": int(jax.device_get(learner.state.step)),
         "il_warmup_steps": warm,
+        "skipped_updates": int(jax.device_get(learner.state.skipped)),
         "wall_time_s": wall_time_s,
         "run_dir": os.path.abspath(folder.path),
         "name": exp.train.name,
@@ -192,7 +194,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
         f" -> {pct(s['success_after'])} (end)",
         f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
-        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
+        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start, {s['skipped_updates']} skipped as non-finite)"
+        f"   time: {s['wall_time_s']:.0f} s",
     ]
     if "episodes_per_s" in s:
         lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
