@@ -6,7 +6,8 @@ time) for the one-line refusal a second trainer gets, and is emptied on a clean 
 next trainer ended without releasing (a crash), which is logged as a takeover. Where the filesystem has no flock (some
 network and FUSE mounts) the named holder is the lock, best effort: it is taken over when it is a process of this
 host that no longer runs, and otherwise refused (delete the file when its trainer is known to be gone).
-Multi-host: process 0 holds it (it alone writes the run folder).
+Multi-host: process 0 holds it (it alone writes the run folder) and tells the others whether it got it, so that a
+refused multi-host trainer exits on every host at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from ipa_jax.pipeline.config import ConfigError
 from ipa_jax.pipeline.run_folder import is_writer
 
@@ -35,9 +40,9 @@ NO_FLOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 class RunFolderBusy(ConfigError):
     """Another trainer holds the run folder; the message names it."""
 
-    def __init__(self, run_dir: str, holder: dict[str, Any]):
-        super().__init__("train.run_dir", f"{os.path.abspath(run_dir)} is in use by another trainer "
-                         f"({describe_holder(holder)}): wait for it to end, stop it, or choose another train.run_dir")
+    def __init__(self, run_dir: str, holder: str):
+        super().__init__("train.run_dir", f"{os.path.abspath(run_dir)} is in use by another trainer ({holder}): "
+                         "wait for it to end, stop it, or choose another train.run_dir")
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
@@ -49,16 +54,25 @@ def describe_holder(holder: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def run_folder_lock(run_dir: str) -> Iterator[None]:
     """Holds the run folder's lock for the `with` block (process 0 only); raises RunFolderBusy when another
-    trainer holds it."""
-    if not is_writer():
-        yield
-        return
-    lock = RunLock(run_dir)
-    lock.acquire()
+    trainer holds it (on every process of a multi-host run)."""
+    lock = RunLock(run_dir) if is_writer() else None
+    error: BaseException | None = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, once the other processes know
+            error = e
+    if jax.process_count() > 1:
+        held = bool(multihost_utils.broadcast_one_to_all(np.asarray(error is None)))
+        if not held and lock is None:
+            raise RunFolderBusy(run_dir, "process 0 could not lock it: see its error")
+    if error is not None:
+        raise error
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 class RunLock:
@@ -77,7 +91,7 @@ class RunLock:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise RunFolderBusy(self.run_dir, holder) from None
+            raise RunFolderBusy(self.run_dir, describe_holder(holder)) from None
         except OSError as e:
             if e.errno not in NO_FLOCK_ERRNOS:
                 os.close(fd)
@@ -87,7 +101,7 @@ class RunLock:
             holder = _read_holder(fd)
             if holder and not _gone(holder):
                 os.close(fd)
-                raise RunFolderBusy(self.run_dir, holder) from None
+                raise RunFolderBusy(self.run_dir, describe_holder(holder)) from None
         else:
             holder = _read_holder(fd)
         if holder:
