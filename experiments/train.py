@@ -7,10 +7,11 @@
 Writes the run folder (runs/<train.name>/ unless train.run_dir is set; docs/run_folder.md); rerunning the same
 command resumes from the latest complete checkpoint. Ctrl-C or SIGTERM (a scheduler's preemption) stops with a
 checkpoint (after SIGTERM the exit status is 143); a run that cannot go on (rollout servers gone past
-rollout.outage_budget_s, nothing admissible for queue.stall_timeout_s) stops with a checkpoint, prints why and exits
-with status 1. Multi-host: pass --coordinator_address/--num_processes/--process_id (or the JAX_* environment
-variables, or nothing under srun / mpirun / a TPU slice on GKE: jax detects the cluster) and run the same command
-on every host (experiments/launch.py renders the Slurm, GKE JobSet and Ray launchers).
+rollout.outage_budget_s, nothing admissible for queue.stall_timeout_s, train.max_consecutive_skipped updates in a row
+skipped as non-finite) stops with a checkpoint, prints why and exits with status 1; a run folder another trainer holds
+is refused on one line naming it (status 2). Multi-host: pass --coordinator_address/--num_processes/--process_id (or
+the JAX_* environment variables, or nothing under srun / mpirun / a TPU slice on GKE: jax detects the cluster) and run
+the same command on every host (experiments/launch.py renders the Slurm, GKE JobSet and Ray launchers).
 """
 
 from absl import app, flags

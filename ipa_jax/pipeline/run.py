@@ -3,13 +3,15 @@
     config -> validate -> ExperimentConfig -> mesh, TrainState -> source (offline JSONL, or the online loop:
     engines, rollouts, queue, weight sync, evaluation) -> Learner.run() -> summary.json (+ hf/ export)
 
-Rerunning the same config resumes from the run folder's latest complete checkpoint; rerunning a finished run says so
-and changes nothing; resuming with a different config is refused, naming the changed keys, unless
-train.allow_config_change is set (the change is then recorded in config_changes.jsonl). SIGINT / SIGTERM (Ctrl-C,
-a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`); after
-SIGTERM the process then exits with status 143, as one killed by it would. A run that cannot go on (the rollout
-servers gone past their outage budget, no admissible trajectory for too long) stops with a checkpoint and raises
-`TrainingStopped` naming why.
+One trainer at a time: the run holds the folder's lock (`run_folder_lock`) from start to end, and a second one is
+refused at once, naming the holder. Rerunning the same config resumes from the run folder's latest complete
+checkpoint; rerunning a finished run says so and changes nothing; resuming with a different config is refused, naming
+the changed keys, unless train.allow_config_change is set (the change is then recorded in config_changes.jsonl, once
+the checkpoint's shapes are known to fit it). SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) stop the learner
+at its next batch boundary with a checkpoint (`stop_on_signals`); after SIGTERM the process then exits with status
+143, as one killed by it would. A run that cannot go on (the rollout servers gone past their outage budget, no
+admissible trajectory for too long, train.max_consecutive_skipped updates in a row skipped as non-finite) stops with a
+checkpoint and raises `TrainingStopped` naming why.
 """
 
 from __future__ import annotations
@@ -31,20 +33,28 @@ from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, config_change
 from ipa_jax.pipeline.export import existing_tokenizer, export_policy
 from ipa_jax.pipeline.online import OnlineSource
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
-from ipa_jax.train import JsonlSource, Learner
+from ipa_jax.pipeline.run_lock import run_folder_lock
+from ipa_jax.train import JsonlSource, Learner, TrainState
+from ipa_jax.train.checkpoint import checkpoint_mismatch
 
 log = logging.getLogger(__name__)
 
 
 def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
     """Trains `config` (validated first when given as a ConfigDict) into its run folder; returns the summary (also
-    summary.json)."""
+    summary.json). Raises RunFolderBusy when another trainer holds the folder."""
     t_start = time.perf_counter()
     exp = validate(config) if isinstance(config, ConfigDict) else config
-    folder = RunFolder(exp.run_dir)
+    with run_folder_lock(exp.run_dir):  # one trainer per run folder, for the run's life
+        return run_in_folder(exp, RunFolder(exp.run_dir), t_start)
+
+
+def run_in_folder(exp: ExperimentConfig, folder: RunFolder, t_start: float) -> dict[str, Any]:
+    """`run` once the folder's lock is held."""
     if not exp.checkpoint.resume and folder.latest_checkpoint_step() is not None:
         raise ConfigError("checkpoint.resume", f"False, but {folder.checkpoints_dir} holds checkpoints of an earlier "
                                                "run: resume it or choose another train.run_dir")
+    changes = {}
     if folder.has_config():
         changes = check_resume(exp, folder)
         if not changes and folder.has_summary():
@@ -54,9 +64,11 @@ def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
                       "(summary.json unchanged). To train on, raise train.steps and set train.allow_config_change.",
                       flush=True)
             return summary
-    folder.write_config(exp.to_dict())
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
+    if changes:  # only once the checkpoint is known to fit the changed config
+        record_changes(folder, changes, state)
+    folder.write_config(exp.to_dict())
     if exp.online:
         source = OnlineSource(exp, state, folder)
         hooks = dict(after_update=source.after_update, eval_fn=source.evaluate)
@@ -91,18 +103,27 @@ def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
 
 def check_resume(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[Any, Any]]:
     """The keys where `exp` differs from the run folder's config.json. Raises ConfigError listing them unless
-    train.allow_config_change is set, in which case they are recorded in config_changes.jsonl."""
+    train.allow_config_change is set (`record_changes` then records them, once the checkpoint is known to fit)."""
     changes = changes_since(exp, folder)
-    if not changes:
-        return changes
-    listed = describe_changes(changes)
-    if not exp.train.allow_config_change:
-        raise ConfigError("train.allow_config_change", f"{folder.path} was trained with a different config ({listed}). "
-                          "Rerun it unchanged, choose another train.run_dir, or set train.allow_config_change=True to "
-                          "continue with the change")
-    log.warning("resuming %s with a changed config: %s", folder.path, listed)
-    folder.record_config_change(folder.latest_checkpoint_step(), changes)
+    if changes and not exp.train.allow_config_change:
+        raise ConfigError("train.allow_config_change", f"{folder.path} was trained with a different config "
+                          f"({describe_changes(changes)}). Rerun it unchanged, choose another train.run_dir, or set "
+                          "train.allow_config_change=True to continue with the change")
     return changes
+
+
+def record_changes(folder: RunFolder, changes: dict[str, tuple[Any, Any]], state: TrainState) -> None:
+    """Appends an allowed config change to config_changes.jsonl, after checking that the latest checkpoint's arrays
+    have `state`'s shapes (from its metadata alone): a change the checkpoint cannot take is refused on one line,
+    the folder unchanged, so the original command still resumes it."""
+    step = folder.latest_checkpoint_step()
+    mismatch = None if step is None else checkpoint_mismatch(folder.checkpoints_dir, step, state)
+    if mismatch is not None:
+        raise ConfigError("train.allow_config_change", f"the checkpoint of step {step} in {folder.checkpoints_dir} "
+                          f"does not fit the changed config ({mismatch}); nothing was changed: rerun with the "
+                          "folder's config, or choose another train.run_dir")
+    log.warning("resuming %s with a changed config: %s", folder.path, describe_changes(changes))
+    folder.record_config_change(step, changes)
 
 
 @contextlib.contextmanager
@@ -155,6 +176,7 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "reward_after": at(after, "reward"),
         "steps": int(jax.device_get(learner.state.step)),
         "il_warmup_steps": warm,
+        "skipped_updates": int(jax.device_get(learner.state.skipped)),
         "wall_time_s": wall_time_s,
         "run_dir": os.path.abspath(folder.path),
         "name": exp.train.name,
@@ -185,7 +207,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
         f" -> {pct(s['success_after'])} (end)",
         f"tool calls / episode: {num(s['tool_calls_before'])} -> {num(s['tool_calls_after'])}",
-        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start)   time: {s['wall_time_s']:.0f} s",
+        f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start, {s['skipped_updates']} skipped as non-finite)"
+        f"   time: {s['wall_time_s']:.0f} s",
     ]
     if "episodes_per_s" in s:
         lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "

@@ -1,6 +1,7 @@
 """The run folder: its layout, and every reader and writer of the files in it (docs/run_folder.md).
 
     <run_dir>/
+      trainer.lock                     the running trainer's lock (pipeline/run_lock.py): pid, host, start time
       config.json                      the resolved config (ExperimentConfig.to_dict())
       config_changes.jsonl             resumes with a changed config (train.allow_config_change): what changed
       metrics.jsonl                    one JSON object per logged step: {"step": s, name: value, ...}

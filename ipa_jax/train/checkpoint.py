@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -53,6 +54,33 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint.every: must be >= 0 (0 = only at exit), got {self.every}")
         if self.keep < 1:
             raise ValueError(f"checkpoint.keep: must be >= 1, got {self.keep}")
+
+
+def checkpoint_mismatch(directory: str, step: int, template: TrainState) -> str | None:
+    """How checkpoint `step` under `directory` does not fit `template`: its first array whose shape differs (the
+    parameters first), or that only one side has, as 'name: stored float32[64, 32], requested float32[64, 64]'.
+    None when every shape fits, and when the metadata cannot be read (`Checkpointer.restore` then deals with the
+    damaged checkpoint). Reads the checkpoint's metadata only, no array. A dtype alone may differ: a restore casts
+    (model.param_dtype may change between runs)."""
+    try:
+        stored_tree = ocp.StandardCheckpointHandler().metadata(epath.Path(directory) / str(step) / "state")
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign checkpoint: the restore reports it
+        log.warning("checkpoint %d in %s: its metadata cannot be read (%s: %s)", step, directory, type(e).__name__,
+                    (str(e).strip().splitlines() or [""])[0][:300])
+        return None
+    stored = {leaf.name: leaf for leaf in jax.tree.leaves(stored_tree)}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.checkpoint_tree())
+    names = jax.tree.leaves(ocp.tree.get_param_names(abstract, include_empty_nodes=False))
+    requested = dict(zip(names, jax.tree.leaves(abstract), strict=True))
+    for name in sorted(stored.keys() | requested.keys(), key=lambda n: (not n.startswith("params."), n)):
+        have, want = stored.get(name), requested.get(name)
+        if have is None or want is None or tuple(have.shape) != tuple(want.shape):
+            return f"{name}: stored {_describe(have)}, requested {_describe(want)}"
+    return None
+
+
+def _describe(array: Any) -> str:
+    return "nothing" if array is None else f"{jnp.dtype(array.dtype).name}{list(array.shape)}"
 
 
 class Checkpointer:

@@ -73,6 +73,8 @@ class TrainConfig:
       loss cannot represent would make every batch holding it a skipped update).
     allow_config_change: resume a run folder whose config.json differs from this config (the changes are
       recorded in config_changes.jsonl); off, such a resume is refused with the list of changed keys.
+    max_consecutive_skipped: stop the run (with a checkpoint, TrainingStopped) after this many updates in a row
+      skipped as non-finite: a run that learns nothing fails instead of ending as a success; 0 = never stop.
     """
 
     steps: int = 100
@@ -94,6 +96,7 @@ class TrainConfig:
     packing: bool = False
     reward_range: tuple[float, float] = (-1e6, 1e6)
     allow_config_change: bool = False
+    max_consecutive_skipped: int = 10
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes",
@@ -107,6 +110,9 @@ class TrainConfig:
                              f"{self.batch_size // self.minibatches} (train.batch_size / train.minibatches)")
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
+        if self.max_consecutive_skipped < 0:
+            raise ValueError(f"train.max_consecutive_skipped: must be >= 0 (0 = never stop), "
+                             f"got {self.max_consecutive_skipped}")
         if not 0 <= self.il_warmup_steps <= self.steps:
             raise ValueError(f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], "
                              f"got {self.il_warmup_steps}")
@@ -176,6 +182,8 @@ class Learner:
         self.eval_history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self.stop_requested: str | None = None
+        self._skipped_in_a_row = 0
+        self._skipped_stop: str | None = None  # why the run stops at the batch boundary (max_consecutive_skipped)
         self._drop_log = DropLog(log, "learner")
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
@@ -209,6 +217,23 @@ class Learner:
                              f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
                              f"to step {self.total_steps}")
         self._progress.set_total(self.total_steps)
+
+    def _count_skipped(self, step: int, metrics: dict[str, Any]) -> None:
+        """After update `step`: counts the updates skipped in a row; at train.max_consecutive_skipped the run is to
+        stop (at the batch boundary, where its checkpoint is exact) naming why."""
+        if not metrics["skipped"]:
+            self._skipped_in_a_row = 0
+            return
+        self._skipped_in_a_row += 1
+        n, limit = self._skipped_in_a_row, self.config.max_consecutive_skipped
+        if self._skipped_stop is None and limit and n >= limit:
+            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+            cause = ("the loss is not finite" if not np.isfinite(loss) else
+                     "the gradient is not finite" if not np.isfinite(grad_norm) else
+                     f"the update would not be finite at lr {float(metrics['lr']):.3g}")
+            self._skipped_stop = (f"the last {n} updates (steps {step - n + 1}-{step}) were all skipped as non-finite "
+                                  f"(at step {step}: {cause}; loss {loss:.4g}, grad_norm {grad_norm:.4g}); "
+                                  f"train.max_consecutive_skipped = {limit}")
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -350,6 +375,7 @@ class Learner:
                     if metrics["il_rows"] == 0:  # no imitation rows: nothing to match (not a match rate of 0)
                         del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
+                    self._count_skipped(step, metrics)
                     total = self.total_steps
                     if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
                         self.metrics_log.write(step, metrics)
@@ -361,6 +387,8 @@ class Learner:
                         self._evaluate(step)
                     if step >= total:
                         break
+                if self._skipped_stop:
+                    raise TrainingStopped(self._skipped_stop)
                 if self.stop_requested:
                     raise KeyboardInterrupt(self.stop_requested)
                 # Checkpoints only between batches (the source position is exact there).

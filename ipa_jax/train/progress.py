@@ -54,8 +54,9 @@ class Progress:
         else:
             fields["reward"] = metrics.get("reward_mean")
         fields["success"] = self.success
+        fields["skipped"] = metrics.get("skipped_total") or None  # shown once an update was skipped
         fields["tok/s"] = metrics.get("tokens_per_s")
-        shown = {k: f"{float(v):.0f}" if k == "tok/s" else f"{float(v):.3g}" for k, v in fields.items()
+        shown = {k: f"{float(v):.0f}" if k in ("tok/s", "skipped") else f"{float(v):.3g}" for k, v in fields.items()
                  if v is not None}
         phase = "IL" if warm_start else "RL"
         if self._terminal and self._bar is None:

@@ -1,13 +1,16 @@
-"""run(): a finished run reruns as a no-op, a changed config is refused (or, when allowed, recorded and resumed),
-and keys added to the config since a folder was written do not count as changes."""
+"""run(): a finished run reruns as a no-op, a changed config is refused (or, when allowed, recorded and resumed; a
+change the checkpoint cannot take, before anything is written), keys added to the config since a folder was written do
+not count as changes, and updates skipped as non-finite are counted and, too many in a row, stop the run."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run
+from ipa_jax.train import TrainingStopped
 from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,3 +69,57 @@ def test_keys_added_since_the_folder_was_written_are_not_changes(finished_run, c
         json.dump(old, f)
     run(load_config(TINY, overrides))
     assert "is finished" in capsys.readouterr().out
+
+
+def test_a_changed_shape_is_refused_on_one_line_before_the_folder_changes(finished_run, capfd):
+    """hidden_size 32 -> 64 under train.allow_config_change: refused from the checkpoint's metadata, naming the first
+    parameter, before config.json or config_changes.jsonl change (no restore attempted, so none of TensorStore's
+    output); the folder's own config still resumes it afterwards."""
+    overrides, folder = finished_run
+    run(load_config(TINY, {**overrides, "train.steps": 3, "train.allow_config_change": True}))  # a change it takes
+    files = {name: open(folder.file(name), "rb").read() for name in ("config.json", "config_changes.jsonl")}
+    capfd.readouterr()
+    wider = {**overrides, "train.steps": 4, "train.allow_config_change": True, "model.arch.hidden_size": 64}
+    with pytest.raises(ConfigError) as error:
+        run(load_config(TINY, wider))
+    message = str(error.value)
+    assert "\n" not in message and error.value.key == "train.allow_config_change"
+    assert "checkpoint of step 3" in message
+    assert "params.embed_tokens.value: stored float32[128, 32], requested float32[128, 64]" in message
+    assert {name: open(folder.file(name), "rb").read() for name in files} == files
+    assert "TensorStore" not in "".join(capfd.readouterr())
+    run(load_config(TINY, {**overrides, "train.steps": 3}))  # the folder's own config: finished, not an inverted diff
+    assert "is finished: step 3 of 3" in capfd.readouterr().out
+    summary = run(load_config(TINY, {**overrides, "train.steps": 4, "train.allow_config_change": True}))
+    assert summary["steps"] == 4
+    assert [r["step"] for r in folder.read_metrics() if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_updates_skipped_in_a_row_stop_the_run_with_a_checkpoint(tmp_path):
+    """optimizer.lr = 1e30 overflows every update: each is skipped, and the third in a row stops the run
+    (TrainingStopped, status 1 on the command line) with a checkpoint and no summary."""
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, trajectories(16))
+    config = load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
+                                "train.steps": 8, "train.batch_size": 8, "checkpoint.every": 0,
+                                "logging.tensorboard": False, "optimizer.lr": 1e30,
+                                "train.max_consecutive_skipped": 3})
+    with pytest.raises(TrainingStopped) as stopped:
+        run(config)
+    assert re.fullmatch(r"the last 3 updates \(steps 1-3\) were all skipped as non-finite \(at step 3: the update "
+                        r"would not be finite at lr 1e\+30; loss [\d.]+, grad_norm [\d.]+\); "
+                        r"train\.max_consecutive_skipped = 3", str(stopped.value))
+    folder = RunFolder(tmp_path / "run")
+    assert folder.latest_checkpoint_step() == 3 and not folder.has_summary()
+    assert [r["skipped_total"] for r in folder.read_metrics() if "loss" in r] == [1, 2, 3]
+
+
+def test_skipped_updates_are_in_the_summary_and_its_console_lines(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, trajectories(16))
+    summary = run(load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
+                                     "train.steps": 2, "train.batch_size": 8, "checkpoint.every": 0,
+                                     "logging.tensorboard": False,
+                                     "optimizer.lr": 1e30, "train.max_consecutive_skipped": 0}))
+    assert summary["skipped_updates"] == 2 == RunFolder(tmp_path / "run").read_summary()["skipped_updates"]
+    assert "steps: 2 (0 IL warm start, 2 skipped as non-finite)" in capsys.readouterr().out

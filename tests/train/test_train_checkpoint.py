@@ -13,7 +13,7 @@ from train_helpers import make_exp, tree_copy
 
 from ipa_jax.pipeline.build import build_mesh, build_state
 from ipa_jax.train import CheckpointConfig, Checkpointer
-from ipa_jax.train.checkpoint import CheckpointError
+from ipa_jax.train.checkpoint import CheckpointError, checkpoint_mismatch
 
 
 def _truncate_arrays(step_dir: str) -> None:
@@ -79,3 +79,24 @@ def test_no_checkpoint_that_loads_is_an_error_naming_each_and_moves_nothing(save
         checkpointer.restore(saved[0])
     assert sorted(os.listdir(directory)) == ["1", "2"]
     checkpointer.close()
+
+
+def test_the_metadata_names_the_first_array_that_does_not_fit(saved, tmp_path, caplog):
+    """From the metadata alone: the same config fits, another dtype fits (a restore casts), a wider model names its
+    first differing parameter, another layer count an array only one side has; unreadable metadata is left to
+    restore()."""
+    template, directory = saved
+    assert checkpoint_mismatch(directory, 2, template) is None
+
+    def state_of(*overrides: str):
+        exp = make_exp(*overrides)
+        return build_state(exp, build_mesh(exp.mesh))
+
+    assert checkpoint_mismatch(directory, 2, state_of("model.param_dtype='bfloat16'")) is None
+    assert checkpoint_mismatch(directory, 2, state_of("model.arch.intermediate_size=32")) == \
+        "params.layers.0.mlp.down_proj.value: stored float32[64, 32], requested float32[32, 32]"
+    assert checkpoint_mismatch(directory, 2, state_of("model.arch.num_hidden_layers=3")) == \
+        "params.layers.2.input_layernorm.weight.value: stored nothing, requested float32[32]"
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint_mismatch(directory, 7, template) is None
+    assert "checkpoint 7" in caplog.text and "metadata cannot be read" in caplog.text

@@ -51,3 +51,12 @@ def test_training_console_is_progress_not_library_logs(tmp_path):
     verbose = subprocess.run(cmd[:-1] + [f"--config.train.run_dir={tmp_path / 'run2'}", "--verbosity=0"],
                              capture_output=True, text=True, timeout=300, env=env)
     assert verbose.returncode == 0 and info.search(verbose.stderr)  # --verbosity=0 brings the INFO logs back
+
+
+def test_skipped_updates_show_once_there_are_any():
+    out = io.StringIO()
+    progress = Progress(total=2, initial=0, every=1, stream=out)
+    progress.step(1, {"loss": 0.5, "reward_mean": 0.5, "skipped_total": 0}, warm_start=False)
+    progress.step(2, {"loss": 0.5, "reward_mean": 0.5, "skipped_total": 1}, warm_start=False)
+    first, second = out.getvalue().splitlines()
+    assert "skipped" not in first and "skipped 1 " in second
