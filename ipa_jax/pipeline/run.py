@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
+from ipa_jax import storage
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, config_changes, config_from_dict, validate
 from ipa_jax.pipeline.export import existing_tokenizer, export_policy
@@ -178,9 +178,9 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "il_warmup_steps": warm,
         "skipped_updates": int(jax.device_get(learner.state.skipped)),
         "wall_time_s": wall_time_s,
-        "run_dir": os.path.abspath(folder.path),
+        "run_dir": storage.absolute(folder.path),
         "name": exp.train.name,
-        "config": os.path.abspath(folder.config_path),
+        "config": storage.absolute(folder.config_path),
         "seed": exp.train.seed,
         "env": exp.env.name,
         "eval_episodes": exp.train.eval_episodes,

@@ -5,7 +5,8 @@ included), so a crashed trainer never leaves the folder locked. The file also na
 time) for the one-line refusal a second trainer gets, and is emptied on a clean release: a holder found in it by the
 next trainer ended without releasing (a crash), which is logged as a takeover. Where the filesystem has no flock (some
 network and FUSE mounts) the named holder is the lock, best effort: it is taken over when it is a process of this
-host that no longer runs, and otherwise refused (delete the file when its trainer is known to be gone).
+host that no longer runs, and otherwise refused (delete the file when its trainer is known to be gone). An object
+store (gs://...) has no lock at all: a warning says so, and one trainer per folder is then the user's to keep.
 Multi-host: process 0 holds it (it alone writes the run folder) and tells the others whether it got it, so that a
 refused multi-host trainer exits on every host at once.
 """
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from ipa_jax import storage
 from ipa_jax.pipeline.config import ConfigError
 from ipa_jax.pipeline.run_folder import is_writer
 
@@ -41,7 +43,7 @@ class RunFolderBusy(ConfigError):
     """Another trainer holds the run folder; the message names it."""
 
     def __init__(self, run_dir: str, holder: str):
-        super().__init__("train.run_dir", f"{os.path.abspath(run_dir)} is in use by another trainer ({holder}): "
+        super().__init__("train.run_dir", f"{storage.absolute(run_dir)} is in use by another trainer ({holder}): "
                          "wait for it to end, stop it, or choose another train.run_dir")
 
 
@@ -55,7 +57,9 @@ def describe_holder(holder: dict[str, Any]) -> str:
 def run_folder_lock(run_dir: str) -> Iterator[None]:
     """Holds the run folder's lock for the `with` block (process 0 only); raises RunFolderBusy when another
     trainer holds it (on every process of a multi-host run)."""
-    lock = RunLock(run_dir) if is_writer() else None
+    lock = RunLock(run_dir) if is_writer() and storage.is_local(run_dir) else None
+    if is_writer() and lock is None:
+        log.warning("%s is on an object store, which has no lock: nothing keeps a second trainer out", run_dir)
     error: BaseException | None = None
     if lock is not None:
         try:

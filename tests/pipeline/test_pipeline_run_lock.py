@@ -131,3 +131,11 @@ def test_without_flock_the_recorded_holder_is_the_lock(tmp_path, monkeypatch, ca
                 pass
     with run_folder_lock(run_dir):  # released
         pass
+
+
+def test_an_object_store_folder_has_no_lock_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would show up here as ./gs:/...
+    with caplog.at_level(logging.WARNING), run_folder_lock("gs://bucket/run"):
+        pass
+    assert "object store, which has no lock" in caplog.text
+    assert os.listdir(tmp_path) == []
