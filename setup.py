@@ -46,6 +46,7 @@ setup(
             "wandb>=0.31",  # the offline W&B logging test
             "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
             "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
+            "mkdocs-material>=9.6,<10",  # the docs site (mkdocs.yml), built with --strict in CI
         ],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
