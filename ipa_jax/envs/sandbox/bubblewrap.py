@@ -241,10 +241,10 @@ class BubblewrapBackend(SandboxBackend):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
         args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
-        for path in self.ro_binds:
-            args += ["--ro-bind", path, path]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                  "--bind", os.path.join(folder, "workspace"), self.workdir]
+        for path in self.ro_binds:  # after /tmp: a folder under /tmp stays visible
+            args += ["--ro-bind", path, path]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", m.host_path, m.sandbox_path]
         args += ["--remount-ro", "/",  # the sandbox's own root (and /etc in it): only the binds above are writable

@@ -140,6 +140,10 @@ import subprocess
 import sys
 
 
+# The agent's programs run as in the workspace: their own folder on Python's path (the grader's Python has none).
+PROGRAM_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+
+
 def same(actual, expected):
     return actual.removesuffix("\\n") == expected.removesuffix("\\n")
 
@@ -162,7 +166,8 @@ def failures(expect):
             yield f"{path}: not an executable file"
     for run in expect["runs"]:
         try:
-            done = subprocess.run(["bash", "-c", run["command"]], capture_output=True, text=True, timeout=10)
+            done = subprocess.run(["bash", "-c", run["command"]], capture_output=True, text=True, timeout=10,
+                                  env=PROGRAM_ENV)
         except subprocess.TimeoutExpired:
             yield f"{run['command']}: timed out"
             continue
