@@ -100,13 +100,14 @@ def check_relative_path(path: str) -> None:
 
 class SandboxBackend(abc.ABC):
     """Creates sandboxes. `files`: relative path -> text written into the fresh workspace; `source_dir`: a host
-    folder copied in first; `executable`: files made executable."""
+    folder copied in first; `source_files`: relative path -> a host file or folder copied there next (a folder's
+    content); `executable`: files made executable."""
 
     limits: SandboxLimits
 
     @abc.abstractmethod
     def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               executable: Sequence[str] = ()) -> Sandbox:
+               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> Sandbox:
         """A new sandbox with its own workspace."""
 
 

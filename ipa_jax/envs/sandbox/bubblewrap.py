@@ -186,16 +186,18 @@ class BubblewrapBackend(SandboxBackend):
         atexit.register(self.close_all)
 
     def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               executable: Sequence[str] = ()) -> BubblewrapSandbox:
+               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> BubblewrapSandbox:
         folder = os.path.join(self.root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
         os.makedirs(folder, mode=0o700)
         try:
             workspace = os.path.join(folder, "workspace")
-            if source_dir:  # symlinks are copied as links: they resolve inside the sandbox, never on the host
-                shutil.copytree(source_dir, workspace, symlinks=True, ignore=shutil.ignore_patterns(
-                    "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+            if source_dir:
+                _copy_in(source_dir, workspace)
             else:
                 os.makedirs(workspace)
+            for rel, host in (source_files or {}).items():
+                check_relative_path(rel)
+                _copy_in(host, os.path.join(workspace, rel))
             for rel, text in (files or {}).items():
                 check_relative_path(rel)
                 path = os.path.join(workspace, rel)
@@ -258,6 +260,17 @@ class BubblewrapBackend(SandboxBackend):
         lim = self.limits
         return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_mb * 1024} -u {lim.max_processes} "
                 f"-f {lim.file_size_mb * 1024} || exit 126")
+
+
+def _copy_in(source: str, dest: str) -> None:
+    """A host file, or a folder's content (without Docker files), copied to `dest` in a workspace. Symlinks are
+    copied as links: they resolve inside the sandbox, never on the host."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    if os.path.isdir(source) and not os.path.islink(source):
+        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+    else:
+        shutil.copy2(source, dest, follow_symlinks=False)
 
 
 class BubblewrapSandbox(Sandbox):
