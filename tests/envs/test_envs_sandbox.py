@@ -129,12 +129,31 @@ def test_fork_bomb_is_contained(sandbox):
             "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
             "    print('fork failed after', n, type(e).__name__)\n")
     r = run_tool(sandbox, ToolCall("python", {"code": code}))
-    assert f"fork failed after {LIMITS.max_processes - 2} BlockingIOError" in r.observation  # max_processes
+    # max_processes: the shell running the command, the command's shell and python itself count
+    assert f"fork failed after {LIMITS.max_processes - 3} BlockingIOError" in r.observation
 
 
 def test_memory_limit(sandbox):
     r = run_tool(sandbox, ToolCall("python", {"code": "x = bytearray(2 * 1024**3)\nprint('allocated')"}))
     assert r.error and "MemoryError" in r.observation and "allocated" not in r.observation
+
+
+def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
+    """/tmp and /dev/shm are memory: each is capped (host shared memory stays free), filling one is a failed step
+    that says so, and their caps come out of the processes' address space."""
+    r = bash(sandbox, "df -k --output=size /tmp /dev/shm | tail -n +2; ulimit -v")
+    assert r.observation.split()[-3:] == [str(LIMITS.tmp_mb * 1024), str(LIMITS.shm_mb * 1024),
+                                          str((LIMITS.memory_mb - LIMITS.tmp_mb - LIMITS.shm_mb) * 1024)]
+    for folder, mb in (("/tmp", LIMITS.tmp_mb), ("/dev/shm", LIMITS.shm_mb)):
+        code = f"for i in range({2 * mb}):\n    open(f'{folder}/{{i}}', 'wb').write(bytes(2**20))\n"
+        r = run_tool(sandbox, ToolCall("python", {"code": code}))
+        assert r.error and "No space left on device" in r.observation, r.observation
+        assert f"(no space left: {folder} is full)" in r.observation.splitlines()[0]
+        r = bash(sandbox, f"for i in $(seq {2 * mb}); do head -c 1M /dev/zero > {folder}/$i; done 2>/dev/null; exit 0")
+        assert r.error and f"{folder} is full ({mb} MiB, limits." in r.observation
+    assert not bash(sandbox, "echo fine > /tmp/small").error  # each command gets its folders afresh
+    with pytest.raises(ValueError, match="leave part of memory_mb"):
+        SandboxLimits(memory_mb=64, tmp_mb=48, shm_mb=16)
 
 
 def test_infinite_loop_times_out(sandbox):

@@ -139,6 +139,10 @@ def test_environment_settings_are_checked():
         TerminalEnv(tasks_dir="/no/such/folder")
     with pytest.raises(ValueError, match="SandboxLimits.timeout_s"):
         TerminalEnv(limits={"timeout_s": 0})
+    with pytest.raises(ValueError, match="leave part of memory_mb"):
+        TerminalEnv(limits={"memory_mb": 256, "tmp_mb": 256})
+    with pytest.raises(TypeError, match="disk_mb"):
+        TerminalEnv(limits={"disk_mb": 1})
 
 
 def test_registered_with_the_built_in_suite():

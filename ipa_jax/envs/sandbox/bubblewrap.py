@@ -51,6 +51,7 @@ ETC_GROUP = f"agent:x:{SANDBOX_UID}:\n"
 ETC_ENTRIES = ("ld.so.cache", "alternatives", "localtime")
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 OUTPUT_KILL_FACTOR = 4  # a command writing more than 4x the kept output is killed
+FULL_MARKER = "sandbox: no space left: "  # the line the command's shell writes for a capped folder it filled
 KILL_WAIT_S = 5.0
 
 
@@ -243,8 +244,10 @@ class BubblewrapBackend(SandboxBackend):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
         args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--bind", os.path.join(folder, "workspace"), self.workdir]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for path, size_mb, _ in self.ram_folders():
+            args += ["--size", str(size_mb * 1024 * 1024), "--tmpfs", path]
+        args += ["--bind", os.path.join(folder, "workspace"), self.workdir]
         for path in self.ro_binds:  # after /tmp: a folder under /tmp stays visible
             args += ["--ro-bind", path, path]
         for m in mounts:
@@ -255,11 +258,18 @@ class BubblewrapBackend(SandboxBackend):
                  "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         return args
 
-    def limit_prefix(self) -> str:
-        """ulimit settings applied to the command's shell (hard limits: the command cannot raise them)."""
+    def ram_folders(self) -> list[tuple[str, int, str]]:
+        """(path, MiB, limits field) of the size-capped folders in memory."""
+        return [("/tmp", self.limits.tmp_mb, "tmp_mb"), ("/dev/shm", self.limits.shm_mb, "shm_mb")]
+
+    def script(self) -> str:
+        """The shell running a command (its "$1"): ulimit settings (hard limits: the command cannot raise them),
+        the command, then a line on stderr for each capped folder it filled."""
         lim = self.limits
-        return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_mb * 1024} -u {lim.max_processes} "
-                f"-f {lim.file_size_mb * 1024} || exit 126")
+        checks = "".join(f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, '
+                         f'limits.{key})" >&2; ' for path, mb, key in self.ram_folders())
+        return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
+                f'-f {lim.file_size_mb * 1024} || exit 126; /bin/bash -c "$1"; status=$?; {checks}exit $status')
 
 
 def _copy_in(source: str, dest: str) -> None:
@@ -291,8 +301,7 @@ class BubblewrapSandbox(Sandbox):
             mounts: Sequence[Mount] = ()) -> CommandResult:
         limits = self.backend.limits
         timeout = limits.timeout_s if timeout_s is None else timeout_s
-        script = f'{self.backend.limit_prefix()}; exec /bin/bash -c "$1"'
-        argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
+        argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", self.backend.script(), "sandbox", command]
         with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox is closed")
@@ -318,7 +327,7 @@ class BubblewrapSandbox(Sandbox):
         (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
         return CommandResult(exit_code=code if code >= 0 else 128 - code, stdout=stdout, stderr=stderr,
                              duration_s=time.perf_counter() - start, timed_out=timed_out, output_limited=flooded,
-                             stdout_bytes=stdout_bytes, stderr_bytes=stderr_bytes)
+                             stdout_bytes=stdout_bytes, stderr_bytes=stderr_bytes, full=output.full())
 
     def close(self) -> None:
         with self._lock:
@@ -397,6 +406,7 @@ class _Output:
         self.proc, self.keep = proc, keep
         self.kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
         self.total = {proc.stdout: 0, proc.stderr: 0}
+        self.stderr_tail = b""  # where the shell reports full folders, even after a flood of output
 
     def read(self, stream) -> bool:
         """Reads what is there; False at end of stream."""
@@ -404,7 +414,14 @@ class _Output:
         self.total[stream] += len(chunk)
         buf = self.kept[stream]
         buf += chunk[: max(0, self.keep - len(buf))]
+        if stream is self.proc.stderr:
+            self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
         return bool(chunk)
+
+    def full(self) -> tuple[str, ...]:
+        """The capped folders the shell reported full."""
+        lines = self.stderr_tail.decode("utf-8", "replace").splitlines()
+        return tuple(line[len(FULL_MARKER):].split(" is full")[0] for line in lines if line.startswith(FULL_MARKER))
 
     @property
     def flooded(self) -> bool:
