@@ -24,7 +24,8 @@ from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, timeout_s=3.0, output_bytes=4096)
+LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, workspace_mb=32, workspace_files=500,
+                       timeout_s=3.0, output_bytes=4096)
 
 
 NO_NAMESPACES = namespaces_unavailable()
@@ -143,7 +144,7 @@ def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
     that says so, and their caps come out of the processes' address space."""
     r = bash(sandbox, "df -k --output=size /tmp /dev/shm | tail -n +2; ulimit -v")
     assert r.observation.split()[-3:] == [str(LIMITS.tmp_mb * 1024), str(LIMITS.shm_mb * 1024),
-                                          str((LIMITS.memory_mb - LIMITS.tmp_mb - LIMITS.shm_mb) * 1024)]
+                                          str(LIMITS.address_space_mb * 1024)]
     for folder, mb in (("/tmp", LIMITS.tmp_mb), ("/dev/shm", LIMITS.shm_mb)):
         code = f"for i in range({2 * mb}):\n    open(f'{folder}/{{i}}', 'wb').write(bytes(2**20))\n"
         r = run_tool(sandbox, ToolCall("python", {"code": code}))
@@ -153,7 +154,48 @@ def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
         assert r.error and f"{folder} is full ({mb} MiB, limits." in r.observation
     assert not bash(sandbox, "echo fine > /tmp/small").error  # each command gets its folders afresh
     with pytest.raises(ValueError, match="leave part of memory_mb"):
-        SandboxLimits(memory_mb=64, tmp_mb=48, shm_mb=16)
+        SandboxLimits(memory_mb=128, workspace_mb=64, tmp_mb=48, shm_mb=16)
+
+
+def host_usage(folder):
+    """(entries, bytes) of a host folder, links not followed."""
+    entries = size = 0
+    for base, dirs, files in os.walk(folder):
+        entries += len(dirs) + len(files)
+        size += sum(os.lstat(os.path.join(base, f)).st_size for f in files)
+    return entries, size
+
+
+def test_workspace_size_and_file_count_are_capped(sandbox):
+    """The workspace holds at most workspace_mb and workspace_files, on the host too: filling it is a failed step
+    that says so, and a command leaving more entries (or more bytes through hard links) than the caps has its
+    changes discarded."""
+    mb = LIMITS.workspace_mb
+    r = bash(sandbox, f"for i in $(seq {2 * mb}); do head -c 1M /dev/zero > f$i || break; done; df -k --output=size .")
+    assert r.error and "No space left on device" in r.observation and f" {mb * 1024}\n" in r.observation
+    assert "(no space left: /app is full)" in r.observation.splitlines()[0]
+    assert host_usage(sandbox.workspace)[1] <= mb * 2**20
+    assert not bash(sandbox, "rm f*; echo kept > kept.txt").error
+    before = host_usage(sandbox.workspace)
+    for attack in (f"mkdir d; touch d/{{1..{LIMITS.workspace_files}}}",  # tmpfs has room, the file cap has not
+                   f"head -c 3M /dev/zero > big; for i in $(seq {mb // 3 + 2}); do ln big h$i; done"):
+        r = bash(sandbox, f"{attack}; echo done")
+        assert r.error and "workspace_" in r.observation and "changes to the workspace are discarded" in r.observation
+        assert host_usage(sandbox.workspace) == before
+        assert bash(sandbox, "ls").observation == "exit code: 0\nstdout:\nkept.txt\nnotes.txt\n"
+
+
+def test_workspace_copies_keep_links_modes_and_a_timed_out_commands_writes(sandbox):
+    r = bash(sandbox, "ln -s /etc/hostname host; ln -s notes.txt n; printf '#!/bin/sh\\necho run' > x.sh; "
+                      "chmod 750 x.sh; mkfifo pipe; echo partial > p; sleep 100", timeout_s=1)
+    assert r.error and "timed out" in r.observation
+    assert os.readlink(os.path.join(sandbox.workspace, "host")) == "/etc/hostname"  # a link, never followed
+    r = bash(sandbox, "cat p n; ./x.sh; stat -c %a x.sh; ls pipe")
+    assert r.observation == ("exit code: 2\nstdout:\npartial\nhello\nrun\n750\n\nstderr:\n"
+                             "ls: cannot access 'pipe': No such file or directory\n")  # no special files
+    r = bash(sandbox, "echo x > lost; kill -9 -1")  # the command kills the shell that would report it
+    assert r.error and "changes to the workspace are lost" in r.observation
+    assert bash(sandbox, "ls lost").error
 
 
 def test_infinite_loop_times_out(sandbox):

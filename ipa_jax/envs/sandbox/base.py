@@ -24,10 +24,11 @@ class SandboxLimits:
     """Resource limits of every command run in a sandbox.
 
     cpu_s: CPU seconds per command (RLIMIT_CPU).
-    memory_mb: the command's memory budget: its RAM-backed folders (/tmp: `tmp_mb`, /dev/shm: `shm_mb`) and the
-      address space of each of its processes (RLIMIT_AS: memory_mb - tmp_mb - shm_mb).
+    memory_mb: the command's memory budget: its RAM-backed folders (the workspace: `workspace_mb`, /tmp: `tmp_mb`,
+      /dev/shm: `shm_mb`) and the address space of each of its processes (RLIMIT_AS: what the folders leave).
     max_processes: processes and threads inside one command's sandbox (RLIMIT_NPROC in its own user namespace).
     file_size_mb: largest file a command may write (RLIMIT_FSIZE).
+    workspace_mb / workspace_files: the workspace's size and number of entries (files, folders, links).
     tmp_mb / shm_mb: size of the command's private /tmp and /dev/shm (memory, freed when the command ends).
     timeout_s: wall-clock limit per command (the command's whole process tree is killed).
     output_bytes: stdout and stderr kept per command; a command writing more than 4x this is killed.
@@ -37,24 +38,27 @@ class SandboxLimits:
     memory_mb: int = 1024
     max_processes: int = 64
     file_size_mb: int = 16
+    workspace_mb: int = 256
+    workspace_files: int = 10000
     tmp_mb: int = 64
     shm_mb: int = 16
     timeout_s: float = 10.0
     output_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "tmp_mb", "shm_mb", "timeout_s",
-                     "output_bytes"):
+        for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "workspace_mb", "workspace_files",
+                     "tmp_mb", "shm_mb", "timeout_s", "output_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
         if self.address_space_mb < 1:
-            raise ValueError(f"SandboxLimits: tmp_mb ({self.tmp_mb}) + shm_mb ({self.shm_mb}) live in memory and must "
-                             f"leave part of memory_mb ({self.memory_mb}) to the processes")
+            raise ValueError(f"SandboxLimits: workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + shm_mb "
+                             f"({self.shm_mb}) live in memory and must leave part of memory_mb ({self.memory_mb}) to "
+                             "the processes")
 
     @property
     def address_space_mb(self) -> int:
         """Each process's address space: what the RAM-backed folders leave of the memory budget."""
-        return self.memory_mb - self.tmp_mb - self.shm_mb
+        return self.memory_mb - self.workspace_mb - self.tmp_mb - self.shm_mb
 
 
 @dataclass(frozen=True)

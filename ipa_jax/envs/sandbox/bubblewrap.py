@@ -19,18 +19,22 @@ killed with SIGKILL).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import hashlib
+import math
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from ipa_jax.envs.sandbox.base import (
     CommandResult,
@@ -213,9 +217,8 @@ class BubblewrapBackend(SandboxBackend):
                 f.write(ETC_PASSWD.format(home=self.workdir))
             with open(os.path.join(etc, "group"), "w") as f:
                 f.write(ETC_GROUP)
-            if self.run_as is not None:
-                os.chown(folder, self.run_as, self.run_as)
-                for base, dirs, names in os.walk(workspace):
+            if self.run_as is not None:  # the host's copies are the sandbox user's too (see _files_as)
+                for base, dirs, names in os.walk(folder):
                     for name in [base, *(os.path.join(base, n) for n in dirs + names)]:
                         os.lchown(name, self.run_as, self.run_as)
         except BaseException:
@@ -245,9 +248,8 @@ class BubblewrapBackend(SandboxBackend):
         args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
         args += ["--proc", "/proc", "--dev", "/dev"]
-        for path, size_mb, _ in self.ram_folders():
+        for path, size_mb, _ in self.ram_folders():  # the workspace among them: the host copies it in and out
             args += ["--size", str(size_mb * 1024 * 1024), "--tmpfs", path]
-        args += ["--bind", os.path.join(folder, "workspace"), self.workdir]
         for path in self.ro_binds:  # after /tmp: a folder under /tmp stays visible
             args += ["--ro-bind", path, path]
         for m in mounts:
@@ -260,16 +262,25 @@ class BubblewrapBackend(SandboxBackend):
 
     def ram_folders(self) -> list[tuple[str, int, str]]:
         """(path, MiB, limits field) of the size-capped folders in memory."""
-        return [("/tmp", self.limits.tmp_mb, "tmp_mb"), ("/dev/shm", self.limits.shm_mb, "shm_mb")]
+        lim = self.limits
+        return [("/tmp", lim.tmp_mb, "tmp_mb"), ("/dev/shm", lim.shm_mb, "shm_mb"),
+                (self.workdir, lim.workspace_mb, "workspace_mb")]
 
-    def script(self) -> str:
-        """The shell running a command (its "$1"): ulimit settings (hard limits: the command cannot raise them),
-        the command, then a line on stderr for each capped folder it filled."""
+    def script(self, go: int, done: int) -> str:
+        """The shell running a command (its "$1"). It says "ready" on fd `done` and waits for a line on fd `go`
+        (the host copies the workspace in meanwhile), runs the command under ulimit settings (hard limits: the
+        command cannot raise them; SIGUSR1 kills it), kills what it left behind, writes a line on stderr for each
+        capped folder it filled, reports the exit status on `done` and waits for the end of `go` (the host copies
+        the workspace out meanwhile)."""
         lim = self.limits
         checks = "".join(f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, '
                          f'limits.{key})" >&2; ' for path, mb, key in self.ram_folders())
-        return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
-                f'-f {lim.file_size_mb * 1024} || exit 126; /bin/bash -c "$1"; status=$?; {checks}exit $status')
+        ulimit = (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
+                  f"-f {lim.file_size_mb * 1024}")
+        return (f"echo ready >&{done}; read -r _ <&{go} || exit 125; trap 'kill -9 -1 2>/dev/null' USR1; "
+                f'({ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {go}<&- {done}>&- & command=$!; '
+                f"wait $command; status=$?; while kill -0 $command 2>/dev/null; do wait $command; status=$?; done; "
+                f"kill -9 -1 2>/dev/null; {checks}echo $status >&{done}; read -r _ <&{go}; exit $status")
 
 
 def _copy_in(source: str, dest: str) -> None:
@@ -290,6 +301,7 @@ class BubblewrapSandbox(Sandbox):
         self.backend, self.folder, self.workdir = backend, folder, backend.workdir
         self.workspace = os.path.join(folder, "workspace")
         self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self._closed = False
 
@@ -301,33 +313,65 @@ class BubblewrapSandbox(Sandbox):
             mounts: Sequence[Mount] = ()) -> CommandResult:
         limits = self.backend.limits
         timeout = limits.timeout_s if timeout_s is None else timeout_s
-        argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", self.backend.script(), "sandbox", command]
-        with self._lock:
-            if self._closed:
-                raise SandboxError("the sandbox is closed")
+        with self._run_lock:  # one command at a time: each copies the workspace in and back out
+            go_read, go_write = os.pipe()  # host -> shell: a line once the workspace is in, EOF once it is out
+            done_read, done_write = os.pipe()  # shell -> host: "ready", then the command's exit status
+            script = self.backend.script(go_read, done_write)
+            argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
             try:
-                run_as = self.backend.run_as  # root: bwrap runs as that user, its group, no other group
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env=self.backend.bwrap_env, user=run_as, group=run_as,
-                                        extra_groups=None if run_as is None else [], start_new_session=True,
-                                        close_fds=True)
-            except OSError as e:
-                raise SandboxError(f"cannot start bwrap: {e}") from e
-            self._procs.add(proc)
-        start = time.perf_counter()
-        try:
-            output, timed_out, flooded = _collect(proc, stdin, timeout, limits.output_bytes)
-        finally:
-            _kill_tree(proc)
-            with self._lock:
-                self._procs.discard(proc)
-        code = proc.returncode
+                with self._lock:
+                    if self._closed:
+                        raise SandboxError("the sandbox is closed")
+                    try:
+                        run_as = self.backend.run_as  # root: bwrap runs as that user, its group, no other group
+                        proc = subprocess.Popen(
+                            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=self.backend.bwrap_env, user=run_as, group=run_as,
+                            extra_groups=None if run_as is None else [], start_new_session=True, close_fds=True,
+                            pass_fds=(go_read, done_write))
+                    except OSError as e:
+                        raise SandboxError(f"cannot start bwrap: {e}") from e
+                    self._procs.add(proc)
+            finally:
+                os.close(go_read)
+                os.close(done_write)
+            start = time.perf_counter()
+            session, status = _Session(self, proc, go_write), None
+            try:
+                output, timed_out, flooded, status = _collect(proc, stdin, timeout, limits.output_bytes, done_read,
+                                                              session)
+                if status is not None:
+                    session.copy_out()
+            except (OSError, SandboxError) as e:
+                if self._closed:  # close() killed the sandbox or deleted the workspace under the copy
+                    raise SandboxError("the sandbox was closed while a command ran") from e
+                raise
+            finally:
+                os.close(done_read)
+                session.end()
+                if status is not None:  # the shell exits now
+                    try:
+                        proc.wait(KILL_WAIT_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+                _kill_tree(proc)
+                with self._lock:
+                    self._procs.discard(proc)
         if self._closed and not timed_out:
             raise SandboxError("the sandbox was closed while a command ran")
+        if status is None:
+            code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+            if session.started and not timed_out and not flooded:
+                output.note("sandbox: the command ended the shell running it; its changes to the workspace are lost")
+        else:
+            code = status
+        if session.discarded:
+            output.note(session.discarded)
         (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
-        return CommandResult(exit_code=code if code >= 0 else 128 - code, stdout=stdout, stderr=stderr,
-                             duration_s=time.perf_counter() - start, timed_out=timed_out, output_limited=flooded,
-                             stdout_bytes=stdout_bytes, stderr_bytes=stderr_bytes, full=output.full())
+        full = output.full() + ((self.workdir,) if session.discarded else ())
+        return CommandResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start,
+                             timed_out=timed_out, output_limited=flooded, stdout_bytes=stdout_bytes,
+                             stderr_bytes=stderr_bytes, full=full)
 
     def close(self) -> None:
         with self._lock:
@@ -344,6 +388,158 @@ class BubblewrapSandbox(Sandbox):
 
     def __repr__(self) -> str:
         return f"BubblewrapSandbox({self.folder!r}, closed={self._closed})"
+
+
+class _Session:
+    """One command's workspace traffic: the host copies the workspace into the sandbox's capped /app once the shell
+    is ready, asks the shell to stop the command (timeout, output flood), and copies /app back out once the shell
+    reports the command's status (every other process of the sandbox is dead then). The copy out never follows a
+    link and is bounded: over `workspace_files` entries or `workspace_mb` bytes (hard links, sparse files), the
+    command's changes are discarded."""
+
+    def __init__(self, sandbox: BubblewrapSandbox, proc: subprocess.Popen, go: int) -> None:
+        self.sandbox, self.proc, self.go = sandbox, proc, go
+        self.init = self.shell = 0  # host pids of the sandbox's init and of the shell
+        self.started = False
+        self.discarded = ""
+
+    @property
+    def app(self) -> str:
+        return f"/proc/{self.init}/root{self.sandbox.workdir}"
+
+    def ready(self) -> None:
+        """The shell waits: copy the workspace in, then let it run the command."""
+        inits = _children(self.proc.pid)
+        shells = _children(inits[0]) if len(inits) == 1 else []
+        if len(shells) != 1:
+            raise SandboxError("the sandbox ended before its command started")
+        self.init, self.shell = inits[0], shells[0]
+        with _files_as(self.sandbox.backend.run_as):
+            _copy_into_sandbox(self.sandbox.workspace, self.app)
+        os.write(self.go, b"go\n")
+        self.started = True
+
+    def stop(self) -> None:
+        """Kill the command (not the shell, which then reports and waits for the copy out)."""
+        if self.shell:
+            try:
+                os.kill(self.shell, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def copy_out(self) -> None:
+        limits = self.sandbox.backend.limits
+        staged = os.path.join(self.sandbox.folder, "workspace.new")
+        shutil.rmtree(staged, ignore_errors=True)
+        try:
+            with _files_as(self.sandbox.backend.run_as):
+                if _listing(self.app, limits.workspace_files) == _listing(self.sandbox.workspace, math.inf):
+                    return  # nothing changed (most commands only look)
+                over = _copy_out_of_sandbox(self.app, staged, limits.workspace_files, limits.workspace_mb * 2**20)
+        except OSError as e:  # the sandbox went away (closed)
+            over = f"cannot copy it out ({e.strerror})"
+        if over:
+            shutil.rmtree(staged, ignore_errors=True)
+            self.discarded = (f"{FULL_MARKER}{self.sandbox.workdir} is over its cap ({over}): the command's changes "
+                              "to the workspace are discarded")
+            return
+        old = os.path.join(self.sandbox.folder, "workspace.old")
+        os.rename(self.sandbox.workspace, old)
+        os.rename(staged, self.sandbox.workspace)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def end(self) -> None:
+        """Let the shell exit (EOF on its `go` pipe)."""
+        os.close(self.go)
+
+
+@contextlib.contextmanager
+def _files_as(uid: int | None) -> Iterator[None]:
+    """This thread's file accesses as `uid` (its fsuid and fsgid; None: unchanged). A learner running as root
+    creates the sandbox's files as the sandbox user: root has no id in the sandbox's user namespace, so the
+    sandbox's folders refuse files owned by it (EOVERFLOW). Per thread: other threads keep their ids."""
+    if uid is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    gid, fsuid = libc.setfsgid(uid), libc.setfsuid(uid)
+    try:
+        yield
+    finally:
+        libc.setfsuid(fsuid)
+        libc.setfsgid(gid)
+
+
+def _copy_into_sandbox(workspace: str, app: str) -> None:
+    """The host workspace into a sandbox's empty /app, before anything runs in it."""
+    shutil.copytree(workspace, app, symlinks=True, dirs_exist_ok=True)
+
+
+def _listing(root: str, max_entries: float) -> list[tuple] | None:
+    """What a copy keeps of a folder: (path, type and mode, size, modification time, link target) of every entry
+    (folders without times), links not followed; None past `max_entries`."""
+    out: list[tuple] = []
+    for folder, dirs, files, folder_fd in os.fwalk(root, follow_symlinks=False):
+        for name in dirs + files:
+            if len(out) >= max_entries:
+                return None
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            path = os.path.relpath(os.path.join(folder, name), root)
+            if stat.S_ISLNK(st.st_mode):
+                out.append((path, st.st_mode, 0, 0, os.readlink(name, dir_fd=folder_fd)))
+            else:
+                out.append((path, st.st_mode, st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                            st.st_mtime_ns if stat.S_ISREG(st.st_mode) else 0, ""))
+    return sorted(out)
+
+
+def _copy_out_of_sandbox(app: str, dest: str, max_entries: int, max_bytes: int) -> str:
+    """/app of a sandbox into a new host folder `dest`: folders, regular files (mode and times kept) and links (as
+    links); "" on success, else what went over the cap. Every name is opened relative to its folder's descriptor
+    without following links, so nothing the command left can point the copy at a host file."""
+    entries = size = 0
+    modes: list[tuple[str, int]] = []
+    os.mkdir(dest, 0o700)
+    for folder, dirs, files, folder_fd in os.fwalk(app, follow_symlinks=False):
+        target = os.path.normpath(os.path.join(dest, os.path.relpath(folder, app)))
+        for name in dirs + files:
+            entries += 1
+            if entries > max_entries:
+                return f"more than {max_entries} files, limits.workspace_files"
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            path = os.path.join(target, name)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(name, dir_fd=folder_fd), path)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(path, 0o700)
+                modes.append((path, stat.S_IMODE(st.st_mode)))
+            elif stat.S_ISREG(st.st_mode):
+                size += st.st_size
+                if size > max_bytes:
+                    return f"more than {max_bytes // 2**20} MiB, limits.workspace_mb"
+                _copy_file(name, folder_fd, path, max_bytes)
+    for path, mode in reversed(modes):
+        os.chmod(path, mode)
+    os.chmod(dest, 0o755)
+    return ""
+
+
+def _copy_file(name: str, folder_fd: int, path: str, max_bytes: int) -> None:
+    """One regular file (at most the size it had when opened, and `max_bytes`) with its mode and times."""
+    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+    try:
+        st = os.fstat(source)
+        if not stat.S_ISREG(st.st_mode):  # swapped since it was listed
+            return
+        left = min(st.st_size, max_bytes)
+        with open(path, "wb") as out:
+            while left > 0 and (chunk := os.read(source, min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+            os.fchmod(out.fileno(), stat.S_IMODE(st.st_mode))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(source)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -382,7 +578,16 @@ def _wait_stopped(pid: int) -> None:
 
 
 def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
+    """The processes whose parent is `pid` (single-threaded: the kernel's list of its main thread's children, else a
+    scan of /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        if not os.path.exists(f"/proc/{pid}"):
+            return []
+    except OSError:
+        pass
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _proc_stat(int(e))) and int(s[1]) == pid]
 
 
@@ -418,6 +623,13 @@ class _Output:
             self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
         return bool(chunk)
 
+    def note(self, line: str) -> None:
+        """A line of the sandbox's own on the command's stderr (kept whatever the command wrote)."""
+        buf = self.kept[self.proc.stderr]
+        if buf and not buf.endswith(b"\n"):
+            buf += b"\n"
+        buf += line.encode() + b"\n"
+
     def full(self) -> tuple[str, ...]:
         """The capped folders the shell reported full."""
         lines = self.stderr_tail.decode("utf-8", "replace").splitlines()
@@ -431,24 +643,35 @@ class _Output:
         return bytes(self.kept[stream]).decode("utf-8", "replace"), self.total[stream]
 
 
-def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int) -> tuple[_Output, bool, bool]:
-    """Feed stdin and read the output until the command exits, times out (True, False) or floods (False, True)."""
+def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, control: int,
+             session: _Session) -> tuple[_Output, bool, bool, int | None]:
+    """Feed stdin and read the output until the shell reports the command's exit status on `control` (then the
+    status), or the sandbox ends without one (None). The shell's "ready" line starts the session; a timeout or a
+    flood (more than OUTPUT_KILL_FACTOR x `keep` bytes) stops the command, and what follows within KILL_WAIT_S is
+    read but not kept. Returns (output, timed_out, flooded, status)."""
     deadline = time.monotonic() + timeout
     output = _Output(proc, keep)
     pending = memoryview(stdin)
+    timed_out = flooded = False
+    lines = b""
     with selectors.DefaultSelector() as sel:
         for stream in (proc.stdout, proc.stderr):
             os.set_blocking(stream.fileno(), False)
             sel.register(stream, selectors.EVENT_READ)
+        sel.register(control, selectors.EVENT_READ)
         if pending:
             os.set_blocking(proc.stdin.fileno(), False)
-            sel.register(proc.stdin, selectors.EVENT_WRITE)
         else:
             proc.stdin.close()
-        while sel.get_map():
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return output, True, False
+                if timed_out or flooded:  # the shell did not report after the stop: the sandbox is killed
+                    return output, timed_out, flooded, None
+                timed_out = True
+                session.stop()
+                deadline = time.monotonic() + KILL_WAIT_S
+                continue
             for key, _ in sel.select(min(left, 1.0)):
                 if key.fileobj is proc.stdin:
                     try:
@@ -458,12 +681,35 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int) ->
                     if not pending:
                         sel.unregister(proc.stdin)
                         proc.stdin.close()
+                elif key.fileobj is control:
+                    chunk = os.read(control, 256)
+                    if not chunk:  # the sandbox ended without a status
+                        _drain(output, sel, proc)
+                        return output, timed_out, flooded, None
+                    lines += chunk
+                    while b"\n" in lines:
+                        line, lines = lines.split(b"\n", 1)
+                        if line == b"ready":
+                            session.ready()
+                            if pending:
+                                sel.register(proc.stdin, selectors.EVENT_WRITE)
+                        else:
+                            _drain(output, sel, proc)
+                            return output, timed_out, flooded, int(line)
                 elif not output.read(key.fileobj):
                     sel.unregister(key.fileobj)
-                elif output.flooded:
-                    return output, False, True
-    try:
-        proc.wait(max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        return output, True, False
-    return output, False, False
+                elif output.flooded and not flooded:
+                    flooded = True
+                    session.stop()
+                    deadline = time.monotonic() + KILL_WAIT_S
+
+
+def _drain(output: _Output, sel: selectors.BaseSelector, proc: subprocess.Popen) -> None:
+    """Read what the command's processes (all dead now) left in the output pipes."""
+    for stream in (proc.stdout, proc.stderr):
+        if any(key.fileobj is stream for key in sel.get_map().values()):
+            try:
+                while output.read(stream):
+                    pass
+            except BlockingIOError:
+                pass
