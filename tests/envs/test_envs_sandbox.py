@@ -3,6 +3,7 @@ observation, and leaves no process, mount or folder behind."""
 
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ from ipa_jax.envs.sandbox.bubblewrap import namespaces_unavailable, sweep_stale_
 from ipa_jax.envs.sandbox.tools import format_observation, run_tool, tool_specs, truncate
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec
+from ipa_jax.envs.terminal.suite import FAMILIES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, workspace_mb=32, workspace_files=500,
@@ -456,3 +458,16 @@ def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, pytest_for_
             if reward != want:
                 wrong.append(f"{name} grader, {answer or 'no answer'}: reward {reward}; {result.stdout}{result.stderr}")
     assert wrong == []
+
+
+def test_without_a_reward_file_the_agents_programs_cannot_write_the_reward(backend):
+    """A grader running the agent's program shares the sandbox user with it: with /logs mounted, the program can
+    write the reward (why the built-in suite, whose checker runs the agent's programs, grades by exit status)."""
+    writer = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+              "open('/logs/verifier/reward.txt', 'w').write('1')\n")
+    tests = {"test.sh": "python3 /app/prog.py; grep -qx 42 /app/answer"}
+    for reward_file, want in ((False, 0.0), (True, 1.0)):
+        spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests, reward_file=reward_file)
+        with backend.create({"prog.py": writer}) as box:
+            assert grade(box, spec)[0] == want, reward_file
+    assert not any(family.make(random.Random(0)).reward_file for family in FAMILIES.values())

@@ -1,15 +1,21 @@
-"""The bubblewrap sandbox: every command runs in a fresh bwrap container over the episode's workspace folder.
+"""The bubblewrap sandbox: every command runs in a fresh bwrap container over a copy of the episode's workspace.
 
 Per command: new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`: no network, loopback
 included); a read-only view of /usr (and the /bin, /lib links), a synthetic /etc with only what programs need,
-private /tmp, /proc and /dev; no capabilities; the workspace read-write at `workdir`; limits set with `ulimit`
-before the command; a wall-clock timeout that kills the whole process tree. bwrap runs with a scrubbed
-environment (the parent's secrets would otherwise be readable in /proc/1/environ) and `--die-with-parent`, so a
-killed learner takes its commands with it. A process a command leaves in the background dies with the command's
-PID namespace.
+private /proc and /dev; no capabilities; limits set with `ulimit` before the command; a wall-clock timeout that
+kills the whole process tree. bwrap runs with a scrubbed environment (the parent's secrets would otherwise be
+readable in /proc/1/environ) and `--die-with-parent`, so a killed learner takes its commands with it. A process a
+command leaves in the background is killed when the command returns.
+
+Disk and memory caps: the workspace (at `workdir`), /tmp and /dev/shm are size-capped tmpfs mounts of the
+command's own (memory, counted in `limits.memory_mb`). The workspace persists on the host, in the episode's folder:
+the host copies it into the command's tmpfs before the command starts and back out when it has returned, never
+following a link the command left and never past `workspace_files` entries or `workspace_mb` bytes (else the
+command's changes are discarded, and the step says so). So a command can fill its folders but not the host's disk.
 
 When the learner runs as root, bwrap is started as an unprivileged host user (`uid`, default nobody): the
-process limit is not enforced for root, and a sandboxed root could write to any file bound into it.
+process limit is not enforced for root, and a sandboxed root could write to any file bound into it. A bwrap that
+user cannot reach (a venv in root's mode-700 home) is copied under `root` first.
 
 Workspaces live under `root` (default: <tmp>/ipa_jax_sandboxes/<pid>-<id>); `close` deletes them, an exit handler
 closes what is left open, and a new backend deletes the folders of processes that no longer exist (a learner
@@ -295,7 +301,7 @@ def _copy_in(source: str, dest: str) -> None:
 
 
 class BubblewrapSandbox(Sandbox):
-    """One episode's workspace folder; each `run` is a fresh bwrap container over it."""
+    """One episode's workspace folder; each `run` is a fresh bwrap container over a copy of it (one at a time)."""
 
     def __init__(self, backend: BubblewrapBackend, folder: str) -> None:
         self.backend, self.folder, self.workdir = backend, folder, backend.workdir

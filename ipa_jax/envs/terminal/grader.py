@@ -32,9 +32,9 @@ GRADER_COMMAND = " ".join(["exec /usr/bin/env -i", *(f"{k}={v}" for k, v in GRAD
 
 
 def grade(sandbox: Sandbox, spec: TerminalSpec) -> tuple[float, CommandResult]:
-    """Run `bash /tests/test.sh` in `sandbox` with `GRADER_ENV` (tests read-only at /tests, a fresh writable /logs);
-    the reward is /logs/verifier/reward.txt or reward.json when the grader writes one, else 1.0 iff it exits 0. In
-    [0, 1]."""
+    """Run `bash /tests/test.sh` in `sandbox` with `GRADER_ENV` (tests read-only at /tests, a fresh writable /logs
+    unless `spec.reward_file` is off); the reward is /logs/verifier/reward.txt or reward.json when the grader writes
+    one, else 1.0 iff it exits 0. In [0, 1]."""
     with tempfile.TemporaryDirectory(prefix="ipa_jax_grade_") as scratch:
         tests, logs = os.path.join(scratch, "tests"), os.path.join(scratch, "logs")
         if spec.tests_dir:
@@ -46,12 +46,14 @@ def grade(sandbox: Sandbox, spec: TerminalSpec) -> tuple[float, CommandResult]:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-        os.makedirs(os.path.join(logs, "verifier"))
-        _make_writable_by_sandbox(sandbox, logs)
+        mounts = [Mount(tests, TESTS_MOUNT)]
+        if spec.reward_file:
+            os.makedirs(os.path.join(logs, "verifier"))
+            _make_writable_by_sandbox(sandbox, logs)
+            mounts.append(Mount(logs, LOGS_MOUNT, writable=True))
         os.chmod(scratch, 0o755)
-        result = sandbox.run(GRADER_COMMAND, timeout_s=spec.test_timeout_s,
-                             mounts=[Mount(tests, TESTS_MOUNT), Mount(logs, LOGS_MOUNT, writable=True)])
-        written = _reward_file(os.path.join(logs, "verifier"))
+        result = sandbox.run(GRADER_COMMAND, timeout_s=spec.test_timeout_s, mounts=mounts)
+        written = _reward_file(os.path.join(logs, "verifier")) if spec.reward_file else None
     if written is not None and not result.timed_out:
         return written, result
     return (1.0 if result.ok else 0.0), result

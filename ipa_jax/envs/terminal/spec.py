@@ -6,7 +6,8 @@ runs in the same sandbox after the episode (`tests`, with `test.sh` as the entry
 per expert step (the scripted expert makes one `bash` call per step, then ends the episode).
 
 Reward: the grader's `/logs/verifier/reward.txt` (a number) or `reward.json` (`{"reward": x}`) when it writes
-one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1].
+one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1]. A task with `reward_file=False` is
+graded by the exit status alone, without /logs: nothing the grader runs (the agent's programs) can write a reward.
 
 Folder layouts read by `load_task_folder`:
 
@@ -61,6 +62,7 @@ class TerminalSpec:
     agent_timeout_s: the wall-clock time the agent's commands may take in all (each command is also bounded by
       the sandbox's per-command timeout). test_timeout_s: the grader's limit.
     tier / family: where a generated task comes from ("" for folder tasks).
+    reward_file: whether the grader may give the reward in a file under /logs (else its exit status decides).
     """
 
     name: str
@@ -76,6 +78,7 @@ class TerminalSpec:
     test_timeout_s: float = 60.0
     tier: str = ""
     family: str = ""
+    reward_file: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", dict(self.files))

@@ -112,8 +112,9 @@ class Checks:
 def task(instruction: str, files: Mapping[str, str], solution: Sequence[str], checks: Checks,
          executable: Sequence[str] = ()) -> TerminalSpec:
     """A TerminalSpec whose name, tier and family the `family` decorator fills in."""
+    # The checker runs the agent's programs: graded by its exit status, with no /logs they could write a reward to.
     return TerminalSpec(name="", instruction=instruction, files=files, tests=checks.tests(), solution=tuple(solution),
-                        executable=tuple(executable))
+                        executable=tuple(executable), reward_file=False)
 
 
 def family_decorator(tier: str, registry: list[Maker]) -> Callable[[Maker], Maker]:
