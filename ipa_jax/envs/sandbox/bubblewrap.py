@@ -153,10 +153,17 @@ def _libraries(binary: str) -> list[str]:
 def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
     """A bwrap the sandbox user can execute, and the environment it needs. A bwrap under a folder that user cannot
     enter (a venv in root's mode-700 home) is copied, with the libraries it loads from such folders, to
-    `root`/bwrap-<digest> (root-owned, world-readable) and started with LD_LIBRARY_PATH naming the copies."""
+    `root`/bwrap-<digest> (`root`: a folder of the learner's own that others cannot write, created if needed;
+    the copies world-readable) and started with LD_LIBRARY_PATH naming the copies."""
     blocked = [lib for lib in _libraries(binary) if _closed_folder(lib)]
     if not _closed_folder(binary) and not blocked:
         return binary, {}
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxError(f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds "
+                           "the bwrap copy the sandbox user runs)")
+    _check_traversable(root)
     with open(binary, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     stage = os.path.join(root, f"bwrap-{digest}")
@@ -190,7 +197,7 @@ class BubblewrapBackend(SandboxBackend):
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         if self.run_as is not None:
             _check_traversable(self.root)
-            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, self.root)
+            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, os.path.join(tempfile.gettempdir(), "ipa_jax_bwrap"))
             self.bwrap_env.update(env)
         sweep_stale_workspaces(self.root)
         self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
@@ -670,6 +677,8 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, co
         else:
             proc.stdin.close()
         while True:
+            if not any(key.fileobj in (proc.stdout, proc.stderr) for key in sel.get_map().values()):
+                return output, timed_out, flooded, None  # the sandbox ended without a status (its output closed)
             left = deadline - time.monotonic()
             if left <= 0:
                 if timed_out or flooded:  # the shell did not report after the stop: the sandbox is killed
@@ -689,9 +698,9 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, co
                         proc.stdin.close()
                 elif key.fileobj is control:
                     chunk = os.read(control, 256)
-                    if not chunk:  # the sandbox ended without a status
-                        _drain(output, sel, proc)
-                        return output, timed_out, flooded, None
+                    if not chunk:  # the shell died: read on until the sandbox's last process closes the output
+                        sel.unregister(control)
+                        continue
                     lines += chunk
                     while b"\n" in lines:
                         line, lines = lines.split(b"\n", 1)
