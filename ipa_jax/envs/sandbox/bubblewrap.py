@@ -381,7 +381,7 @@ class BubblewrapSandbox(Sandbox):
         if session.discarded:
             output.note(session.discarded)
         (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
-        full = output.full() + ((self.workdir,) if session.discarded else ())
+        full = tuple(dict.fromkeys(output.full() + ((self.workdir,) if session.discarded else ())))
         return CommandResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start,
                              timed_out=timed_out, output_limited=flooded, stdout_bytes=stdout_bytes,
                              stderr_bytes=stderr_bytes, full=full)
