@@ -15,7 +15,7 @@ command's changes are discarded, and the step says so). So a command can fill it
 
 When the learner runs as root, bwrap is started as an unprivileged host user (`uid`, default nobody): the
 process limit is not enforced for root, and a sandboxed root could write to any file bound into it. A bwrap that
-user cannot reach (a venv in root's mode-700 home) is copied under `root` first.
+user cannot reach (a venv in root's mode-700 home) is copied to <tmp>/ipa_jax_bwrap first.
 
 Workspaces live under `root` (default: <tmp>/ipa_jax_sandboxes/<pid>-<id>); `close` deletes them, an exit handler
 closes what is left open, and a new backend deletes the folders of processes that no longer exist (a learner
@@ -702,13 +702,13 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, co
                         sel.unregister(control)
                         continue
                     lines += chunk
-                    while b"\n" in lines:
+                    while b"\n" in lines:  # the command could write here too (through /proc): only the expected
                         line, lines = lines.split(b"\n", 1)
-                        if line == b"ready":
+                        if line == b"ready" and not session.started:
                             session.ready()
                             if pending:
                                 sel.register(proc.stdin, selectors.EVENT_WRITE)
-                        else:
+                        elif line.isdigit() and session.started:
                             _drain(output, sel, proc)
                             return output, timed_out, flooded, int(line)
                 elif not output.read(key.fileobj):
