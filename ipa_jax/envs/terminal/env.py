@@ -129,7 +129,7 @@ class TerminalEnv(SandboxedEnv):
         self.spec = TerminalSpec.from_dict(task.data["spec"])
         backend = shared_backend(self.backend_name, self.limits, self.workdir)
         self.create_sandbox(backend.create, self.spec.files, source_dir=self.spec.environment_dir,
-                            executable=self.spec.executable)
+                            source_files=self.spec.environment_files, executable=self.spec.executable)
         self.command_time_s = 0.0
         return prompt
 

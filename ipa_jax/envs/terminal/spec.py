@@ -6,7 +6,8 @@ runs in the same sandbox after the episode (`tests`, with `test.sh` as the entry
 per expert step (the scripted expert makes one `bash` call per step, then ends the episode).
 
 Reward: the grader's `/logs/verifier/reward.txt` (a number) or `reward.json` (`{"reward": x}`) when it writes
-one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1].
+one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1]. A task with `reward_file=False` is
+graded by the exit status alone, without /logs: nothing the grader runs (the agent's programs) can write a reward.
 
 Folder layouts read by `load_task_folder`:
 
@@ -14,7 +15,8 @@ Folder layouts read by `load_task_folder`:
                                 environment/ (copied into the workspace; Dockerfile and compose files skipped),
                                 tests/test.sh (+ any files it uses), solution/solve.sh
   Terminal-Bench 1:             task.yaml (instruction, max_agent_timeout_sec, max_test_timeout_sec), solution.sh,
-                                run-tests.sh (the entry point; TEST_DIR=/tests), tests/
+                                run-tests.sh (the entry point; TEST_DIR=/tests), tests/, and a Dockerfile whose
+                                COPY / ADD lines stage files of the task folder into the workspace (/app)
 
 A solution script is split into expert steps at lines that start with `# step` (the rest of the line is a
 comment); a script without such lines is one step. Lines before the first marker (a shebang, `set -e`) are
@@ -23,7 +25,10 @@ prepended to every step.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import shlex
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -34,6 +39,10 @@ from ipa_jax.envs.sandbox.base import check_relative_path
 TEST_ENTRY = "test.sh"
 STEP_MARKER = "# step"
 SKIPPED_ENVIRONMENT_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore")
+TB1_WORKDIR = "/app"  # where Terminal-Bench 1 images keep the task's files: the workspace
+# Terminal-Bench 1 folder entries that are never the agent's: a Dockerfile copying them (`COPY . /app`) is not
+# followed there.
+TB1_PRIVATE = ("task.yaml", "solution.sh", "run-tests.sh", "tests", "solution", *SKIPPED_ENVIRONMENT_FILES)
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,12 @@ class TerminalSpec:
     executable: entries of `files` made executable.
     environment_dir / tests_dir: host folders used instead of (or, for environment_dir, before) the inline
       files: task folders are not copied into every Task.
+    environment_files: workspace path -> host file or folder copied there (after environment_dir): what a
+      Terminal-Bench 1 Dockerfile copies from its task folder.
     agent_timeout_s: the wall-clock time the agent's commands may take in all (each command is also bounded by
       the sandbox's per-command timeout). test_timeout_s: the grader's limit.
     tier / family: where a generated task comes from ("" for folder tasks).
+    reward_file: whether the grader may give the reward in a file under /logs (else its exit status decides).
     """
 
     name: str
@@ -60,15 +72,18 @@ class TerminalSpec:
     solution: tuple[str, ...] = ()
     executable: tuple[str, ...] = ()
     environment_dir: str = ""
+    environment_files: Mapping[str, str] = field(default_factory=dict)
     tests_dir: str = ""
     agent_timeout_s: float = 120.0
     test_timeout_s: float = 60.0
     tier: str = ""
     family: str = ""
+    reward_file: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", dict(self.files))
         object.__setattr__(self, "tests", dict(self.tests))
+        object.__setattr__(self, "environment_files", dict(self.environment_files))
         object.__setattr__(self, "solution", tuple(self.solution))
         object.__setattr__(self, "executable", tuple(self.executable))
         if not self.instruction.strip():
@@ -77,7 +92,7 @@ class TerminalSpec:
             raise ValueError(f"terminal task {self.name!r}: no tests/{TEST_ENTRY}")
         if not self.solution:
             raise ValueError(f"terminal task {self.name!r}: no reference solution")
-        for path in [*self.files, *self.tests]:
+        for path in [*self.files, *self.tests, *self.environment_files]:
             check_relative_path(path)
         missing = set(self.executable) - set(self.files)
         if missing:
@@ -148,10 +163,82 @@ def load_task_folder(path: str) -> TerminalSpec:
             # Terminal-Bench 1's entry point sits beside tests/: the grader runs it with TEST_DIR=/tests.
             tests={TEST_ENTRY: "export TEST_DIR=/tests\n" + _read(os.path.join(path, "run-tests.sh"))},
             tests_dir=tests_dir if os.path.isdir(tests_dir) else "",
+            environment_files=dockerfile_copies(path),
             solution=split_solution(_read(os.path.join(path, "solution.sh"))),
             agent_timeout_s=float(meta.get("max_agent_timeout_sec", 120.0)),
             test_timeout_s=float(meta.get("max_test_timeout_sec", 60.0)))
     raise ValueError(f"{path} is not a task folder: expected instruction.md (Harbor) or task.yaml (Terminal-Bench 1)")
+
+
+def _dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        instruction, _, args = (pending + line).strip().partition(" ")
+        out.append((instruction.upper(), args.strip()))
+        pending = ""
+    return out
+
+
+def dockerfile_copies(folder: str) -> dict[str, str]:
+    """What a Terminal-Bench 1 task's Dockerfile copies from its folder into the workspace: workspace path -> host
+    file or folder (a folder's content goes there, as with COPY). Destinations are taken relative to WORKDIR and must
+    lie under /app (the workspace); COPY --from (another build stage), URLs and the folder's private entries
+    (`TB1_PRIVATE`: tests, solution, task.yaml) are not staged. No Dockerfile: nothing."""
+    dockerfile = os.path.join(folder, "Dockerfile")
+    if not os.path.isfile(dockerfile):
+        return {}
+    copies: dict[str, str] = {}
+    workdir = "/"
+    for instruction, args in _dockerfile_instructions(_read(dockerfile)):
+        if instruction == "WORKDIR":
+            workdir = os.path.normpath(os.path.join(workdir, args.strip("\"'")))
+        if instruction not in ("COPY", "ADD"):
+            continue
+        words = json.loads(args) if args.startswith("[") else shlex.split(args)
+        flags = [w for w in words if w.startswith("--")]
+        paths = [w for w in words if not w.startswith("--")]
+        if any(f.startswith("--from") for f in flags) or len(paths) < 2:
+            continue
+        *sources, dest = paths
+        if any("://" in src for src in sources):
+            raise ValueError(f"{dockerfile}: {instruction} {args}: downloads are not staged; put the file in the "
+                             "task folder")
+        target = os.path.normpath(os.path.join(workdir, dest))
+        if os.path.relpath(target, TB1_WORKDIR).startswith(".."):
+            raise ValueError(f"{dockerfile}: {instruction} {args}: copies to {target}, outside {TB1_WORKDIR}; only "
+                             f"files under {TB1_WORKDIR} reach the workspace")
+        into_folder = dest.endswith("/") or len(sources) > 1 or target == TB1_WORKDIR
+        for pattern in sources:
+            matches = sorted(glob.glob(os.path.join(folder, pattern)))
+            if not matches:
+                raise ValueError(f"{dockerfile}: {instruction} {args}: {pattern} is not in the task folder")
+            for host in matches:
+                rel = os.path.relpath(os.path.realpath(host), os.path.realpath(folder))
+                if rel.startswith(".."):
+                    raise ValueError(f"{dockerfile}: {instruction} {args}: {pattern} is outside the task folder")
+                if rel == ".":  # the whole folder: its entries, without the task's private ones
+                    entries = [os.path.join(folder, e) for e in sorted(os.listdir(folder)) if e not in TB1_PRIVATE]
+                elif rel.split(os.sep)[0] in TB1_PRIVATE:
+                    continue
+                elif os.path.isdir(host):  # a folder's content
+                    entries = [os.path.join(host, e) for e in sorted(os.listdir(host))]
+                else:
+                    placed = os.path.join(target, os.path.basename(host)) if into_folder else target
+                    copies[_workspace_path(placed)] = host
+                    continue
+                for entry in entries:
+                    copies[_workspace_path(os.path.join(target, os.path.basename(entry)))] = entry
+    return copies
+
+
+def _workspace_path(target: str) -> str:
+    return os.path.relpath(target, TB1_WORKDIR)
 
 
 def _require_dir(path: str, entry: str) -> str:

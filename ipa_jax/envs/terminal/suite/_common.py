@@ -112,8 +112,9 @@ class Checks:
 def task(instruction: str, files: Mapping[str, str], solution: Sequence[str], checks: Checks,
          executable: Sequence[str] = ()) -> TerminalSpec:
     """A TerminalSpec whose name, tier and family the `family` decorator fills in."""
+    # The checker runs the agent's programs: graded by its exit status, with no /logs they could write a reward to.
     return TerminalSpec(name="", instruction=instruction, files=files, tests=checks.tests(), solution=tuple(solution),
-                        executable=tuple(executable))
+                        executable=tuple(executable), reward_file=False)
 
 
 def family_decorator(tier: str, registry: list[Maker]) -> Callable[[Maker], Maker]:
@@ -140,6 +141,10 @@ import subprocess
 import sys
 
 
+# The agent's programs run as in the workspace: their own folder on Python's path (the grader's Python has none).
+PROGRAM_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+
+
 def same(actual, expected):
     return actual.removesuffix("\\n") == expected.removesuffix("\\n")
 
@@ -162,7 +167,8 @@ def failures(expect):
             yield f"{path}: not an executable file"
     for run in expect["runs"]:
         try:
-            done = subprocess.run(["bash", "-c", run["command"]], capture_output=True, text=True, timeout=10)
+            done = subprocess.run(["bash", "-c", run["command"]], capture_output=True, text=True, timeout=10,
+                                  env=PROGRAM_ENV)
         except subprocess.TimeoutExpired:
             yield f"{run['command']}: timed out"
             continue
