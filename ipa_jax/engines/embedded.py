@@ -451,6 +451,9 @@ class EmbeddedEngine(Engine):
         update_weights. Returns the tensors of parameters only partly given (the caller keeps them for the next
         call); with a version, every given parameter must be complete. Refuses non-finite values (ValueError)."""
         self._setup()
+        nonfinite = [k for k, v in tensors.items() if not np.isfinite(np.asarray(v, dtype=np.float32)).all()]
+        if nonfinite:
+            raise ValueError(f"tensors with non-finite values: {', '.join(sorted(nonfinite)[:5])}")
         with self._swap_lock:  # on top of weights staged by an earlier call
             base, current_version = self._staged or self._current
         params, used = await asyncio.to_thread(merge_hf_tensors, base, tensors)
@@ -458,9 +461,6 @@ class EmbeddedEngine(Engine):
         if version is not None and leftover:
             raise ValueError(f"weights of version {version} are incomplete: parameters lack tensors, given only "
                              f"{sorted(leftover)[:5]} of them")
-        nonfinite = await asyncio.to_thread(_nonfinite_leaves, params)
-        if nonfinite:
-            raise ValueError(f"tensors with non-finite values in {', '.join(nonfinite[:5])}")
         if used or version is not None:
             await asyncio.wrap_future(self._swap(params, current_version if version is None else int(version)))
         return leftover

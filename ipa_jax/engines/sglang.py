@@ -57,6 +57,7 @@ from ipa_jax.engines.weight_transfer import (
     WeightSender,
     buckets,
     default_backend,
+    host_store,
     import_torch,
     in_daemon_thread,
 )
@@ -189,12 +190,6 @@ def _local_address(url: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))  # no packet is sent: only the route is looked up
         return s.getsockname()[0]
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _close_sender(joining: asyncio.Future) -> None:
@@ -807,12 +802,13 @@ class SGLangEngine(Engine):
                     body["flush_cache"] = False
                 calls = [asyncio.ensure_future(self._control(s, "POST", "/update_weights_from_distributed", body))
                          for s in servers]
+                send_error = None
                 try:
                     await in_daemon_thread(group.sender.broadcast, pending)
-                    send_error = None
                 except Exception as e:  # noqa: BLE001 - a rank failed: the servers' answers say which
-                    send_error = e
-                    await self._drop_group()  # closes the connections: ranks still receiving fail at once
+                    send_error = str(e)  # not the exception: its traceback holds the group, which must be freed
+                if send_error is not None:
+                    await self._drop_group()  # frees the group: ranks still receiving fail at once
                 results = await asyncio.gather(*calls, return_exceptions=True)
                 errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
                           for s, r in zip(servers, results)
@@ -833,15 +829,14 @@ class SGLangEngine(Engine):
         sizes = [await self._tp_size(s) for s in servers]
         backend = self.weight_sync_backend or default_backend()
         address = self.weight_sync_address or _local_address(servers[0].url)
-        port = _free_port(address)
+        store = host_store(address, self.control_timeout_s)
         name = f"ipa_jax_weights_{uuid.uuid4().hex[:12]}"
         world = 1 + sum(sizes)
         offsets = [1 + sum(sizes[:i]) for i in range(len(servers))]
-        joining = in_daemon_thread(lambda: WeightSender(backend=backend, master_address=address, master_port=port,
-                                                        world_size=world, group_name=name,
-                                                        timeout_s=self.control_timeout_s))
+        joining = in_daemon_thread(lambda: WeightSender(backend=backend, store=store, world_size=world,
+                                                        group_name=name, timeout_s=self.control_timeout_s))
         calls = [self._control(s, "POST", "/init_weights_update_group",
-                               {"master_address": address, "master_port": port, "rank_offset": offset,
+                               {"master_address": address, "master_port": store.port, "rank_offset": offset,
                                 "world_size": world, "group_name": name, "backend": backend})
                  for s, offset in zip(servers, offsets)]
         results = await asyncio.gather(*calls, return_exceptions=True)

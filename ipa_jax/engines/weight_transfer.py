@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import datetime
+import gc
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -44,19 +45,27 @@ def default_backend() -> str:
     return "nccl" if import_torch().cuda.is_available() else "gloo"
 
 
-def init_custom_process_group(*, backend: str, master_address: str, master_port: int, world_size: int, rank: int,
-                              group_name: str, timeout_s: float):
-    """A process group of its own (not torch's default group): TCP rendezvous on master_address:master_port (rank
-    0 hosts the store), the store prefixed with group_name, as SGLang's servers create theirs. Blocks until every
-    rank joined; raises after timeout_s. Every collective on the group is bounded by timeout_s too."""
+def host_store(address: str, timeout_s: float):
+    """Rank 0's rendezvous store, listening on a free port of `address` (its `.port`) before any rank joins."""
+    torch = import_torch()
+    return torch.distributed.TCPStore(address, 0, is_master=True, wait_for_workers=False,
+                                      timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_custom_process_group(*, backend: str, world_size: int, rank: int, group_name: str, timeout_s: float,
+                              master_address: str = "", master_port: int = 0, store=None):
+    """A process group of its own (not torch's default group), as SGLang's servers create theirs: a TCP rendezvous
+    on master_address:master_port (or rank 0's `store`, see host_store), the store prefixed with group_name. Blocks
+    until every rank joined; raises after timeout_s. Every collective on the group is bounded by timeout_s too."""
     import_torch()
     from torch.distributed import distributed_c10d as c10d
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                                   timeout=timeout))
+    if store is None:
+        store, rank, world_size = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                                       timeout=timeout))
     store.set_timeout(timeout)
     store = c10d.PrefixStore(group_name, store)
     group, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
@@ -66,12 +75,12 @@ def init_custom_process_group(*, backend: str, master_address: str, master_port:
 
 
 def destroy_process_group(group) -> None:
-    """Leave `group`: its connections close, so peers blocked in a collective on it fail instead of waiting."""
+    """Leave `group`. Its connections close only once the group object is freed (abort() leaves them open), so
+    peers blocked in a collective on it fail at once: the caller must hold no other reference to it."""
     torch = import_torch()
-    try:
-        group.abort()
-    finally:
-        torch.distributed.destroy_process_group(group)
+    torch.distributed.destroy_process_group(group)
+    del group
+    gc.collect()  # the group may sit in reference cycles (tracebacks of failed collectives)
 
 
 def torch_dtype(name: str):
@@ -142,27 +151,34 @@ def buckets(named_arrays: Iterable[tuple[str, Any]], bucket_bytes: int, dtype: s
 
 
 class WeightSender:
-    """Rank 0 of a weight-update group: `broadcast(bucket)` sends a bucket's tensors to every other rank.
+    """Rank 0 of a weight-update group: `store` (host_store) is where the other ranks join; `broadcast(bucket)` sends
+    a bucket's tensors to every other rank. backend "nccl" sends from the current CUDA device, "gloo" from host
+    memory."""
 
-    backend "nccl" sends from the current CUDA device, "gloo" from host memory."""
-
-    def __init__(self, *, backend: str, master_address: str, master_port: int, world_size: int, group_name: str,
-                 timeout_s: float):
+    def __init__(self, *, backend: str, store, world_size: int, group_name: str, timeout_s: float):
         self.backend, self.group_name = backend, group_name
-        self.group = init_custom_process_group(backend=backend, master_address=master_address,
-                                               master_port=master_port, world_size=world_size, rank=0,
+        self.group = init_custom_process_group(backend=backend, store=store, world_size=world_size, rank=0,
                                                group_name=group_name, timeout_s=timeout_s)
 
     def broadcast(self, bucket: Bucket) -> None:
+        """Raises RuntimeError when a rank fails. The error carries no traceback: the frames of the failed
+        collective hold the group, and peers blocked in it fail only once it is freed (close)."""
         torch = import_torch()
         device = torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
-        for array in bucket.arrays:
-            torch.distributed.broadcast(to_torch(array, bucket.dtype).to(device), src=0, group=self.group)
-        if self.backend == "nccl":
-            torch.cuda.synchronize()
+        error = None
+        try:
+            for array in bucket.arrays:
+                torch.distributed.broadcast(to_torch(array, bucket.dtype).to(device), src=0, group=self.group)
+            if self.backend == "nccl":
+                torch.cuda.synchronize()
+        except RuntimeError as e:
+            error = f"broadcast in group {self.group_name} failed: {e}"
+        if error is not None:
+            raise RuntimeError(error)
 
     def close(self) -> None:
-        destroy_process_group(self.group)
+        group, self.group = self.group, None
+        destroy_process_group(group)
 
 
 def receive(group, names_dtypes_shapes: Iterable[tuple[str, str, list[int]]]) -> dict[str, Any]:
