@@ -45,6 +45,10 @@ setup(
             "wandb>=0.31",  # the offline W&B logging test
             "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
         ],
+        # SGLangEngine.update_weights_from_tensors (weight sync over torch.distributed) and the dev server's weight
+        # groups. On a CPU-only machine install torch's CPU build first (pip install torch --index-url
+        # https://download.pytorch.org/whl/cpu): the default wheel pulls in CUDA libraries.
+        "weight-sync": ["torch>=2.6"],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
         "notebooks": ["jupyter", "ipykernel>=6.29"],

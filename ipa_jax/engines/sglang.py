@@ -17,6 +17,11 @@
   with backoff within `outage_budget_s` and then raises `PoolUnavailable`. Aborted partial generations are
   resubmitted as prompt + partial output with the remaining budget, so callers see one result per prompt (each
   token with the version that sampled it, `GenerationResult.token_versions`); only `abort()` surfaces "abort".
+* Disk-free weight sync (`update_weights_from_tensors`): the same steps with the load replaced by SGLang's
+  distributed update: `/init_weights_update_group` (this client is rank 0 of a named torch.distributed group, kept
+  until the servers change), per bucket `/update_weights_from_distributed` while the bucket is broadcast, the
+  version on the last bucket only; a server failing mid-transfer is marked down and the transfer restarts on the
+  others (ipa_jax/engines/weight_transfer.py).
 * `api_key`: sent as `Authorization: Bearer <key>` on every call (SGLang's and the dev server's `--api-key`).
 """
 
@@ -703,9 +708,9 @@ class SGLangEngine(Engine):
                 if self.partial == "finish":  # this client's requests finish on the weights they started with
                     await self._none_posting.wait()
                 targets = [s for s in self.servers if not s.down]
-                await self._on_each(targets, lambda s: self._control(s, "POST", "/pause_generation", {}),
-                                    f"pause for version {version}", paused)
-                rejections = await self._load([s for s in paused if not s.down], source, version, took)
+                rejections = await self._on_each(targets, lambda s: self._control(s, "POST", "/pause_generation", {}),
+                                                 f"pause for version {version}", paused)
+                rejections += await self._load([s for s in paused if not s.down], source, version, took)
             finally:
                 try:
                     if len(took) >= self.min_sync_servers:

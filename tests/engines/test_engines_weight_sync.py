@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tiny_models import tiny_qwen3_config
 
-from ipa_jax.engines import SamplingParams, SGLangEngine
+from ipa_jax.engines import EngineError, SamplingParams, SGLangEngine
 from ipa_jax.engines.weight_transfer import buckets, to_numpy, to_torch
 from ipa_jax.models import init_model, save_pretrained
 from ipa_jax.models.hf_io import hf_tensors, iter_hf_tensors, merge_hf_tensors
@@ -210,3 +210,23 @@ def test_distributed_sync_then_a_server_killed_mid_transfer(servers):
             await eng.close()
 
     run(go())
+
+
+def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
+    """A dev server whose engine cannot load tensors answers the group's init with a 400: the sync raises at once
+    (waiting would not help), the server is marked down and nothing is left paused."""
+    server = fake_server()
+
+    async def go():
+        eng = SGLangEngine([server.url], **FAST)
+        try:
+            with pytest.raises(EngineError, match="cannot load tensors"):
+                await eng.update_weights_from_tensors({"model.norm.weight": np.ones(4, np.float32)}, 1)
+            assert eng.weight_version == 0 and eng.servers[0].down
+            assert http(server.url, "/get_model_info")["weight_version"] == "0"
+            assert http(server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+                        timeout_s=5)["output_ids"]  # continued, not left paused
+        finally:
+            await eng.close()
+
+    run(go(), timeout_s=60)
