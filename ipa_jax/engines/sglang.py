@@ -751,7 +751,13 @@ class SGLangEngine(Engine):
         what = f"weight update to version {version}"
         if isinstance(source, _FromDisk):
             return await self._on_each(servers, lambda s: self._update_from_disk(s, source.path, version), what, took)
-        servers, rejections = await self._push_tensors(servers, source, version)
+        try:
+            servers, rejections = await self._push_tensors(servers, source, version)
+        except asyncio.CancelledError:  # the servers hold part of the buckets: their probes resync them
+            for s in servers:
+                self._mark_down(s, f"{what}: cancelled during the transfer")
+            await asyncio.shield(self._drop_group())
+            raise
         return rejections + await self._on_each(servers, lambda s: self._check_version(s, version), what, took)
 
     async def _check_version(self, server: _Server, version: int) -> None:
@@ -812,6 +818,10 @@ class SGLangEngine(Engine):
                     await in_daemon_thread(group.sender.broadcast, pending)
                 except Exception as e:  # noqa: BLE001 - a rank failed: the servers' answers say which
                     send_error = str(e)  # not the exception: its traceback holds the group, which must be freed
+                except asyncio.CancelledError:
+                    for call in calls:
+                        call.cancel()
+                    raise
                 if send_error is not None:
                     await self._drop_group()  # frees the group: ranks still receiving fail at once
                 results = await asyncio.gather(*calls, return_exceptions=True)
