@@ -696,7 +696,8 @@ class SGLangEngine(Engine):
         """One pass over the servers that are up: (the servers now serving `version`, the errors of those that
         answered that they cannot load it). The pool adopts `version` once enough servers took it; otherwise the
         ones that did are marked down (their probes bring them back to the pool's version). Cancelling it resumes
-        every server that acknowledged the pause and marks the others down: none is left paused."""
+        every server that acknowledged the pause and marks the others down: none is left paused (a server marked
+        down is resumed by its probe)."""
         assert self._gate is not None and self._sync_lock is not None and self._none_posting is not None
         async with self._sync_lock:
             self._gate.clear()
@@ -722,7 +723,8 @@ class SGLangEngine(Engine):
                         for s in took:
                             self._mark_down(s, f"serves version {version}, which too few servers took")
                         took.clear()
-                    await asyncio.shield(self._continue(paused))
+                    # a server marked down meanwhile is resumed by its probe: no second timeout on a hung one here
+                    await asyncio.shield(self._continue([s for s in paused if not s.down]))
                 finally:
                     self._gate.set()
             return took, rejections
@@ -786,12 +788,12 @@ class SGLangEngine(Engine):
                 await self._broadcast(servers, source, version)
                 return servers, rejections
             except _TransferFailed as failure:
-                await self._drop_group()
                 unreachable = [s for s, e in failure.errors.items() if _unreachable(e)]
                 failed = unreachable or list(failure.errors)
                 rejections += [str(failure.errors[s]) for s in failed if s not in unreachable]
                 for s in failed:
                     self._mark_down(s, f"weight transfer to version {version}: {failure.errors[s]}")
+                await self._drop_group()  # the servers marked down are not waited for
                 servers = [s for s in servers if s not in failed]
                 if servers:
                     log.warning("weight transfer to version %d failed on %s; restarting it on %s", version,
@@ -822,8 +824,8 @@ class SGLangEngine(Engine):
                     for call in calls:
                         call.cancel()
                     raise
-                if send_error is not None:
-                    await self._drop_group()  # frees the group: ranks still receiving fail at once
+                if send_error is not None:  # free our side of the group: ranks still receiving fail at once
+                    await in_daemon_thread(group.sender.close)
                 results = await asyncio.gather(*calls, return_exceptions=True)
                 errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
                           for s, r in zip(servers, results)

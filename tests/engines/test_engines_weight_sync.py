@@ -5,6 +5,7 @@ back with /get_weights_by_name and compared with the arrays sent, cast as sent."
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -212,9 +213,48 @@ def test_distributed_sync_then_a_server_killed_mid_transfer(servers):
     run(go())
 
 
+@pytest.mark.slow
+def test_a_server_hung_mid_transfer_costs_one_control_timeout(servers):
+    """A server SIGSTOPped after the first bucket: its call times out after control_timeout_s, it is marked down and
+    the transfer restarts on the other; nothing waits for the group's own timeout twice. Resumed (SIGCONT), it is
+    resynced before it takes requests."""
+    healthy, hung = servers
+    v1, v2 = init_model(CONFIG, seed=3), init_model(CONFIG, seed=4)
+    v2_tensors = hf_tensors(v2)
+    bucket_bytes = 8192
+    sizes = [len(b.names) for b in buckets(iter_hf_tensors(v2), bucket_bytes, "bfloat16")]
+    stopped = []
+
+    def v2_hanging_a_server_once():
+        for i, (name, value) in enumerate(iter_hf_tensors(v2)):
+            if i == sum(sizes[:3]) and not stopped:  # as in the test above: after the first bucket
+                hung.proc.send_signal(signal.SIGSTOP)
+                stopped.append(name)
+            yield name, value
+
+    async def go():
+        eng = SGLangEngine([s.url for s in servers], **FAST)
+        try:
+            await eng.update_weights_from_tensors(lambda: iter_hf_tensors(v1), 1)
+            t0 = time.monotonic()
+            await eng.update_weights_from_tensors(v2_hanging_a_server_once, 2, bucket_bytes=bucket_bytes)
+            assert stopped and time.monotonic() - t0 < 2 * CONTROL_TIMEOUT_S
+            assert eng.weight_version == 2 and eng.servers[1].down and not eng.servers[0].down
+            assert_serves(healthy, v2_tensors, 2)
+            hung.proc.send_signal(signal.SIGCONT)
+            while eng.servers[1].down:
+                await asyncio.sleep(0.1)
+            assert_serves(hung, v2_tensors, 2)
+        finally:
+            hung.proc.send_signal(signal.SIGCONT)
+            await eng.close()
+
+    run(go())
+
+
 def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
     """A dev server whose engine cannot load tensors answers the group's init with a 400: the sync raises at once
-    (waiting would not help), the server is marked down and nothing is left paused."""
+    (waiting would not help) and the server is marked down; its probe resumes it (it is not left paused)."""
     server = fake_server()
 
     async def go():
@@ -224,6 +264,8 @@ def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
                 await eng.update_weights_from_tensors({"model.norm.weight": np.ones(4, np.float32)}, 1)
             assert eng.weight_version == 0 and eng.servers[0].down
             assert http(server.url, "/get_model_info")["weight_version"] == "0"
+            while eng.servers[0].down:
+                await asyncio.sleep(0.1)
             assert http(server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
                         timeout_s=5)["output_ids"]  # continued, not left paused
         finally:
