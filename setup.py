@@ -48,6 +48,10 @@ setup(
             "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
             "mkdocs-material>=9.6,<10",  # the docs site (mkdocs.yml), built with --strict in CI
         ],
+        # SGLangEngine.update_weights_from_tensors (weight sync over torch.distributed) and the dev server's weight
+        # groups. On a CPU-only machine install torch's CPU build first (pip install torch --index-url
+        # https://download.pytorch.org/whl/cpu): the default wheel pulls in CUDA libraries.
+        "weight-sync": ["torch>=2.6"],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
         "notebooks": ["jupyter", "ipykernel>=6.29"],

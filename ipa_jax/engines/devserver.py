@@ -12,12 +12,24 @@ servers stand in for a pool:
   POST /abort_request           {"rid": prefix} | {"abort_all": true}
   GET|POST /flush_cache         400 while requests run
   GET /get_model_info, /model_info, /health, /health_generate
+  POST /init_weights_update_group       {"master_address", "master_port", "rank_offset", "world_size", "group_name",
+                                        "backend": "gloo"}: joins the trainer's group (rank = rank_offset; tp 1)
+  POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache"?,
+                                        "weight_version"?}: receives the tensors broadcast from rank 0, in order
+  POST /destroy_weights_update_group    {"group_name"}
+  GET|POST /get_weights_by_name         {"name", "truncate_size": 100}: the tensor's first truncate_size rows (HF
+                                        layout, float32, as nested lists)
 
 Sampling keys SGLang knows but the dev server does not implement are accepted only at their default value
 (anything else is a 400 naming the key); unknown keys are a 400 in SGLang 0.5.23's schema-error shape. Like
 SGLang's `--api-key`, `api_key` makes every route but /health* answer 401 unless the request carries
 `Authorization: Bearer <key>`. Weight versions are integers in [0, 2**31 - 1]; the embedded engine refuses
 checkpoints with non-finite values (400, old weights kept).
+
+The weight-group routes need an engine that takes Hugging Face tensors (EmbeddedEngine) and torch
+(`ipa_jax[weight-sync]`); they speak gloo only. Each update call's tensors are loaded as they arrive (SGLang's
+`load_weights` per call); a parameter split over calls (experts, stacked layers) is loaded once complete, and a call
+with weight_version must complete every parameter it touches. A collective waits at most --dist-timeout seconds.
 
     python -m ipa_jax.engines.devserver --model PATH --port P [--host H] [--weight-version 0] [--api-key KEY]
 """
@@ -211,6 +223,7 @@ class DevServer:
         enable_return_routed_experts: bool = False,
         health_timeout_s: float = 20.0,
         api_key: str | None = None,
+        dist_timeout_s: float = 300.0,
     ):
         self.engine = engine
         self.host = host
@@ -221,6 +234,9 @@ class DevServer:
         self.enable_return_routed_experts = enable_return_routed_experts
         self.health_timeout_s = health_timeout_s
         self.api_key = api_key
+        self.dist_timeout_s = dist_timeout_s
+        self._weight_groups: dict[str, Any] = {}  # group name -> torch process group
+        self._incomplete: dict[str, dict[str, np.ndarray]] = {}  # group name -> tensors of unfinished parameters
         self.num_running = 0
         self.paused = False
         self._generating: set[asyncio.Future] = set()  # engine.generate calls of the requests in flight
@@ -257,6 +273,11 @@ class DevServer:
         app.router.add_get("/model_info", self.handle_model_info)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/health_generate", self.handle_health_generate)
+        app.router.add_post("/init_weights_update_group", self.handle_init_weights_group)
+        app.router.add_post("/update_weights_from_distributed", self.handle_update_weights_from_distributed)
+        app.router.add_post("/destroy_weights_update_group", self.handle_destroy_weights_group)
+        app.router.add_get("/get_weights_by_name", self.handle_get_weights_by_name)
+        app.router.add_post("/get_weights_by_name", self.handle_get_weights_by_name)
         return app
 
     @staticmethod
@@ -443,6 +464,120 @@ class DevServer:
         message = f"Succeeded to update model weights. Weight version updated to {new_version}."
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
+    # ------------------------------------------------------------------ weight-update groups
+    def _check_tensor_engine(self) -> None:
+        if not hasattr(self.engine, "update_weights_from_hf_tensors"):
+            raise RequestError(f"{type(self.engine).__name__} cannot load tensors (the dev server needs the "
+                               "embedded engine for distributed weight updates)", schema=False)
+
+    def _group(self, body: dict[str, Any]) -> tuple[str, Any]:
+        name = body.get("group_name", "weight_update_group")
+        if name not in self._weight_groups:
+            raise RequestError(f"no weight update group {name!r} (POST /init_weights_update_group first)",
+                               schema=False)
+        return name, self._weight_groups[name]
+
+    async def handle_init_weights_group(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+            self._check_tensor_engine()
+            address, name = body.get("master_address"), body.get("group_name", "weight_update_group")
+            port, offset, world = body.get("master_port"), body.get("rank_offset"), body.get("world_size")
+            if not isinstance(address, str) or not isinstance(name, str) or not all(
+                    _is_int(x) for x in (port, offset, world)):
+                raise RequestError("expected master_address (str), master_port, rank_offset, world_size (ints), "
+                                   "group_name (str)", schema=True)
+            if not 1 <= offset < world:
+                raise RequestError(f"rank_offset {offset} must be in [1, world_size {world})", schema=False)
+            if body.get("backend", "nccl") != "gloo":
+                raise RequestError(f"backend {body.get('backend', 'nccl')!r}: the dev server speaks gloo only",
+                                   schema=False)
+            if name in self._weight_groups:
+                raise RequestError(f"weight update group {name!r} exists", schema=False)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        from ipa_jax.engines.weight_transfer import in_daemon_thread, init_custom_process_group
+
+        try:
+            group = await in_daemon_thread(lambda: init_custom_process_group(
+                backend="gloo", master_address=address, master_port=port, world_size=world, rank=offset,
+                group_name=name, timeout_s=self.dist_timeout_s))
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            log.warning("init_weights_update_group %s failed: %s", name, e)
+            return web.json_response({"success": False, "message": f"Failed to init process group: {e}"},
+                                     status=400)
+        self._weight_groups[name] = group
+        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def handle_update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        from ipa_jax.engines.weight_transfer import DTYPES, in_daemon_thread, receive, to_numpy
+
+        try:
+            body = await self._json_body(request)
+            self._check_tensor_engine()
+            name, group = self._group(body)
+            names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+            if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                    and len(names) == len(dtypes) == len(shapes) and all(isinstance(n, str) for n in names)
+                    and all(isinstance(sh, list) and all(_is_int(d) and d >= 0 for d in sh) for sh in shapes)):
+                raise RequestError("names, dtypes, shapes must be lists of one length (str, str, list of ints)",
+                                   schema=True)
+            bad = [d for d in dtypes if d not in DTYPES]
+            if bad:
+                raise RequestError(f"dtypes {bad[:3]} not supported (only {DTYPES})", schema=False)
+            version = body.get("weight_version")
+            version = None if version is None else parse_weight_version(version)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        if body.get("abort_all_requests", False):
+            await self.engine.abort(None)
+        try:
+            received = await in_daemon_thread(receive, group, list(zip(names, dtypes, shapes)))
+            tensors = {**self._incomplete.pop(name, {}), **{k: to_numpy(t) for k, t in received.items()}}
+            self._incomplete[name] = await self.engine.update_weights_from_hf_tensors(tensors, version)
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            log.warning("update_weights_from_distributed failed: %s", e)
+            message = f"Failed to update parameter online: {e}"
+            return web.json_response({"success": False, "message": message}, status=400)
+        message = "Succeeded to update parameter online."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        return web.json_response({"success": True, "message": message})
+
+    async def handle_destroy_weights_group(self, request: web.Request) -> web.Response:
+        try:
+            name, _ = self._group(await self._json_body(request))
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        await self._destroy_group(name)
+        return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
+
+    async def _destroy_group(self, name: str) -> None:
+        from ipa_jax.engines.weight_transfer import destroy_process_group, in_daemon_thread
+
+        group = self._weight_groups.pop(name)
+        self._incomplete.pop(name, None)
+        try:
+            await in_daemon_thread(destroy_process_group, group)
+        except Exception as e:  # noqa: BLE001 - a broken group: nothing left to close
+            log.info("destroying weight update group %s: %s", name, e)
+
+    async def handle_get_weights_by_name(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+            name, truncate = body.get("name"), body.get("truncate_size", 100)
+            if not isinstance(name, str) or not _is_int(truncate) or truncate < 1:
+                raise RequestError("expected name (str) and truncate_size (int >= 1)", schema=True)
+            if not hasattr(self.engine, "hf_tensor"):
+                raise RequestError(f"{type(self.engine).__name__} has no named weights", schema=False)
+            try:
+                value = await asyncio.to_thread(self.engine.hf_tensor, name)
+            except KeyError:
+                raise RequestError(f"no weight named {name!r}", schema=False) from None
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        return web.json_response(np.asarray(value[:truncate], dtype=np.float32).tolist())
+
     async def handle_pause(self, request: web.Request) -> web.Response:
         try:
             body = await self._json_body(request, optional=True)
@@ -535,6 +670,8 @@ class DevServer:
         """Stop serving. abrupt=True drops open connections at once (a crash, seen from clients)."""
         if self._runner is None:
             return
+        for name in list(self._weight_groups):
+            await self._destroy_group(name)
         if abrupt:
             assert self._site is not None
             await self._site.stop()
@@ -621,6 +758,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-return-routed-experts", action="store_true")
     parser.add_argument("--api-key", default="", help="require `Authorization: Bearer KEY` (SGLang's --api-key)")
+    parser.add_argument("--dist-timeout", type=float, default=300.0,
+                        help="seconds a weight-update group's rendezvous or transfer may wait (SGLang's flag)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -658,6 +797,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         eos_token_ids=_read_eos_token_ids(args.model),
         enable_return_routed_experts=args.enable_return_routed_experts,
         api_key=args.api_key or None,
+        dist_timeout_s=args.dist_timeout,
     )
 
     asyncio.run(serve_until_signal(server))

@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -61,6 +62,7 @@ from ipa_jax.engines.base import (
 )
 from ipa_jax.engines.sampling import sample_tokens
 from ipa_jax.models import KVCache, Qwen3ForCausalLM, extend_kv_cache, from_pretrained, init_kv_cache
+from ipa_jax.models.hf_io import iter_hf_tensors, merge_hf_tensors
 
 RUNNING, STOP, LENGTH, ABORT = 0, 1, 2, 3
 _FINISH_NAMES = {STOP: "stop", LENGTH: "length", ABORT: "abort"}
@@ -441,6 +443,35 @@ class EmbeddedEngine(Engine):
         if nonfinite:
             raise ValueError(f"checkpoint {path} has non-finite values in {', '.join(nonfinite[:5])}")
         await asyncio.wrap_future(self._swap(params, int(version)))
+
+    async def update_weights_from_hf_tensors(self, tensors: Mapping[str, np.ndarray],
+                                             version: int | None) -> dict[str, np.ndarray]:
+        """Serve the newest weights with every parameter whose HF tensors are all in `tensors` replaced (SGLang's
+        `load_weights` of one `/update_weights_from_distributed` call), as `version` (None: the version stays), like
+        update_weights. Returns the tensors of parameters only partly given (the caller keeps them for the next
+        call); with a version, every given parameter must be complete. Refuses non-finite values (ValueError)."""
+        self._setup()
+        nonfinite = [k for k, v in tensors.items() if not np.isfinite(np.asarray(v, dtype=np.float32)).all()]
+        if nonfinite:
+            raise ValueError(f"tensors with non-finite values: {', '.join(sorted(nonfinite)[:5])}")
+        with self._swap_lock:  # on top of weights staged by an earlier call
+            base, current_version = self._staged or self._current
+        params, used = await asyncio.to_thread(merge_hf_tensors, base, tensors)
+        leftover = {k: v for k, v in tensors.items() if k not in used}
+        if version is not None and leftover:
+            raise ValueError(f"weights of version {version} are incomplete: parameters lack tensors, given only "
+                             f"{sorted(leftover)[:5]} of them")
+        if used or version is not None:
+            await asyncio.wrap_future(self._swap(params, current_version if version is None else int(version)))
+        return leftover
+
+    def hf_tensor(self, name: str) -> np.ndarray:
+        """The served value of one HF tensor (HF layout, the engine's dtype)."""
+        model = nnx.merge(self._graphdef, self._current[0])
+        for key, value in iter_hf_tensors(model):
+            if key == name:
+                return value
+        raise KeyError(name)
 
     # ------------------------------------------------------------------ async front
     def _setup(self) -> None:

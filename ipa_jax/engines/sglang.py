@@ -17,6 +17,11 @@
   with backoff within `outage_budget_s` and then raises `PoolUnavailable`. Aborted partial generations are
   resubmitted as prompt + partial output with the remaining budget, so callers see one result per prompt (each
   token with the version that sampled it, `GenerationResult.token_versions`); only `abort()` surfaces "abort".
+* Disk-free weight sync (`update_weights_from_tensors`): the same steps with the load replaced by SGLang's
+  distributed update: `/init_weights_update_group` (this client is rank 0 of a named torch.distributed group, kept
+  until the servers change), per bucket `/update_weights_from_distributed` while the bucket is broadcast, the
+  version on the last bucket only; a server failing mid-transfer is marked down and the transfer restarts on the
+  others (ipa_jax/engines/weight_transfer.py).
 * `api_key`: sent as `Authorization: Bearer <key>` on every call (SGLang's and the dev server's `--api-key`).
 """
 
@@ -30,10 +35,12 @@ import dataclasses
 import itertools
 import json
 import logging
+import socket
 import time
+import urllib.parse
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -48,6 +55,16 @@ from ipa_jax.engines.base import (
     SamplingParams,
     check_generate_args,
     check_partial,
+)
+from ipa_jax.engines.weight_transfer import (
+    BACKENDS,
+    DTYPES,
+    WeightSender,
+    buckets,
+    default_backend,
+    host_store,
+    import_torch,
+    in_daemon_thread,
 )
 
 log = logging.getLogger(__name__)
@@ -105,7 +122,7 @@ def _error_message(body: str) -> str:
     return body.strip()[:500]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # hashed by identity: one object per server
 class _Server:
     url: str
     in_flight: int = 0
@@ -133,6 +150,57 @@ class PoolUnavailable(EngineError):
 def _unreachable(e: BaseException) -> bool:
     """A failure of the server rather than an answer from it: no connection, a timeout, a 5xx."""
     return not isinstance(e, SGLangHTTPError) or e.status is None or e.status >= 500
+
+
+@dataclasses.dataclass(frozen=True)
+class _FromDisk:
+    """Weights of a sync: a checkpoint folder the servers read."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclasses.dataclass(frozen=True)
+class _FromTensors:
+    """Weights of a sync: (HF name, array) pairs pushed over a weight-update group."""
+
+    tensors: Callable[[], Iterable[tuple[str, Any]]]
+    dtype: str
+    bucket_bytes: int
+
+    def __str__(self) -> str:
+        return f"pushed in {self.dtype}"
+
+
+@dataclasses.dataclass
+class _WeightGroup:
+    urls: tuple[str, ...]  # its members, in rank order
+    name: str
+    sender: WeightSender
+
+
+class _TransferFailed(Exception):
+    """A weight-update group step failed; errors: per server whose call failed."""
+
+    def __init__(self, errors: dict[_Server, BaseException]):
+        super().__init__("; ".join(str(e) for e in errors.values()))
+        self.errors = errors
+
+
+def _local_address(url: str) -> str:
+    """This host's address on the route to the server of `url` (where the servers reach the group's store)."""
+    host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet is sent: only the route is looked up
+        return s.getsockname()[0]
+
+
+def _close_sender(joining: asyncio.Future) -> None:
+    """Done-callback of a group join given up on: closes the sender if it joined after all."""
+    if not joining.cancelled() and joining.exception() is None:
+        joining.result().close()
 
 
 class SGLangEngine(Engine):
@@ -164,6 +232,8 @@ class SGLangEngine(Engine):
         routed_experts_layout: tuple[int, int] | None = None,
         weight_version: int = 0,
         partial: str = "finish",
+        weight_sync_backend: str | None = None,
+        weight_sync_address: str | None = None,
     ):
         urls = [u.rstrip("/") for u in urls]
         if not urls:
@@ -181,6 +251,9 @@ class SGLangEngine(Engine):
                             ("control_timeout_s", control_timeout_s), ("probe_interval_s", probe_interval_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if weight_sync_backend not in (None, *BACKENDS):
+            raise ValueError(f"weight_sync_backend must be one of {BACKENDS} (None: by device), got "
+                             f"{weight_sync_backend!r}")
         if outage_budget_s < 0:
             raise ValueError(f"outage_budget_s must be >= 0, got {outage_budget_s}")
         self.servers = [_Server(u) for u in urls]
@@ -204,7 +277,11 @@ class SGLangEngine(Engine):
         self._counts = PartialCounts()
         self._prefix: PrefixCounts | None = None  # from meta_info, once a server reports cached_tokens
         self._posting = 0  # /generate calls on a server now
-        self._weight_path: str | None = None  # last synced checkpoint: servers that come back are brought to it
+        # the last synced weights (a checkpoint, or tensors to push again): servers that come back are brought to them
+        self._weight_source: _FromDisk | _FromTensors | None = None
+        self.weight_sync_backend = weight_sync_backend
+        self.weight_sync_address = weight_sync_address
+        self._group: _WeightGroup | None = None  # the weight-update group of update_weights_from_tensors
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._active: dict[str, _Request] = {}
         self._rr = 0
@@ -238,7 +315,7 @@ class SGLangEngine(Engine):
         return meta["cached_tokens"]
 
     def _http(self) -> aiohttp.ClientSession:
-        if self._closed:
+        if self._closed and self._session is None:  # close() still uses its session (the weight group's teardown)
             raise EngineError("SGLangEngine is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -327,8 +404,11 @@ class SGLangEngine(Engine):
         await self._read_version(server)  # alive? (before the lock: a hung server must not hold up a sync)
         assert self._sync_lock is not None
         async with self._sync_lock:  # no sync in between: it must not miss one again
-            if self._weight_path is not None and await self._read_version(server) != self._weight_version:
-                await self._update_one(server, self._weight_path, self._weight_version)
+            if self._weight_source is not None and await self._read_version(server) != self._weight_version:
+                took: list[_Server] = []
+                await self._load([server], self._weight_source, self._weight_version, took)
+                if not took:
+                    raise SGLangHTTPError(server.url, None, f"resync to version {self._weight_version} failed")
             await self._control(server, "POST", "/continue_generation", {})
             await self._control(server, "GET", "/health_generate")
             server.consecutive_failures = 0
@@ -556,16 +636,6 @@ class SGLangEngine(Engine):
             raise SGLangHTTPError(server.url, 200, f"model info lacks weight_version: {str(info)[:200]}")
         return parse_weight_version(info["weight_version"], server.url)
 
-    async def _update_one(self, server: _Server, path: str, version: int) -> None:
-        out = await self._control(
-            server, "POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}
-        )
-        if not isinstance(out, dict) or not out.get("success", False):
-            raise SGLangHTTPError(server.url + "/update_weights_from_disk", 200, f"update failed: {out}")
-        got = await self._read_version(server)
-        if got != version:
-            raise SGLangHTTPError(server.url, 200, f"weight_version is {got} after updating to {version}")
-
     async def update_weights(self, path: str, version: int) -> None:
         """Serve `path` as `version`: pause -> update_weights_from_disk -> continue on every server that is up, after
         this client's requests on the servers finish with partial="finish", interrupting them with "abort_resume".
@@ -574,10 +644,39 @@ class SGLangEngine(Engine):
         once min_sync_servers servers serve `version`; with fewer, the sync is retried with backoff (probes bring
         servers back meanwhile) and PoolUnavailable is raised after outage_budget_s. When servers answer that they
         cannot load the weights and none took them, EngineError is raised at once (waiting would not help)."""
+        await self._sync(_FromDisk(path), version)
+
+    async def update_weights_from_tensors(
+        self,
+        tensors: Mapping[str, Any] | Callable[[], Iterable[tuple[str, Any]]],
+        version: int,
+        *,
+        dtype: str = "bfloat16",
+        bucket_bytes: int = 512 * 1024**2,
+    ) -> None:
+        """Serve `tensors` (Hugging Face names -> JAX or NumPy arrays in HF layout) as `version` without a
+        checkpoint: like update_weights, with the load step replaced by SGLang's distributed update (module
+        docstring). The tensors are cast to `dtype` and sent in buckets of at most `bucket_bytes`.
+
+        `tensors` may be a zero-argument callable yielding (name, array) pairs (e.g. over
+        `ipa_jax.models.hf_io.iter_hf_tensors`), so that the whole model is never held twice: it is called again when
+        a server failed mid-transfer (the transfer restarts on the others) and when a server that missed a sync
+        comes back (it is resynced from it), so it must yield the weights of the pool's version until the next
+        sync. Needs torch (`ipa_jax[weight-sync]`)."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        import_torch()  # fail before pausing the pool
+        source = (lambda: tensors.items()) if isinstance(tensors, Mapping) else tensors
+        await self._sync(_FromTensors(source, dtype, bucket_bytes), version)
+
+    async def _sync(self, source: _FromDisk | _FromTensors, version: int) -> None:
+        """Retries `_sync_once` within the outage budget until min_sync_servers servers serve `version`."""
         self._http()
         deadline = time.monotonic() + self.outage_budget_s
         for attempt in itertools.count():
-            took, rejections = await self._sync_once(path, version)
+            took, rejections = await self._sync_once(source, version)
             if len(took) >= self.min_sync_servers:
                 return
             if rejections and not took:
@@ -593,49 +692,211 @@ class SGLangEngine(Engine):
                         "%.0fs of the outage budget left", version, len(took), self.min_sync_servers, down, wait, left)
             await asyncio.sleep(wait)
 
-    async def _sync_once(self, path: str, version: int) -> tuple[list[_Server], list[str]]:
+    async def _sync_once(self, source: _FromDisk | _FromTensors, version: int) -> tuple[list[_Server], list[str]]:
         """One pass over the servers that are up: (the servers now serving `version`, the errors of those that
         answered that they cannot load it). The pool adopts `version` once enough servers took it; otherwise the
         ones that did are marked down (their probes bring them back to the pool's version). Cancelling it resumes
-        every server that acknowledged the pause and marks the others down: none is left paused."""
+        every server that acknowledged the pause and marks the others down: none is left paused (a server marked
+        down is resumed by its probe)."""
         assert self._gate is not None and self._sync_lock is not None and self._none_posting is not None
         async with self._sync_lock:
             self._gate.clear()
             start = time.perf_counter()
             paused: list[_Server] = []  # acknowledged the pause: resumed whatever happens next
             took: list[_Server] = []  # serve `version` now
+            rejections: list[str] = []
             try:
                 if self.partial == "finish":  # this client's requests finish on the weights they started with
                     await self._none_posting.wait()
                 targets = [s for s in self.servers if not s.down]
-                results = await asyncio.gather(
-                    *(self._pause_and_update(s, path, version, paused, took) for s in targets), return_exceptions=True)
+                rejections = await self._on_each(targets, lambda s: self._control(s, "POST", "/pause_generation", {}),
+                                                 f"pause for version {version}", paused)
+                rejections += await self._load([s for s in paused if not s.down], source, version, took)
             finally:
                 try:
                     if len(took) >= self.min_sync_servers:
-                        self._weight_version, self._weight_path = version, path
+                        self._weight_version, self._weight_source = version, source
                         self._counts.updates += 1
-                        log.info("weights %s (version %d) on %d servers in %.2fs", path, version, len(took),
+                        log.info("weights %s (version %d) on %d servers in %.2fs", source, version, len(took),
                                  time.perf_counter() - start)
                     else:
                         for s in took:
                             self._mark_down(s, f"serves version {version}, which too few servers took")
                         took.clear()
-                    await asyncio.shield(self._continue(paused))
+                    # a server marked down meanwhile is resumed by its probe: no second timeout on a hung one here
+                    await asyncio.shield(self._continue([s for s in paused if not s.down]))
                 finally:
                     self._gate.set()
-            return took, [str(r) for r in results if isinstance(r, BaseException) and not _unreachable(r)]
+            return took, rejections
 
-    async def _pause_and_update(self, server: _Server, path: str, version: int, paused: list[_Server],
-                                took: list[_Server]) -> None:
+    async def _on_each(self, servers: list[_Server], call: Callable[[_Server], Awaitable[Any]], what: str,
+                       done: list[_Server]) -> list[str]:
+        """`call` on every server at once; those it succeeds on are appended to `done` as they finish, the others
+        are marked down (their state is unknown: their probes resync them), cancellation included. Returns the
+        errors of the servers that answered (not unreachable)."""
+
+        async def one(server: _Server) -> None:
+            try:
+                await call(server)
+                done.append(server)
+            except (Exception, asyncio.CancelledError) as e:
+                self._mark_down(server, f"{what}: {str(e) or type(e).__name__}")
+                raise
+
+        results = await asyncio.gather(*(one(s) for s in servers), return_exceptions=True)
+        return [str(r) for r in results if isinstance(r, BaseException) and not _unreachable(r)]
+
+    async def _load(self, servers: list[_Server], source: _FromDisk | _FromTensors, version: int,
+                    took: list[_Server]) -> list[str]:
+        """Loads `source` as `version` on `servers` and checks the version they report; the servers that serve it
+        are appended to `took`, the others marked down. Returns the errors of those that answered they cannot."""
+        what = f"weight update to version {version}"
+        if isinstance(source, _FromDisk):
+            return await self._on_each(servers, lambda s: self._update_from_disk(s, source.path, version), what, took)
         try:
-            await self._control(server, "POST", "/pause_generation", {})
-            paused.append(server)
-            await self._update_one(server, path, version)
-            took.append(server)
-        except (Exception, asyncio.CancelledError) as e:  # its state is unknown: its probe resyncs it
-            self._mark_down(server, f"weight update to version {version}: {str(e) or type(e).__name__}")
+            servers, rejections = await self._push_tensors(servers, source, version)
+        except asyncio.CancelledError:  # the servers hold part of the buckets: their probes resync them
+            for s in servers:
+                self._mark_down(s, f"{what}: cancelled during the transfer")
+            await asyncio.shield(self._drop_group())
             raise
+        return rejections + await self._on_each(servers, lambda s: self._check_version(s, version), what, took)
+
+    async def _check_version(self, server: _Server, version: int) -> None:
+        got = await self._read_version(server)
+        if got != version:
+            raise SGLangHTTPError(server.url, 200, f"weight_version is {got} after updating to {version}")
+
+    async def _update_from_disk(self, server: _Server, path: str, version: int) -> None:
+        out = await self._control(
+            server, "POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}
+        )
+        if not isinstance(out, dict) or not out.get("success", False):
+            raise SGLangHTTPError(server.url + "/update_weights_from_disk", 200, f"update failed: {out}")
+        await self._check_version(server, version)
+
+    # ------------------------------------------------------------------ distributed weight updates
+    async def _push_tensors(self, servers: list[_Server], source: _FromTensors,
+                            version: int) -> tuple[list[_Server], list[str]]:
+        """Broadcasts `source` to `servers` over a weight-update group -> (the servers that received every bucket,
+        the errors of those that answered they cannot). When a transfer fails, the servers that did not answer (a
+        dropped connection, a timeout) are marked down, else those that answered with an error, and the transfer
+        restarts on the others in a new group."""
+        servers, rejections = list(servers), []
+        while servers:
+            try:
+                await self._broadcast(servers, source, version)
+                return servers, rejections
+            except _TransferFailed as failure:
+                unreachable = [s for s, e in failure.errors.items() if _unreachable(e)]
+                failed = unreachable or list(failure.errors)
+                rejections += [str(failure.errors[s]) for s in failed if s not in unreachable]
+                for s in failed:
+                    self._mark_down(s, f"weight transfer to version {version}: {failure.errors[s]}")
+                await self._drop_group()  # the servers marked down are not waited for
+                servers = [s for s in servers if s not in failed]
+                if servers:
+                    log.warning("weight transfer to version %d failed on %s; restarting it on %s", version,
+                                [s.url for s in failed], [s.url for s in servers])
+        return [], rejections
+
+    async def _broadcast(self, servers: list[_Server], source: _FromTensors, version: int) -> None:
+        """Every bucket of `source`: /update_weights_from_distributed on each server while the bucket is broadcast.
+        Only the last call carries weight_version and flush_cache: a server reports the new version only once it
+        holds every bucket. Raises _TransferFailed naming the servers whose calls failed."""
+        group = await self._group_for(servers)
+        pending = None
+        for bucket in itertools.chain(buckets(source.tensors(), source.bucket_bytes, source.dtype), [None]):
+            if pending is not None:
+                body = pending.request(group.name)
+                if bucket is None:
+                    body.update(flush_cache=True, weight_version=str(version))
+                else:
+                    body["flush_cache"] = False
+                calls = [asyncio.ensure_future(self._control(s, "POST", "/update_weights_from_distributed", body))
+                         for s in servers]
+                send_error = None
+                try:
+                    await in_daemon_thread(group.sender.broadcast, pending)
+                except Exception as e:  # noqa: BLE001 - a rank failed: the servers' answers say which
+                    send_error = str(e)  # not the exception: its traceback holds the group, which must be freed
+                except asyncio.CancelledError:
+                    for call in calls:
+                        call.cancel()
+                    raise
+                if send_error is not None:  # free our side of the group: ranks still receiving fail at once
+                    await in_daemon_thread(group.sender.close)
+                results = await asyncio.gather(*calls, return_exceptions=True)
+                errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
+                          for s, r in zip(servers, results)
+                          if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))}
+                if send_error is not None and not errors:
+                    errors = {s: SGLangHTTPError(s.url, None, f"broadcast failed: {send_error}") for s in servers}
+                if errors:
+                    raise _TransferFailed(errors)
+            pending = bucket
+
+    async def _group_for(self, servers: list[_Server]) -> _WeightGroup:
+        """The weight-update group of exactly `servers` (this client as rank 0): kept between syncs, made anew when
+        the servers change. Each server joins with rank_offset = 1 + the ranks before it (its tp_size ranks)."""
+        urls = tuple(s.url for s in servers)
+        if self._group is not None and self._group.urls == urls:
+            return self._group
+        await self._drop_group()
+        sizes = [await self._tp_size(s) for s in servers]
+        backend = self.weight_sync_backend or default_backend()
+        address = self.weight_sync_address or _local_address(servers[0].url)
+        store = host_store(address, self.control_timeout_s)
+        name = f"ipa_jax_weights_{uuid.uuid4().hex[:12]}"
+        world = 1 + sum(sizes)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(servers))]
+        joining = in_daemon_thread(lambda: WeightSender(backend=backend, store=store, world_size=world,
+                                                        group_name=name, timeout_s=self.control_timeout_s))
+        calls = [self._control(s, "POST", "/init_weights_update_group",
+                               {"master_address": address, "master_port": store.port, "rank_offset": offset,
+                                "world_size": world, "group_name": name, "backend": backend})
+                 for s, offset in zip(servers, offsets)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"init failed: {r}")
+                  for s, r in zip(servers, results)
+                  if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))}
+        if errors:  # the rendezvous cannot complete: the trainer's side gives up after control_timeout_s
+            joining.add_done_callback(_close_sender)
+            raise _TransferFailed(errors)
+        try:
+            sender = await joining
+        except Exception as e:  # noqa: BLE001 - a server said it joined, the rendezvous says otherwise
+            raise _TransferFailed({s: SGLangHTTPError(s.url, None, f"group init failed: {e}") for s in servers}) from e
+        self._group = _WeightGroup(urls, name, sender)
+        return self._group
+
+    async def _tp_size(self, server: _Server) -> int:
+        """The server's tensor-parallel ranks (its ServerArgs in /get_server_info; 1 where the route is absent)."""
+        try:
+            info = await self._control(server, "GET", "/get_server_info")
+        except SGLangHTTPError as e:
+            if e.status != 404:
+                raise _TransferFailed({server: e}) from e
+            return 1
+        return int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
+
+    async def _drop_group(self) -> None:
+        """Leaves the weight-update group (this side first: ranks blocked in it fail at once) and asks its servers
+        that are up to destroy theirs; failures are logged."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        try:
+            await in_daemon_thread(group.sender.close)
+        except Exception as e:  # noqa: BLE001 - a broken group: nothing left to close
+            log.info("closing weight-update group %s: %s", group.name, e)
+        members = [self._by_url[u] for u in group.urls if not self._by_url[u].down]
+        results = await asyncio.gather(
+            *(self._control(s, "POST", "/destroy_weights_update_group", {"group_name": group.name}) for s in members),
+            return_exceptions=True)
+        for s, r in zip(members, results):
+            if isinstance(r, Exception):
+                log.info("destroy_weights_update_group on %s: %s", s.url, r)
 
     async def _continue(self, servers: list[_Server]) -> None:
         """/continue_generation on `servers`; a server that fails it is marked down (its probe resumes it)."""
@@ -673,6 +934,8 @@ class SGLangEngine(Engine):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._sync_lock.acquire(), self.control_timeout_s)
                 self._sync_lock.release()
+        if self._group is not None:
+            await self._drop_group()
         if self._session is not None:
             await self._session.close()
             self._session = None

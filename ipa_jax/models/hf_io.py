@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -179,31 +179,96 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
     return nnx.merge(graphdef, state)
 
 
-def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
-    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts."""
-    out: dict[str, np.ndarray] = {}
-    cast: Callable[[np.ndarray], np.ndarray] = (lambda a: a) if dtype is None else (
-        lambda a: a.astype(jnp.dtype(dtype)))
+def iter_hf_tensors(model: Qwen3ForCausalLM, dtype=None, *, on_host: bool = True) -> Iterator[tuple[str, Any]]:
+    """(HF name, array in HF layout, optionally cast) for every parameter, one parameter at a time; per-expert names
+    for experts. on_host=False keeps single-host arrays on their devices (cast and transposed there)."""
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var[...]
         if not value.is_fully_addressable:  # multi-host: every process gathers the full tensor
             value = multihost_utils.process_allgather(value, tiled=True)
-        arr = cast(np.asarray(jax.device_get(value)))
+        if on_host or not isinstance(value, jax.Array):
+            value = np.asarray(jax.device_get(value))
+        arr = value if dtype is None else value.astype(jnp.dtype(dtype))
         layout = var.get_metadata()["hf_layout"]
         if _is_stacked(var):
-            for i, layer_arr in enumerate(arr):
-                out.update(_hf_entries(_layer_path(tuple(path), i), layer_arr, layout))
+            for i in range(arr.shape[0]):
+                yield from _hf_entries(_layer_path(tuple(path), i), arr[i], layout)
         else:
-            out.update(_hf_entries(tuple(path), arr, layout))
-    return out
+            yield from _hf_entries(tuple(path), arr, layout)
 
 
-def _hf_entries(path: tuple, arr: np.ndarray, layout: str) -> dict[str, np.ndarray]:
-    """HF name -> array (HF layout) of one unstacked parameter; one entry per expert for experts."""
+def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
+    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts."""
+    return dict(iter_hf_tensors(model, dtype))
+
+
+def _hf_entries(path: tuple, arr: Any, layout: str) -> Iterator[tuple[str, Any]]:
+    """(HF name, array in HF layout) of one unstacked parameter (NumPy or JAX); one entry per expert for experts."""
+    contiguous = np.ascontiguousarray if isinstance(arr, np.ndarray) else (lambda a: a)
     if layout == "experts":
         base = "model." + ".".join(str(p) for p in path[:-1])
-        return {f"{base}.{e}.{path[-1]}.weight": np.ascontiguousarray(arr[e].T) for e in range(arr.shape[0])}
-    return {hf_name(path): np.ascontiguousarray(arr.T if layout == "linear" else arr)}
+        for e in range(arr.shape[0]):
+            yield f"{base}.{e}.{path[-1]}.weight", contiguous(arr[e].T)
+    else:
+        yield hf_name(path), contiguous(arr.T if layout == "linear" else arr)
+
+
+class _TensorMap:
+    """The reader interface of `_read_param` over named host arrays."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray]):
+        self._tensors = tensors
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._tensors
+
+    def get(self, key: str) -> np.ndarray:
+        return self._tensors[key]
+
+
+def _hf_names(path: tuple, var: nnx.Variable) -> list[str]:
+    """The HF tensor names one parameter is assembled from (per layer when stacked, per expert for experts)."""
+    layout = var.get_metadata()["hf_layout"]
+    paths = [_layer_path(path, i) for i in range(var.shape[0])] if _is_stacked(var) else [path]
+    if layout != "experts":
+        return [hf_name(p) for p in paths]
+    experts = var.shape[1] if _is_stacked(var) else var.shape[0]
+    return [f"model.{'.'.join(str(x) for x in p[:-1])}.{e}.{p[-1]}.weight" for p in paths for e in range(experts)]
+
+
+def merge_hf_tensors(state: nnx.State, tensors: Mapping[str, np.ndarray]) -> tuple[nnx.State, set[str]]:
+    """A model state with every parameter whose HF tensors (per-expert names for experts) are all in `tensors`
+    replaced by them, cast to the parameter's dtype and placed in its sharding; -> (new state, the names used).
+    Parameters only partly given keep their values (their names are not used). Raises ValueError naming a tensor of
+    the wrong shape, or one that is no parameter of the model."""
+    reader = _TensorMap(tensors)
+    used: set[str] = set()
+    known: set[str] = set()
+
+    def merge(path_, var):
+        if not isinstance(var, nnx.Param):
+            return var
+        keys = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path_)
+        names = _hf_names(keys, var)
+        known.update(names)
+        if not all(n in tensors for n in names):
+            return var
+        layout = var.get_metadata()["hf_layout"]
+        if _is_stacked(var):
+            host = np.stack([_read_param(reader, _layer_path(keys, i), layout, used) for i in range(var.shape[0])])
+        else:
+            host = _read_param(reader, keys, layout, used)
+        if tuple(host.shape) != tuple(var.shape):
+            raise ValueError(f"{hf_name(keys)}: tensor shape {host.shape} (in our layout) != model shape {var.shape}")
+        old = var[...]
+        return var.replace(value=place(np.asarray(host, dtype=old.dtype), getattr(old, "sharding", None)))
+
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    state = jax.tree_util.tree_map_with_path(merge, state, is_leaf=is_var)
+    unknown = set(tensors) - known
+    if unknown:
+        raise ValueError(f"not tensors of the model: {sorted(unknown)[:5]} ({len(unknown)} total)")
+    return state, used
 
 
 def save_pretrained(model: Qwen3ForCausalLM, path: str | os.PathLike, *, dtype=None,
