@@ -392,14 +392,19 @@ class EmbeddedEngine(Engine):
         return dataclasses.replace(self._prefix)
 
     def set_params_from_model(self, model_or_state: Qwen3ForCausalLM | nnx.State, version: int) -> None:
-        """Serve the learner's weights (an nnx model or its nnx.State) as `version`, without waiting: at once when
-        nothing runs, else between decode chunks as `partial` says (module docstring). The weights are copied (a
-        jitted train step may donate the learner's buffers) in the engine's parameter dtypes (the compiled decode
-        stays valid)."""
+        """Serve the learner's weights (an nnx model or its nnx.State: device arrays this process addresses, or host
+        arrays) as `version`, without waiting: at once when nothing runs, else between decode chunks as `partial`
+        says (module docstring). The weights are copied (a jitted train step may donate the learner's buffers) into
+        the engine's own placement (its model's shardings, whatever the learner's mesh) in its parameter dtypes (the
+        compiled decode stays valid)."""
         params = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
         self._check_params(params, "set_params_from_model")
-        params = jax.tree.map(lambda new, old: jnp.copy(new.astype(old.dtype)), params, self._current[0])
+        params = jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding, may_alias=False),
+                              params, self._current[0])
         self._swap(params, int(version))
+
+    async def push_weights(self, model: Qwen3ForCausalLM, version: int) -> None:
+        self.set_params_from_model(model, version)
 
     def _swap(self, params: Any, version: int) -> concurrent.futures.Future:
         """Serve `params` as `version`: at once when no batch runs, else staged for the batch loop's next chunk

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -179,16 +178,38 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
     return nnx.merge(graphdef, state)
 
 
+def gather_to_process_0(value: jax.Array | np.ndarray, dtype=None) -> np.ndarray | None:
+    """The whole of `value`, cast to `dtype` first (on its devices), as a host array on process 0; None on the other
+    processes. Collective when `value` spans several processes: every process calls it, the others take part in the
+    gather (each holds the tensor for the duration of the call) and keep nothing."""
+    if dtype is not None:
+        value = value.astype(jnp.dtype(dtype))
+    if isinstance(value, np.ndarray) or value.is_fully_addressable:
+        return np.asarray(jax.device_get(value))
+    full = multihost_utils.process_allgather(value, tiled=True)
+    return np.asarray(full) if jax.process_index() == 0 else None
+
+
+def gather_model(model: Qwen3ForCausalLM, dtype=None, *, to_host: bool = False) -> Qwen3ForCausalLM | None:
+    """`model` with every parameter addressable by process 0 (what `Engine.push_weights` takes). One process: the
+    model itself (engines cast what they take), or with `to_host` a copy in host arrays cast to `dtype` (None: as
+    they are). Several: such a host copy on process 0 and None on the others; collective (every process calls it,
+    `gather_to_process_0` tensor by tensor, each cast on its devices before it travels)."""
+    if jax.process_count() == 1 and not to_host:
+        return model
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: gather_to_process_0(x, dtype), state)
+    return nnx.merge(graphdef, state) if jax.process_index() == 0 else None
+
+
 def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
-    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts."""
+    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts.
+    Multi-host: collective (every process calls it); process 0 gets the tensors, the others an empty dict."""
     out: dict[str, np.ndarray] = {}
-    cast: Callable[[np.ndarray], np.ndarray] = (lambda a: a) if dtype is None else (
-        lambda a: a.astype(jnp.dtype(dtype)))
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        value = var[...]
-        if not value.is_fully_addressable:  # multi-host: every process gathers the full tensor
-            value = multihost_utils.process_allgather(value, tiled=True)
-        arr = cast(np.asarray(jax.device_get(value)))
+        arr = gather_to_process_0(var[...], dtype)
+        if arr is None:
+            continue
         layout = var.get_metadata()["hf_layout"]
         if _is_stacked(var):
             for i, layer_arr in enumerate(arr):

@@ -7,7 +7,8 @@ Rerunning the same config resumes from the run folder's latest complete checkpoi
 and changes nothing; resuming with a different config is refused, naming the changed keys, unless
 train.allow_config_change is set (the change is then recorded in config_changes.jsonl). SIGINT / SIGTERM (Ctrl-C,
 a scheduler's preemption) stop the learner at its next batch boundary with a checkpoint (`stop_on_signals`); after
-SIGTERM the process then exits with status 143, as one killed by it would. A run that cannot go on (the rollout
+SIGTERM the process then exits with status 143, as one killed by it would. With several processes a signal to any
+one of them stops all of them at the same boundary, with one checkpoint. A run that cannot go on (the rollout
 servers gone past their outage budget, no admissible trajectory for too long) stops with a checkpoint and raises
 `TrainingStopped` naming why.
 """
@@ -67,14 +68,13 @@ def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
         with stop_on_signals(learner):
             state = learner.run()
     finally:
-        if isinstance(source, OnlineSource):  # stop rollouts, keep the finished trajectories
-            source.close()
-    summary = write_summary(exp, learner, folder, time.perf_counter() - t_start,
-                            source if isinstance(source, OnlineSource) else None)
+        source.close()  # online: stop rollouts, keep the finished trajectories
+    rollout_stats = source.summary_stats() if exp.online else {}
+    summary = write_summary(exp, learner, folder, time.perf_counter() - t_start, rollout_stats)
     if is_writer():
         print(format_summary(summary), flush=True)
     if exp.checkpoint.export_hf:  # every process: gathering the weights is collective; process 0 writes
-        tokenizer = source.tokenizer if isinstance(source, OnlineSource) else existing_tokenizer(exp.model, folder)
+        tokenizer = source.tokenizer if exp.online else existing_tokenizer(exp.model, folder)
         export_policy(state, tokenizer, folder.hf_dir)
     return summary
 
@@ -125,7 +125,8 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        if signal.SIGTERM in received:
+        # (Multi-host: a process whose peer got the SIGTERM stops with its reason, `Learner`, and exits the same way.)
+        if signal.SIGTERM in received or learner.stop_requested == "received SIGTERM":
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
     finally:
@@ -134,8 +135,9 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
 
 
 def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wall_time_s: float,
-                  source: OnlineSource | None = None) -> dict[str, Any]:
-    """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl; returns it."""
+                  rollout_stats: dict[str, float] | None = None) -> dict[str, Any]:
+    """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl, and an online run's
+    `rollout_stats` (OnlineSource.summary_stats); returns it."""
     evals = [e for e in learner.eval_history if "success" in e]
     warm = learner.rl_start
     before = next((e for e in evals if e["step"] == warm), None)
@@ -166,8 +168,7 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "reward_mean_rl": float(np.mean([r["reward_mean"] for r in rl_rows])) if rl_rows else None,
         "eval_history": evals,
     }
-    if source is not None:
-        summary.update(source.final_rollout_stats or source.rollout_stats())
+    summary.update(rollout_stats or {})
     folder.write_summary(summary)
     return summary
 

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -96,19 +95,10 @@ class RunFolder:
     def forks_path(self) -> str:
         return self.file("forks.json")
 
-    def weights_dir(self, version: int) -> str:
-        return self.file("weights", f"v{version:08d}")
-
-    def prune_weights(self, keep: int, current: int) -> None:
-        """Deletes the weights/v* folders but `current` and the `keep - 1` newest older ones (a version newer than
-        `current` is what a killed run synced after its last checkpoint)."""
-        if not is_writer():
-            return
-        versions = sorted((int(m.group(1)) for d in os.listdir(self.file("weights"))
-                           if (m := re.fullmatch(r"v(\d+)", d))), reverse=True)
-        kept = [current] + [v for v in versions if v < current][:keep - 1]
-        for version in set(versions) - set(kept):
-            shutil.rmtree(self.weights_dir(version), ignore_errors=True)
+    @property
+    def weights_root(self) -> str:
+        """Where the SGLang weight sync writes weights/v<version>/ (`SGLangEngine.push_weights`)."""
+        return self.file("weights")
 
     def eval_report_path(self, step: int, k: int, temperature: float) -> str:
         return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")
