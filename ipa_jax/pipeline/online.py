@@ -9,6 +9,10 @@ held-out evaluation and samples.
                                             queue.forced_lag pushes the weights of step s - forced_lag)
     eval_fn:                                held-out tasks, success / reward / tool calls / turns
 
+Process 0 runs all of it (`RolloutSource`: `ExpertSource`, `QueueSource` or `ResamplingSource`, one per
+rollout.source, over the engines of `build_online_engines`); `OnlineSource`, on every process, hands its batches,
+evaluations and weight-sync outcomes to all processes of a multi-host run, and gathers the weights for its pushes.
+
 Expert episodes are token rows built from the expert's chat messages through the chat template (the same
 bookkeeping as the agent loop): every assistant turn, the final answer and its `<|im_end|>` included, is an
 imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).

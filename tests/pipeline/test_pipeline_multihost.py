@@ -1,6 +1,7 @@
 """The online loop on two processes (gloo over loopback, 4 CPU devices each) against one process with the same 8
 devices: the same trajectories consumed, the same parameters at the end; SIGTERM to one process stops both with one
-checkpoint. Each process runs tests/pipeline/online_worker.py."""
+checkpoint, from which both resume; a crash of process 0 ends the other. Each process runs
+tests/pipeline/online_worker.py."""
 
 import json
 import os
@@ -80,14 +81,22 @@ def _last_step(run_dir) -> int:
     return max((r["step"] for r in RunFolder(run_dir).read_metrics() if "loss" in r), default=0)
 
 
-@pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_with_one_checkpoint(tmp_path, tokenizer_dir):
-    run_dir = tmp_path / "run"
-    procs = _start(run_dir, tokenizer_dir, 2, **{"train.steps": 10_000, "checkpoint.every": 0,
-                                                  "checkpoint.export_hf": False})
+LONG = {"train.steps": 10_000, "checkpoint.every": 0, "checkpoint.export_hf": False}
+
+
+def _start_long_and_wait(run_dir, tokenizer_dir, steps: int = 2) -> list[subprocess.Popen]:
+    procs = _start(run_dir, tokenizer_dir, 2, **LONG)
     deadline = time.time() + 600
-    while _last_step(run_dir) < 2 and all(p.poll() is None for p in procs) and time.time() < deadline:
+    while _last_step(run_dir) < steps and all(p.poll() is None for p in procs) and time.time() < deadline:
         time.sleep(0.2)
+    assert all(p.poll() is None for p in procs), [p.communicate()[1][-3000:] for p in procs]
+    return procs
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_with_one_checkpoint_and_both_resume(tmp_path, tokenizer_dir):
+    run_dir = tmp_path / "run"
+    procs = _start_long_and_wait(run_dir, tokenizer_dir)
     procs[1].send_signal(signal.SIGTERM)  # the process that owns nothing: process 0 must stop with it
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [143, 143], [e[-3000:] for e in errors]
@@ -95,3 +104,22 @@ def test_sigterm_to_one_process_stops_both_with_one_checkpoint(tmp_path, tokeniz
     assert 2 <= reached < 10_000
     assert f"interrupted at step {reached}: saving a checkpoint" in errors[0], errors[0][-3000:]
     assert os.listdir(run_dir / "checkpoints") == [str(reached)]
+    consumed = len(RunFolder(run_dir).read_trajectories("train"))
+    # Both processes resume from that checkpoint (process 0's source position) and train one more step.
+    errors = _finish(_start(run_dir, tokenizer_dir, 2, **{**LONG, "train.steps": reached + 1,
+                                                          "train.allow_config_change": True}))
+    assert f"resumed from step {reached}" in errors[0], errors[0][-3000:]
+    assert _last_step(run_dir) == reached + 1 and json.load(open(run_dir / "summary.json"))["steps"] == reached + 1
+    assert len(RunFolder(run_dir).read_trajectories("train")) == consumed + 8
+
+
+@pytest.mark.slow
+def test_a_crash_of_process_0_ends_the_other_process(tmp_path, tokenizer_dir):
+    """Process 0 SIGKILLed mid-run: the other process's next collective fails (gloo: the peer's connection closes;
+    else the distributed service's heartbeat timeout ends it) instead of waiting forever."""
+    procs = _start_long_and_wait(tmp_path / "run", tokenizer_dir)
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    _, error = procs[1].communicate(timeout=300)
+    assert procs[1].returncode != 0 and ("Connection closed by peer" in error or "heartbeat" in error.lower()), \
+        error[-3000:]
