@@ -226,7 +226,7 @@ class Engine(abc.ABC):
     async def push_weights(self, model: Qwen3ForCausalLM, version: int) -> None:
         """Serve the learner's weights (`model`, every parameter addressable by this process: a single-process
         model, or host arrays, `ipa_jax.models.hf_io.gather_model`) as `version`; the learner's buffers may be donated
-        once it returns. How is the engine's: the embedded engine copies them in, the SGLang client writes a weights
+        once it returns. The embedded engine copies them into its own placement; the SGLang client writes a weights
         folder and has its servers load it."""
         raise NotImplementedError(f"{type(self).__name__} does not take pushed weights")
 

@@ -111,7 +111,8 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     interrupts at once. Installed explicitly: a shell starts background jobs with SIGINT ignored (Python then never
     raises KeyboardInterrupt), and SIGTERM would kill the process without the checkpoint. After SIGTERM the
     learner's KeyboardInterrupt becomes SystemExit(143) (128 + SIGTERM: what a scheduler expects of a preempted
-    job); after SIGINT it stays a KeyboardInterrupt."""
+    job); after SIGINT it stays a KeyboardInterrupt. With several processes a second signal interrupts its own
+    process only: the others fail in their next collective (`ipa_jax.train.distributed`)."""
     received: list[int] = []
 
     def stop(signum, frame) -> None:
@@ -125,7 +126,8 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        # (Multi-host: a process whose peer got the SIGTERM stops with its reason, `Learner`, and exits the same way.)
+        # Multi-host: a process whose peer got the SIGTERM stopped with the peer's reason (the learner agrees on
+        # stops), and exits the same way.
         if signal.SIGTERM in received or learner.stop_requested == "received SIGTERM":
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
