@@ -1,6 +1,7 @@
 """The online loop on two processes (gloo over loopback, 4 CPU devices each) against one process with the same 8
 devices: the same trajectories consumed, the same parameters at the end; SIGTERM to one process stops both with one
-checkpoint, from which both resume; a crash of process 0 ends the other. Each process runs
+checkpoint, from which both resume; a crash of process 0 ends the other; a weight sync that fails on process 0 stops
+both. Each process runs
 tests/pipeline/online_worker.py."""
 
 import json
@@ -79,6 +80,24 @@ def _last_step(run_dir) -> int:
     if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         return 0
     return max((r["step"] for r in RunFolder(run_dir).read_metrics() if "loss" in r), default=0)
+
+
+@pytest.mark.slow
+def test_a_pool_down_at_process_0s_weight_sync_stops_both_with_one_checkpoint(tmp_path, tokenizer_dir):
+    """Process 0 writes the bfloat16 weights folder (from the weights gathered to it) and finds no server past the
+    outage budget: its TrainingStopped reaches the other process, and both save the step-0 checkpoint together."""
+    run_dir = tmp_path / "run"
+    dead = f"http://127.0.0.1:{_free_port()}"
+    procs = _start(run_dir, tokenizer_dir, 2, **{"rollout.engine": "sglang", "rollout.sglang_urls": [dead],
+                                                  "rollout.outage_budget_s": 1.0, "rollout.control_timeout_s": 2.0,
+                                                  "rollout.probe_interval_s": 0.2, "checkpoint.export_hf": False})
+    errors = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for e in errors]
+    for error in errors:
+        assert "TrainingStopped: weight sync to version 0 failed" in error and "outage budget" in error, error[-3000:]
+    assert os.listdir(run_dir / "checkpoints") == ["0"]
+    weights = SafetensorsReader(run_dir / "weights" / "v00000000")
+    assert {str(weights.get(k).dtype) for k in weights.keys()} == {"bfloat16"}
 
 
 LONG = {"train.steps": 10_000, "checkpoint.every": 0, "checkpoint.export_hf": False}
