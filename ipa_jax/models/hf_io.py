@@ -194,12 +194,24 @@ def gather_model(model: Qwen3ForCausalLM, dtype=None, *, to_host: bool = False) 
     """`model` with every parameter addressable by process 0 (what `Engine.push_weights` takes). One process: the
     model itself (engines cast what they take), or with `to_host` a copy in host arrays cast to `dtype` (None: as
     they are). Several: such a host copy on process 0 and None on the others; collective (every process calls it,
-    `gather_to_process_0` tensor by tensor, each cast on its devices before it travels)."""
+    `gather_to_process_0` tensor by tensor, a stacked one layer by layer, each cast on its devices before it
+    travels)."""
     if jax.process_count() == 1 and not to_host:
         return model
     graphdef, state = nnx.split(model)
-    state = jax.tree.map(lambda x: gather_to_process_0(x, dtype), state)
+    state = jax.tree.map(lambda var: var.replace(value=_gather_param(var, dtype)), state,
+                         is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, state) if jax.process_index() == 0 else None
+
+
+def _gather_param(var: nnx.Variable, dtype) -> np.ndarray | None:
+    """`gather_to_process_0` of a parameter; a stacked one (scan_layers) layer by layer, so that a process holds one
+    layer of it at a time, not the whole stack (process 0 stacks them)."""
+    value = var[...]
+    if not _is_stacked(var) or isinstance(value, np.ndarray) or value.is_fully_addressable:
+        return gather_to_process_0(value, dtype)
+    layers = [gather_to_process_0(value[i], dtype) for i in range(value.shape[0])]
+    return None if layers[0] is None else np.stack(layers)
 
 
 def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
@@ -207,7 +219,7 @@ def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
     Multi-host: collective (every process calls it); process 0 gets the tensors, the others an empty dict."""
     out: dict[str, np.ndarray] = {}
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        arr = gather_to_process_0(var[...], dtype)
+        arr = _gather_param(var, dtype)
         if arr is None:
             continue
         layout = var.get_metadata()["hf_layout"]

@@ -12,13 +12,15 @@ import subprocess
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 from cpu_env import xla_flags
-from tiny_pipeline import REPO
+from tiny_pipeline import REPO, tiny_config
 
-from ipa_jax.models.hf_io import SafetensorsReader
-from ipa_jax.pipeline import RunFolder
+from ipa_jax.models.hf_io import SafetensorsReader, hf_tensors
+from ipa_jax.pipeline import RunFolder, validate
+from ipa_jax.pipeline.build import build_mesh, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "online_worker.py")
@@ -84,20 +86,28 @@ def _last_step(run_dir) -> int:
 
 @pytest.mark.slow
 def test_a_pool_down_at_process_0s_weight_sync_stops_both_with_one_checkpoint(tmp_path, tokenizer_dir):
-    """Process 0 writes the bfloat16 weights folder (from the weights gathered to it) and finds no server past the
-    outage budget: its TrainingStopped reaches the other process, and both save the step-0 checkpoint together."""
+    """Process 0 writes the bfloat16 weights folder (from the weights gathered to it; the stacked layers of
+    model.scan_layers one by one) and finds no server past the outage budget: its TrainingStopped reaches the other
+    process, and both save the step-0 checkpoint together."""
     run_dir = tmp_path / "run"
     dead = f"http://127.0.0.1:{_free_port()}"
-    procs = _start(run_dir, tokenizer_dir, 2, **{"rollout.engine": "sglang", "rollout.sglang_urls": [dead],
-                                                  "rollout.outage_budget_s": 1.0, "rollout.control_timeout_s": 2.0,
-                                                  "rollout.probe_interval_s": 0.2, "checkpoint.export_hf": False})
+    overrides = {"rollout.engine": "sglang", "rollout.sglang_urls": [dead], "rollout.outage_budget_s": 1.0,
+                 "rollout.control_timeout_s": 2.0, "rollout.probe_interval_s": 0.2, "checkpoint.export_hf": False,
+                 "model.scan_layers": True}
+    procs = _start(run_dir, tokenizer_dir, 2, **overrides)
     errors = [p.communicate(timeout=600)[1] for p in procs]
     assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for e in errors]
-    for error in errors:
-        assert "TrainingStopped: weight sync to version 0 failed" in error and "outage budget" in error, error[-3000:]
+    assert all("TrainingStopped: weight sync to version 0 failed" in e and "outage budget" in e for e in errors), \
+        [e[-3000:] for e in errors]
     assert os.listdir(run_dir / "checkpoints") == ["0"]
-    weights = SafetensorsReader(run_dir / "weights" / "v00000000")
-    assert {str(weights.get(k).dtype) for k in weights.keys()} == {"bfloat16"}
+    # The initial weights, built here on one process and rounded to bfloat16 by NumPy.
+    exp = validate(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, **overrides}))
+    expected = hf_tensors(build_model(exp.model, build_mesh(exp.mesh), exp.train.seed))
+    written = SafetensorsReader(run_dir / "weights" / "v00000000")
+    assert sorted(written.keys()) == sorted(expected) and "model.layers.1.mlp.experts.3.up_proj.weight" in expected
+    for name, value in expected.items():
+        assert written.get(name).dtype == ml_dtypes.bfloat16, name
+        np.testing.assert_array_equal(written.get(name), value.astype(ml_dtypes.bfloat16), err_msg=name)
 
 
 LONG = {"train.steps": 10_000, "checkpoint.every": 0, "checkpoint.export_hf": False}
