@@ -10,9 +10,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ipa_jax.models import Qwen3ForCausalLM
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
@@ -213,6 +216,19 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def update_weights(self, path: str, version: int) -> None:
         """Load HF safetensors weights from `path` and serve them as `version`."""
+
+    @property
+    def push_dtype(self) -> str | None:
+        """The dtype `push_weights` serves the weights in (a caller gathering them across processes casts them to it
+        first); None: the engine casts them itself."""
+        return None
+
+    async def push_weights(self, model: Qwen3ForCausalLM, version: int) -> None:
+        """Serve the learner's weights (`model`, every parameter addressable by this process: a single-process
+        model, or host arrays, `ipa_jax.models.hf_io.gather_model`) as `version`; the learner's buffers may be donated
+        once it returns. The embedded engine copies them into its own placement; the SGLang client writes a weights
+        folder and has its servers load it."""
+        raise NotImplementedError(f"{type(self).__name__} does not take pushed weights")
 
     @abc.abstractmethod
     async def pause(self) -> None:

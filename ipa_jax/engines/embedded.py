@@ -31,7 +31,9 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   the same model structure.
 
 Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
-those of the distribution actually sampled from (see sampling.py).
+those of the distribution actually sampled from (see sampling.py). Every admission draws the batch's sampling keys
+from the engine's seeded stream: requests sent one at a time sample the same tokens in every run (with several in
+flight, which batch a request joins depends on timing).
 """
 
 from __future__ import annotations
@@ -296,6 +298,13 @@ def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
         future.set_result(result)
 
 
+def _own_copy(new: jax.Array | np.ndarray, old: jax.Array) -> jax.Array:
+    """`new` in `old`'s dtype and sharding, in buffers of its own: device_put may hand back the source's buffers (to
+    the same devices, or a subset of a replicated array's), which the learner's next step donates."""
+    placed = jax.device_put(new.astype(old.dtype), old.sharding)
+    return jnp.copy(placed) if isinstance(new, jax.Array) else placed
+
+
 def _nonfinite_leaves(params: Any) -> list[str]:
     """The paths of the parameters that hold a NaN or an infinity."""
     return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(params)
@@ -394,14 +403,17 @@ class EmbeddedEngine(Engine):
         return dataclasses.replace(self._prefix)
 
     def set_params_from_model(self, model_or_state: Qwen3ForCausalLM | nnx.State, version: int) -> None:
-        """Serve the learner's weights (an nnx model or its nnx.State) as `version`, without waiting: at once when
-        nothing runs, else between decode chunks as `partial` says (module docstring). The weights are copied (a
-        jitted train step may donate the learner's buffers) in the engine's parameter dtypes (the compiled decode
-        stays valid)."""
+        """Serve the learner's weights (an nnx model or its nnx.State: device arrays this process addresses, or host
+        arrays) as `version`, without waiting: at once when nothing runs, else between decode chunks as `partial`
+        says (module docstring). The weights are copied (a jitted train step may donate the learner's buffers) into
+        the engine's own placement (its model's shardings, whatever the learner's mesh) in its parameter dtypes (the
+        compiled decode stays valid)."""
         params = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
         self._check_params(params, "set_params_from_model")
-        params = jax.tree.map(lambda new, old: jnp.copy(new.astype(old.dtype)), params, self._current[0])
-        self._swap(params, int(version))
+        self._swap(jax.tree.map(_own_copy, params, self._current[0]), int(version))
+
+    async def push_weights(self, model: Qwen3ForCausalLM, version: int) -> None:
+        self.set_params_from_model(model, version)
 
     def _swap(self, params: Any, version: int) -> concurrent.futures.Future:
         """Serve `params` as `version`: at once when no batch runs, else staged for the batch loop's next chunk
@@ -661,14 +673,13 @@ class EmbeddedEngine(Engine):
 
     def _batch_state(self, b: int, cache_len: int, with_routed: bool) -> DecodeState:
         """A batch's state with every row free: the previous batch's (its rows' caches kept) when it has the same
-        shapes, else an empty one; a fresh sampling key either way."""
-        self._key, key = jax.random.split(self._key)
+        shapes, else an empty one (its sampling key is set by the first admission)."""
         kept, self._kept = self._kept, None
         if kept is not None and kept[0].tokens.shape == (b, cache_len) and (kept[0].routed is not None) == with_routed:
             self._caches = kept[1]
-            return kept[0]._replace(key=key)
+            return kept[0]
         self._caches = [None] * b
-        return empty_state(self.config, b, cache_len, with_routed, key, self.dtype)
+        return empty_state(self.config, b, cache_len, with_routed, self._key, self.dtype)
 
     def _with_slots(self, st: DecodeState, needed: int) -> DecodeState:
         """st with a KV cache of at least min(needed, max_len) slots: doubled until it has (a write past the slots
@@ -765,7 +776,10 @@ class EmbeddedEngine(Engine):
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
-        st = self._with_slots(st, int(np.max(start_ids + lengths)))
+        # Every admission draws the batch's next keys from the engine's stream: one request at a time samples the
+        # same tokens whether it starts a batch or joins a running one (which depends on timing).
+        self._key, key = jax.random.split(self._key)
+        st = self._with_slots(st._replace(key=key), int(np.max(start_ids + lengths)))
         st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
                                    jnp.asarray(start_ids), jnp.asarray(row_ids), rp)
         self.num_batches += 1

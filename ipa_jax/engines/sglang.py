@@ -17,6 +17,11 @@
   with backoff within `outage_budget_s` and then raises `PoolUnavailable`. Aborted partial generations are
   resubmitted as prompt + partial output with the remaining budget, so callers see one result per prompt (each
   token with the version that sampled it, `GenerationResult.token_versions`); only `abort()` surfaces "abort".
+* Weight push (`push_weights(model, version)`, the learner's side): the model is written as an HF folder
+  <weights_dir>/v<version> in `weight_dtype` (bfloat16 by default: what the servers serve, half of float32's bytes),
+  synced as above, and the older folders but the newest `keep_weight_folders` are deleted; or, with
+  `weight_sync="distributed"`, taken to host arrays in `weight_dtype` and sent without a disk as below (the
+  host copy is kept until the next push: a server that comes back is resynced from it).
 * Disk-free weight sync (`update_weights_from_tensors`): the same steps with the load replaced by SGLang's
   distributed update: `/init_weights_update_group` (this client is rank 0 of a named torch.distributed group, kept
   until the servers change), per bucket `/update_weights_from_distributed` while the bucket is broadcast, the
@@ -35,6 +40,9 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
+import re
+import shutil
 import socket
 import time
 import urllib.parse
@@ -68,6 +76,9 @@ from ipa_jax.engines.weight_transfer import (
 )
 
 log = logging.getLogger(__name__)
+
+# How push_weights reaches the servers: an HF folder they load from disk, or SGLang's distributed update.
+WEIGHT_SYNCS = ("disk", "distributed")
 
 # The sampling keys this client sends; every one is in SGLang's SamplingParams (0.5.5 .. 0.5.23 schema).
 SENT_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop", "no_stop_trim")
@@ -120,6 +131,21 @@ def _error_message(body: str) -> str:
         if "message" in data:
             return str(data["message"])
     return body.strip()[:500]
+
+
+def weights_folder(weights_dir: str, version: int) -> str:
+    """Where `SGLangEngine.push_weights` writes the weights of `version`: <weights_dir>/v<8 digits>."""
+    return os.path.join(weights_dir, f"v{version:08d}")
+
+
+def prune_weight_folders(weights_dir: str, keep: int, current: int) -> None:
+    """Deletes the v* folders of `weights_dir` but `current` and the `keep - 1` newest older ones (a version newer
+    than `current` is what a killed run synced after its last checkpoint)."""
+    versions = sorted((int(m.group(1)) for d in os.listdir(weights_dir) if (m := re.fullmatch(r"v(\d+)", d))),
+                      reverse=True)
+    kept = [current] + [v for v in versions if v < current][:keep - 1]
+    for version in set(versions) - set(kept):
+        shutil.rmtree(weights_folder(weights_dir, version), ignore_errors=True)
 
 
 @dataclasses.dataclass(eq=False)  # hashed by identity: one object per server
@@ -210,6 +236,7 @@ class SGLangEngine(Engine):
     reach it through `ipa_jax.engines.threads.OnLoop`). routed_experts_layout=(num_moe_layers, experts_per_token)
     is needed to reshape routed experts. The timeouts bound what a hung server costs (docs/sglang.md). partial: what a
     weight sync does to this client's requests in flight, "finish" or "abort_resume" (the module docstring).
+    weights_dir, keep_weight_folders, weight_dtype: where and how `push_weights` writes the weights folders.
     """
 
     def __init__(
@@ -234,6 +261,10 @@ class SGLangEngine(Engine):
         partial: str = "finish",
         weight_sync_backend: str | None = None,
         weight_sync_address: str | None = None,
+        weights_dir: str | os.PathLike | None = None,
+        keep_weight_folders: int = 2,
+        weight_dtype: str = "bfloat16",
+        weight_sync: str = "disk",
     ):
         urls = [u.rstrip("/") for u in urls]
         if not urls:
@@ -256,6 +287,10 @@ class SGLangEngine(Engine):
                              f"{weight_sync_backend!r}")
         if outage_budget_s < 0:
             raise ValueError(f"outage_budget_s must be >= 0, got {outage_budget_s}")
+        if keep_weight_folders < 1:
+            raise ValueError(f"keep_weight_folders must be >= 1, got {keep_weight_folders}")
+        if weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync must be one of {WEIGHT_SYNCS}, got {weight_sync!r}")
         self.servers = [_Server(u) for u in urls]
         self._by_url = {s.url: s for s in self.servers}
         self.request_timeout_s = request_timeout_s
@@ -274,6 +309,11 @@ class SGLangEngine(Engine):
         self.routed_experts_layout = routed_experts_layout
         self._weight_version = weight_version
         self.partial = check_partial(partial)
+        # The servers may run in another directory: they get absolute paths.
+        self.weights_dir = None if weights_dir is None else os.path.abspath(weights_dir)
+        self.keep_weight_folders = keep_weight_folders
+        self.weight_dtype = weight_dtype
+        self.weight_sync = weight_sync
         self._counts = PartialCounts()
         self._prefix: PrefixCounts | None = None  # from meta_info, once a server reports cached_tokens
         self._posting = 0  # /generate calls on a server now
@@ -691,6 +731,27 @@ class SGLangEngine(Engine):
             log.warning("weight update to version %d: %d server(s) took it, %d needed (down: %s); retrying in %.1fs, "
                         "%.0fs of the outage budget left", version, len(took), self.min_sync_servers, down, wait, left)
             await asyncio.sleep(wait)
+
+    @property
+    def push_dtype(self) -> str:
+        return self.weight_dtype
+
+    async def push_weights(self, model, version: int) -> None:
+        """weight_sync "disk": writes `model` as an HF folder <weights_dir>/v<version> (in weight_dtype), has the pool
+        load it (`update_weights`), then deletes the older folders but the newest keep_weight_folders. "distributed":
+        `update_weights_from_tensors` from a host copy of `model` in weight_dtype."""
+        from ipa_jax.models.hf_io import iter_hf_tensors, save_pretrained
+
+        if self.weight_sync == "distributed":  # a host copy: the learner's buffers may be donated once this returns
+            tensors = await asyncio.to_thread(lambda: dict(iter_hf_tensors(model, self.weight_dtype)))
+            await self.update_weights_from_tensors(tensors, version, dtype=self.weight_dtype)
+            return
+        if self.weights_dir is None:
+            raise EngineError("SGLangEngine.push_weights needs a weights_dir to write the weights folder into")
+        path = weights_folder(self.weights_dir, version)
+        await asyncio.to_thread(save_pretrained, model, path, dtype=self.weight_dtype)
+        await self.update_weights(path, version)
+        prune_weight_folders(self.weights_dir, keep=self.keep_weight_folders, current=version)
 
     async def _sync_once(self, source: _FromDisk | _FromTensors, version: int) -> tuple[list[_Server], list[str]]:
         """One pass over the servers that are up: (the servers now serving `version`, the errors of those that

@@ -87,6 +87,13 @@ class OnLoop(Engine):
     async def update_weights(self, path: str, version: int) -> None:
         await self._on_engine_loop(self.engine.update_weights(path, version))
 
+    @property
+    def push_dtype(self) -> str | None:
+        return self.engine.push_dtype
+
+    async def push_weights(self, model, version: int) -> None:
+        await self._on_engine_loop(self.engine.push_weights(model, version))
+
     async def pause(self) -> None:
         await self._on_engine_loop(self.engine.pause())
 

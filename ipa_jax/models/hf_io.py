@@ -179,16 +179,55 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
     return nnx.merge(graphdef, state)
 
 
+def gather_to_process_0(value: jax.Array | np.ndarray, dtype=None) -> np.ndarray | None:
+    """The whole of `value`, cast to `dtype` first (on its devices), as a host array on process 0; None on the other
+    processes. Collective when `value` spans several processes: every process calls it, the others take part in the
+    gather (each holds the tensor for the duration of the call) and keep nothing."""
+    if dtype is not None:
+        value = value.astype(jnp.dtype(dtype))
+    if isinstance(value, np.ndarray) or value.is_fully_addressable:
+        return np.asarray(jax.device_get(value))
+    full = multihost_utils.process_allgather(value, tiled=True)
+    return np.asarray(full) if jax.process_index() == 0 else None
+
+
+def gather_model(model: Qwen3ForCausalLM, dtype=None, *, to_host: bool = False) -> Qwen3ForCausalLM | None:
+    """`model` with every parameter addressable by process 0 (what `Engine.push_weights` takes). One process: the
+    model itself (engines cast what they take), or with `to_host` a copy in host arrays cast to `dtype` (None: as
+    they are). Several: such a host copy on process 0 and None on the others; collective (every process calls it,
+    `gather_to_process_0` tensor by tensor, a stacked one layer by layer, each cast on its devices before it
+    travels)."""
+    if jax.process_count() == 1 and not to_host:
+        return model
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda var: var.replace(value=_gather_param(var, dtype)), state,
+                         is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, state) if jax.process_index() == 0 else None
+
+
+def _gather_param(var: nnx.Variable, dtype) -> np.ndarray | None:
+    """`gather_to_process_0` of a parameter; a stacked one (scan_layers) layer by layer, so that a process holds one
+    layer of it at a time, not the whole stack (process 0 stacks them)."""
+    value = var[...]
+    if not _is_stacked(var) or isinstance(value, np.ndarray) or value.is_fully_addressable:
+        return gather_to_process_0(value, dtype)
+    layers = [gather_to_process_0(value[i], dtype) for i in range(value.shape[0])]
+    return None if layers[0] is None else np.stack(layers)
+
+
 def iter_hf_tensors(model: Qwen3ForCausalLM, dtype=None, *, on_host: bool = True) -> Iterator[tuple[str, Any]]:
     """(HF name, array in HF layout, optionally cast) for every parameter, one parameter at a time; per-expert names
-    for experts. on_host=False keeps single-host arrays on their devices (cast and transposed there)."""
+    for experts. on_host=False keeps a parameter that one process holds whole on its devices (cast and transposed
+    there). Multi-host: collective (every process iterates it to the end, `gather_to_process_0` parameter by
+    parameter); process 0 gets the tensors, the others none."""
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var[...]
-        if not value.is_fully_addressable:  # multi-host: every process gathers the full tensor
-            value = multihost_utils.process_allgather(value, tiled=True)
-        if on_host or not isinstance(value, jax.Array):
-            value = np.asarray(jax.device_get(value))
-        arr = value if dtype is None else value.astype(jnp.dtype(dtype))
+        if not on_host and isinstance(value, jax.Array) and value.is_fully_addressable:
+            arr = value if dtype is None else value.astype(jnp.dtype(dtype))
+        else:
+            arr = _gather_param(var, dtype)
+            if arr is None:
+                continue
         layout = var.get_metadata()["hf_layout"]
         if _is_stacked(var):
             for i in range(arr.shape[0]):
@@ -198,7 +237,8 @@ def iter_hf_tensors(model: Qwen3ForCausalLM, dtype=None, *, on_host: bool = True
 
 
 def hf_tensors(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:
-    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts."""
+    """HF name -> host array (HF layout, optionally cast) for every parameter; per-expert names for experts.
+    Multi-host: collective (every process calls it); process 0 gets the tensors, the others an empty dict."""
     return dict(iter_hf_tensors(model, dtype))
 
 

@@ -1,4 +1,5 @@
-"""From an ExperimentConfig to a ready learner: mesh, model, TrainState, train steps, checkpointer, Learner.
+"""From an ExperimentConfig to a ready learner: mesh, model, TrainState, train steps, checkpointer, Learner; and the
+engines (`build_engine`, `build_online_engines`: the one place that knows engine kinds).
 
 The run (`ipa_jax.pipeline.run`), the tests and the benchmarks build learners here and only choose the data
 source and the hooks (weight sync, evaluation).
@@ -12,12 +13,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import Mesh
 
-from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh
-from ipa_jax.models.sharding import DEFAULT_RULES
+from ipa_jax.engines import Engine, SGLangEngine
+from ipa_jax.models import MeshConfig, Qwen3Config, Qwen3ForCausalLM, from_pretrained, init_model, make_mesh
+from ipa_jax.models.sharding import DEFAULT_RULES, param_shardings
 from ipa_jax.objectives import ObjectiveConfig
-from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, ModelConfig
+from ipa_jax.pipeline.config import ENGINES, ConfigError, ExperimentConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.train import (
     Checkpointer,
@@ -150,3 +153,68 @@ def _detect_peak() -> float:
     except ValueError as e:
         log.warning("MFU is not logged: %s", e)
         return 0.0
+
+
+# ---------------------------------------------------------------------------------------------- engines
+def engine_mesh(exp: ExperimentConfig) -> Mesh:
+    """The embedded engines' mesh: exp.mesh's axes over the first rollout.engine_devices of this process's local
+    devices (all of them by default: on one process, the learner's mesh)."""
+    devices = jax.local_devices()
+    count = exp.rollout.engine_devices or len(devices)
+    if count > len(devices):
+        raise ConfigError("rollout.engine_devices", f"{count} > the {len(devices)} local devices of process 0")
+    try:
+        return make_mesh(exp.mesh, devices[:count])
+    except ValueError as e:
+        raise ConfigError("rollout.engine_devices", f"the mesh config does not fit {count} devices ({e}); set "
+                                                    "rollout.engine_devices, or make one mesh axis -1") from None
+
+
+def engine_model(exp: ExperimentConfig, mesh: Mesh) -> Qwen3ForCausalLM:
+    """The policy's architecture in model.param_dtype on `mesh`, its weights zeros: the engines serve the learner's
+    weights from the first push on (`Learner` syncs before its first step)."""
+    dtype = jnp.dtype(exp.model.param_dtype)
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(model_config(exp.model), dtype=dtype, rngs=nnx.Rngs(0),
+                                                       mesh=mesh))
+    graphdef, state = nnx.split(abstract)
+    state = jax.tree.map(lambda var, sharding: var.replace(value=jnp.zeros(var.shape, var.dtype, device=sharding)),
+                         state, param_shardings(state, mesh), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, state)
+
+
+def build_engine(exp: ExperimentConfig, kind: str, *, tokenizer: Any = None, model: Qwen3ForCausalLM | None = None,
+                 max_batch: int = 1, seed: int = 0, sglang_urls: tuple[str, ...] = (),
+                 weights_dir: str | None = None, **sglang_options: Any) -> Engine:
+    """An engine with exp.rollout's settings. kind "embedded": on `model` (a batch of `max_batch` rows, sampling
+    seed `seed`); "sglang": a client of `sglang_urls` (default rollout.sglang_urls) whose weight pushes go to
+    `weights_dir`, with rollout's client options updated by `sglang_options`."""
+    r = exp.rollout
+    if kind == "embedded":
+        from ipa_jax.engines import EmbeddedEngine
+
+        if model is None:
+            raise ValueError("build_engine: the embedded engine needs a model")
+        return EmbeddedEngine(model, seed=seed, max_len=r.max_context, max_batch=max_batch, tokenizer=tokenizer,
+                              partial=r.partial, prefix_cache=r.prefix_cache)
+    if kind == "sglang":
+        return SGLangEngine(list(sglang_urls or r.sglang_urls), partial=r.partial, weights_dir=weights_dir,
+                            keep_weight_folders=r.keep_weight_folders, weight_dtype=r.weight_dtype,
+                            **{**r.sglang_client_options(), **sglang_options})
+    raise ConfigError("rollout.engine", f"must be one of {ENGINES}, got {kind!r}")
+
+
+def build_online_engines(exp: ExperimentConfig, tokenizer: Any, weights_dir: str) -> tuple[Engine, Engine | None]:
+    """The online loop's engines (process 0's): (the control engine: evaluations and weight pushes, the rollout
+    engine when it is a separate one, else None). Embedded: two engines on one zero-weight copy of the model
+    (`engine_mesh`), sharing compiled functions: evaluations then run on the current weights while the rollouts' may
+    lag (queue.forced_lag). SGLang: one client of the pool, used by the rollouts too: one state of the pool's health
+    and weights."""
+    r, t = exp.rollout, exp.train
+    if r.engine != "embedded":
+        return build_engine(exp, r.engine, weights_dir=weights_dir), None
+    model = engine_model(exp, engine_mesh(exp))
+    control = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1,
+                           model=model)
+    rollout = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1), seed=t.seed,
+                           model=model)
+    return control, rollout

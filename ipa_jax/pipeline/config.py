@@ -33,6 +33,7 @@ from typing import Any
 from ml_collections import ConfigDict, config_dict
 
 from ipa_jax.engines.base import PARTIAL_MODES
+from ipa_jax.engines.sglang import WEIGHT_SYNCS
 from ipa_jax.envs import Env, list_envs, make_env
 from ipa_jax.models import MeshConfig
 from ipa_jax.models.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
@@ -190,6 +191,15 @@ class RolloutConfig:
     api_key_env: environment variable holding the servers' API key (SGLang's --api-key), sent as a bearer token; unset
       or empty = no key. The key itself stays out of the config and the run folder.
     keep_weight_folders: sglang: the newest weights/v* folders kept in the run folder (older ones are deleted).
+    weight_dtype: sglang: the dtype of the weights a sync sends the servers (bfloat16: what they serve, half the
+      bytes of float32; float32 for servers that run in it).
+    weight_sync: sglang: how a sync reaches the servers: disk (an HF folder under the run folder's weights/ that they
+      load: a filesystem they share with the learner) or distributed (SGLang's /update_weights_from_distributed: the
+      tensors broadcast over a torch.distributed group, nccl on GPUs, gloo otherwise; needs torch:
+      `pip install -e '.[weight-sync]'`; docs/sglang.md).
+    engine_devices: embedded: how many of process 0's local devices hold the engines' copy of the weights and run
+      their batches (the mesh config's axes over them, -1 the rest); 0 = all of them (on one process: the learner's
+      own mesh).
     partial: what a weight update does to the generation requests in flight (docs/off_policy.md): finish (they end on
       the weights they started with; the update waits for them) or abort_resume (they are interrupted and continue
       from their tokens so far on the new weights; each chunk records the newest version that sampled it).
@@ -220,6 +230,9 @@ class RolloutConfig:
     outage_budget_s: float = 600.0
     api_key_env: str = "SGLANG_API_KEY"
     keep_weight_folders: int = 2
+    weight_dtype: str = "bfloat16"
+    weight_sync: str = "disk"
+    engine_devices: int = 0
     partial: str = "finish"
     prefix_cache: bool = True
 
@@ -246,6 +259,12 @@ class RolloutConfig:
             _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(1 <= self.min_sync_servers <= max(len(self.sglang_urls), 1), "rollout.min_sync_servers",
                  f"must be in [1, len(rollout.sglang_urls)], got {self.min_sync_servers}")
+        _require(self.weight_dtype in DTYPES, "rollout.weight_dtype",
+                 f"must be one of {DTYPES}, got {self.weight_dtype!r}")
+        _require(self.weight_sync in WEIGHT_SYNCS, "rollout.weight_sync",
+                 f"must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
+        _require(self.engine_devices >= 0, "rollout.engine_devices",
+                 f"must be >= 0 (0 = all of process 0's devices), got {self.engine_devices}")
         _require(self.partial in PARTIAL_MODES, "rollout.partial",
                  f"must be one of {PARTIAL_MODES}, got {self.partial!r}")
 
@@ -254,7 +273,7 @@ class RolloutConfig:
         return dict(api_key=os.environ.get(self.api_key_env) or None, request_timeout_s=self.request_timeout_s,
                     control_timeout_s=self.control_timeout_s, max_attempts=self.max_attempts,
                     probe_interval_s=self.probe_interval_s, min_sync_servers=self.min_sync_servers,
-                    outage_budget_s=self.outage_budget_s)
+                    outage_budget_s=self.outage_budget_s, weight_sync=self.weight_sync)
 
 
 @dataclass(frozen=True)

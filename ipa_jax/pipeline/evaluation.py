@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.engines import Engine, SGLangEngine
+from ipa_jax.engines import Engine
 from ipa_jax.envs import Env, Task
 from ipa_jax.models import Qwen3ForCausalLM
-from ipa_jax.pipeline.build import build_mesh, build_model, build_state
+from ipa_jax.pipeline.build import build_engine, build_mesh, build_model, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.rollout import AgentConfig, ChatFormat, run_episodes
@@ -273,18 +273,14 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
         log.warning("k=%d samples per task at temperature 0 (greedy): the samples will be identical and pass@%d "
                     "will equal success; sample with a temperature > 0", k, k)
     tasks = exp.env.make().tasks(split, exp.train.eval_episodes if episodes is None else episodes, seed=EVAL_SEED)
-    if sglang_urls:
-        options = {**exp.rollout.sglang_client_options(), "min_sync_servers": 1}  # no weight sync here
-        engine, kind = SGLangEngine(list(sglang_urls), **options), "sglang"
-    elif policy.model is None:
+    kind = "sglang" if sglang_urls else "embedded"
+    if kind == "embedded" and policy.model is None:
         raise ValueError(f"policy {policy.name} has no weights loaded and no SGLang server serves it")
-    else:
-        from ipa_jax.engines import EmbeddedEngine
-
-        # The batch the learner's evaluations and rollouts already ran with (memory known to fit).
-        batch = min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency))
-        engine, kind = EmbeddedEngine(policy.model, seed=seed, max_len=exp.rollout.max_context, max_batch=batch,
-                                      tokenizer=policy.tokenizer, prefix_cache=exp.rollout.prefix_cache), "embedded"
+    # Embedded: the batch the learner's evaluations and rollouts already ran with (memory known to fit). SGLang: no
+    # weight sync here.
+    engine = build_engine(exp, kind, tokenizer=policy.tokenizer, model=policy.model, seed=seed,
+                          max_batch=min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency)),
+                          sglang_urls=tuple(sglang_urls), min_sync_servers=1)
 
     async def play() -> EvalReport:
         try:

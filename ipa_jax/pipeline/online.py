@@ -9,6 +9,10 @@ held-out evaluation and samples.
                                             queue.forced_lag pushes the weights of step s - forced_lag)
     eval_fn:                                held-out tasks, success / reward / tool calls / turns
 
+Process 0 runs all of it (`RolloutSource`: `ExpertSource`, `QueueSource` or `ResamplingSource`, one per
+rollout.source, over the engines of `build_online_engines`); `OnlineSource`, on every process, hands its batches,
+evaluations and weight-sync outcomes to all processes of a multi-host run, and gathers the weights for its pushes.
+
 Expert episodes are token rows built from the expert's chat messages through the chat template (the same
 bookkeeping as the agent loop): every assistant turn, the final answer and its `<|im_end|>` included, is an
 imitation target (expert_mask). They have no action token (pure imitation rows: no RL term, advantage 0).
@@ -30,19 +34,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-from flax import nnx
 
-from ipa_jax.engines import EngineError, SGLangEngine
+from ipa_jax.engines import Engine, EngineError
 from ipa_jax.engines.base import PartialCounts, PrefixCounts
 from ipa_jax.engines.threads import LoopThread, OnLoop
 from ipa_jax.envs import Env, Task
-from ipa_jax.models import save_pretrained
+from ipa_jax.models.hf_io import gather_model
+from ipa_jax.pipeline.build import build_online_engines
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
 from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks_record, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
@@ -52,6 +55,7 @@ from ipa_jax.rollout.agent import expert_episode
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
+from ipa_jax.train.distributed import from_process_0
 from ipa_jax.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -97,28 +101,18 @@ class ExpertStream:
 
 # ---------------------------------------------------------------------------------------------- engines
 class EngineHost:
-    """Engines built from exp.rollout, and weight sync. The control engine (evaluation, weight updates) lives on a
-    loop in a background thread, driven from the learner thread with `run`. Embedded: two in-process engines
-    sharing compiled functions, the rollout one on the rollout worker's loop (or the ResampleSource's). SGLang: one
-    client of the pool, whose view `OnLoop` the rollout worker uses from its loop: one state of the pool's health
-    and weights, and its probes go on while the learner computes."""
+    """Process 0's engines (`build_online_engines`) and their weights. The control engine (evaluations, weight
+    pushes) lives on a loop in a background thread, driven from the learner thread with `run`; the rollout worker
+    (or the ResampleSource) uses `rollout` from its own loop: an engine of its own, or the control engine through an
+    `OnLoop` view (one state of an SGLang pool's health and weights, whose probes go on while the learner computes)."""
 
-    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder, tokenizer):
-        r = exp.rollout
-        self.kind, self.folder, self.keep_weight_folders = r.engine, folder, r.keep_weight_folders
+    def __init__(self, exp: ExperimentConfig, tokenizer, folder: RunFolder):
         self.thread = LoopThread("engines")
-        if r.engine == "embedded":
-            from ipa_jax.engines import EmbeddedEngine
-
-            model = _engine_model(state)
-            kw = dict(max_len=r.max_context, max_batch=max(r.concurrency, 1), tokenizer=tokenizer, partial=r.partial,
-                      prefix_cache=r.prefix_cache)
-            self.rollout = EmbeddedEngine(model, seed=exp.train.seed, **kw)
-            self.control = EmbeddedEngine(model, seed=exp.train.seed + 1,
-                                          **{**kw, "max_batch": max(exp.train.eval_episodes, 1)})
-        else:
-            self.control = SGLangEngine(list(r.sglang_urls), partial=r.partial, **r.sglang_client_options())
-            self.rollout = OnLoop(self.control, self.thread)
+        self.control, own_rollout = build_online_engines(exp, tokenizer, folder.weights_root)
+        self.rollout: Engine = own_rollout or OnLoop(self.control, self.thread)
+        self.pushed: tuple[Engine, ...] = (self.control,) + ((own_rollout,) if own_rollout else ())
+        # A control engine of its own evaluates the current weights; a shared one serves the rollouts' weights.
+        self.evaluates_current = own_rollout is not None
         self.version = -1
         self._counted = PartialCounts()  # the rollout engine's counts at the previous partial_metrics()
         self._prefix_counted = PrefixCounts()  # the rollout engine's counts at the previous prefix_metrics()
@@ -127,21 +121,23 @@ class EngineHost:
         """`await coro` on the control engine's loop, from the learner thread."""
         return self.thread.run(coro)
 
-    def push(self, state, version: int) -> None:
-        """Serve `state`'s weights as `version` on every engine (copies: the state's buffers are donated)."""
-        if self.kind == "embedded":
-            params = _engine_params(state)
-            self.rollout.set_params_from_model(params, version)
-            self.control.set_params_from_model(params, version)
-        else:
-            path = os.path.abspath(self.folder.weights_dir(version))  # the servers may run in another directory
-            save_pretrained(state.model(), path)
+    @property
+    def push_dtype(self) -> str | None:
+        return self.control.push_dtype
+
+    def push(self, model, version: int) -> None:
+        """Serve `model`'s weights (addressable here: `gather_model`) as `version` on every engine."""
+        for engine in self.pushed:
             try:
-                self.run(self.control.update_weights(path, version))
+                self.run(engine.push_weights(model, version))
             except EngineError as e:  # the pool stayed down past its outage budget, or refused the weights
                 raise TrainingStopped(f"weight sync to version {version} failed: {e}") from e
-            self.folder.prune_weights(keep=self.keep_weight_folders, current=version)
         self.version = version
+
+    def serve_for_evaluation(self, model, step: int) -> None:
+        """The control engine serves `model` (step `step`) when it evaluates the current weights."""
+        if self.evaluates_current:
+            self.run(self.control.push_weights(model, step))
 
     def partial_metrics(self) -> dict[str, float]:
         """Rollout requests that weight updates interrupted (rollout.partial = "abort_resume") and that continued on
@@ -171,53 +167,27 @@ class EngineHost:
         self.thread.close()
 
 
-def _engine_params(state: TrainState) -> nnx.State:
-    """The policy's parameters in their mesh placement (the model's sharding constraints name the mesh); the
-    engine copies them."""
-    return nnx.state(state.model())
+# ---------------------------------------------------------------------------------------------- process 0's sources
+class RolloutSource:
+    """Process 0's half of the online source, one subclass per rollout.source: expert episodes during the IL warm
+    start, then `_rl_trajectories` (the subclass's); the train log, weight pushes, evaluations and samples."""
 
-
-def _engine_model(state: TrainState):
-    graphdef, params = nnx.split(state.model())
-    return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, params))
-
-
-# ---------------------------------------------------------------------------------------------- the source
-class OnlineSource:
-    """The learner's TrajectorySource: expert episodes during the IL warm start, then rollouts (queue or
-    resampling). Also the weight-sync hook (`after_update`) and the evaluation function (`evaluate`)."""
-
-    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder):
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
         self.exp, self.folder = exp, folder
-        r, t = exp.rollout, exp.train
-        if exp.queue.max_size < t.batch_size:
-            raise ConfigError("queue.max_size", f"{exp.queue.max_size} < train.batch_size={t.batch_size}; the learner "
-                                                "takes whole batches from the queue")
+        t = exp.train
         if not exp.env.name:
             raise ConfigError("env.name", "online training needs an environment (ipa_jax.envs.list_envs()), or "
                                           "offline trajectories in train.data")
         self.env_factory = exp.env.make
-        env = self.env_factory()
+        self.env = self.env_factory()
         self.tokenizer = load_or_build_tokenizer(exp.model, folder, exp.env)
         self.chat = ChatFormat(self.tokenizer, enable_thinking=exp.rollout.enable_thinking)
-        self.engines = EngineHost(exp, state, folder, self.tokenizer)
-        self.experts = ExpertStream(self.env_factory, env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
-        self.eval_tasks = env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
+        self.engines = EngineHost(exp, self.tokenizer, folder)
+        self.experts = ExpertStream(self.env_factory, self.env.task_stream("train", seed=t.seed + 1_000_000),
+                                    self.chat)
+        self.eval_tasks = self.env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
         self.eval_agent = dataclasses.replace(eval_agent_config(exp), record_messages=True)  # for samples/
-        source = exp.online_source
-        self.kind = source
-        self.queue: TrajectoryQueue | None = None
-        self.worker: RolloutWorker | None = None
-        self.resample: ResampleSource | None = None
-        if source == "queue":
-            self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
-                                         reward_range=t.reward_range)
-            self.train_tasks = env.task_stream("train", seed=t.seed)
-        elif source == "resample":
-            tasks = env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=t.seed)
-            self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
-                                           self.engines.rollout, self.chat, self.agent, concurrency=r.concurrency)
         self.step = 0
         self.rl_start = t.il_warmup_steps  # the learner's state.rl_start, read in after_update
         self.history: collections.deque = collections.deque(maxlen=exp.queue.forced_lag + 1)
@@ -227,27 +197,19 @@ class OnlineSource:
         self.wait_s = 0.0
         self.rl_started_at: float | None = None
         self.closed = False
-        self.final_rollout_stats: dict[str, float] | None = None  # taken when the rollouts stop
+        self.final_stats: dict[str, float] | None = None  # taken when the rollouts stop
 
     # ---- TrajectorySource ---------------------------------------------------------------------------
     def next_trajectories(self, n: int) -> list[Trajectory]:
-        if self.step < self.rl_start or self.kind == "expert":
-            out = self.experts.take(n)
-        elif self.resample is not None:  # synchronous: the learner waits while a round is sampled
-            t0 = time.perf_counter()
-            self.rl_started_at = self.rl_started_at or t0
-            try:
-                out = self.resample.next_trajectories(n)
-            except EngineError as e:  # e.g. the SGLang pool down past its outage budget
-                raise TrainingStopped(f"resampling round failed: {e}") from e
-            self.wait_s += time.perf_counter() - t0
-        else:
-            out = self._take(n)
+        out = self.experts.take(n) if self.step < self.rl_start else self._rl_trajectories(n)
         for traj in out:
             traj.info.setdefault("split", "train")
         self.last_train = out[:SAMPLES_PER_SPLIT]
         self._log_train(out)
         return out
+
+    def _rl_trajectories(self, n: int) -> list[Trajectory]:
+        raise NotImplementedError
 
     def _log_train(self, trajs: list[Trajectory]) -> None:
         if not self._train_log_checked:  # first batch after any restore: drop what a killed run logged after it
@@ -256,8 +218,93 @@ class OnlineSource:
         self.folder.append_trajectories("train", trajs)
         self.train_logged += len(trajs)
 
-    def _take(self, n: int) -> list[Trajectory]:
-        if self.worker is None:  # rollouts start with the first RL batch, from the warmed-up weights
+    def state_dict(self) -> dict[str, Any]:
+        return {"experts_taken": self.experts.count, "train_logged": self.train_logged}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.experts.skip_to(int(state["experts_taken"]))
+        # A checkpoint written before the count was kept: the file as it is.
+        self.train_logged = int(state.get("train_logged", self.folder.count_trajectories("train")))
+
+    def metrics(self) -> dict[str, float]:
+        """Logged by the learner as source/<name> on every training line."""
+        if self.rl_started_at is None:
+            return {}
+        return {"learner_idle_fraction": self.wait_s / max(time.perf_counter() - self.rl_started_at, 1e-9)}
+
+    def rollout_stats(self) -> dict[str, float]:
+        """The rollouts' numbers for summary.json."""
+        return {"learner_idle_fraction": self.metrics().get("learner_idle_fraction", 0.0)}
+
+    def summary_stats(self) -> dict[str, float]:
+        return self.final_stats or self.rollout_stats()
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def after_update(self, step: int, rl_start: int, model) -> None:
+        """The learner reached `step`; `model` (None: no sync due) holds its weights, addressable here."""
+        self.step, self.rl_start = step, rl_start
+        if model is None:
+            return
+        if self.exp.queue.forced_lag == 0:
+            self.engines.push(model, step)
+            return
+        # Staleness experiments: the engines serve the weights of step - forced_lag (host copies kept).
+        self.history.append((step, model))
+        version, lagged = self.history[0]
+        self.engines.push(lagged, version)
+
+    def evaluate(self, model, step: int) -> dict[str, float]:
+        """Held-out episodes with the weights of `step` (`model`, when the control engine needs them pushed),
+        train.eval_samples per task: success, reward, tool calls, turns (and samples/, and the per-task outcomes in
+        eval_tasks/)."""
+        if model is not None:
+            self.engines.serve_for_evaluation(model, step)
+        report = self.engines.run(evaluate_policy(
+            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(),
+            k=self.exp.train.eval_samples))
+        done = list(report.trajectories)
+        for traj in done:
+            traj.info["split"] = "eval"
+        self.folder.write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
+        self.folder.write_eval_tasks(step, eval_tasks_record(report))
+        return report.scalars()
+
+    # ---- shutdown -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the rollouts and the engines."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_rollouts()
+        self.engines.close()
+
+    def _stop_rollouts(self) -> None:
+        pass
+
+
+class ExpertSource(RolloutSource):
+    """rollout.source = "expert": fresh scripted-expert episodes after the warm start too (imitation only)."""
+
+    def _rl_trajectories(self, n: int) -> list[Trajectory]:
+        return self.experts.take(n)
+
+
+class QueueSource(RolloutSource):
+    """rollout.source = "queue": a RolloutWorker (started with the first RL batch, from the warmed-up weights) feeds
+    a TrajectoryQueue the learner takes whole batches from."""
+
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
+        if exp.queue.max_size < exp.train.batch_size:
+            raise ConfigError("queue.max_size", f"{exp.queue.max_size} < train.batch_size={exp.train.batch_size}; "
+                                                "the learner takes whole batches from the queue")
+        super().__init__(exp, folder)
+        self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
+                                     reward_range=exp.train.reward_range)
+        self.train_tasks = self.env.task_stream("train", seed=exp.train.seed)
+        self.worker: RolloutWorker | None = None
+
+    def _rl_trajectories(self, n: int) -> list[Trajectory]:
+        if self.worker is None:
             self.rl_started_at = time.perf_counter()
             self.worker = RolloutWorker(self.engines.rollout, self.chat, self.train_tasks, self.queue, self.agent,
                                         concurrency=self.exp.rollout.concurrency,
@@ -299,80 +346,27 @@ class OnlineSource:
             message += f"; the last invalid: {queue_stats['last_invalid']}"
         return message
 
-    def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"experts_taken": self.experts.count, "train_logged": self.train_logged}
-        if self.resample is not None:
-            out["resample"] = self.resample.state_dict()
-        return out
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.experts.skip_to(int(state["experts_taken"]))
-        # A checkpoint written before the count was kept: the file as it is.
-        self.train_logged = int(state.get("train_logged", self.folder.count_trajectories("train")))
-        if self.resample is not None:
-            self.resample.load_state_dict(state["resample"])
+    def after_update(self, step: int, rl_start: int, model) -> None:
+        self.queue.set_version(max(step, self.queue.version))
+        super().after_update(step, rl_start, model)
 
     def metrics(self) -> dict[str, float]:
-        """Logged by the learner as source/<name> on every training line."""
-        out: dict[str, float] = {}
-        if self.rl_started_at is not None:
-            out["learner_idle_fraction"] = self.wait_s / max(time.perf_counter() - self.rl_started_at, 1e-9)
-        if self.queue is not None:
-            q = self.queue.stats()
-            out.update({f"queue_{k}": float(q[k]) for k in ("depth", "dropped_total", "dropped_stale",
-                                                             "dropped_invalid", "dropped_duplicate",
-                                                             "lag_taken_mean", "put_per_s")})
+        out = super().metrics()
+        q = self.queue.stats()
+        out.update({f"queue_{k}": float(q[k]) for k in ("depth", "dropped_total", "dropped_stale", "dropped_invalid",
+                                                         "dropped_duplicate", "lag_taken_mean", "put_per_s")})
         if self.worker is not None:
             w = self.worker.stats()
             out.update({k: float(w[k]) for k in ("episodes_per_s", "generated_tokens_per_s", "success_rate",
                                                   "finished", "failed")})
             # Admission by policy lag, per finished episode (the queue's own count includes retried puts).
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
-        if self.resample is not None:
-            out.update({f"resample_{k}": float(v) for k, v in self.resample.resampler.metrics().items()})
-        if self.worker is not None or self.resample is not None:
             out.update(self.engines.partial_metrics())
             out.update(self.engines.prefix_metrics())
         return out
 
-    # ---- hooks --------------------------------------------------------------------------------------
-    def after_update(self, state: TrainState) -> None:
-        """Weight sync. Runs before the first step (after any restore) and after every update."""
-        self.step = int(jax.device_get(state.step))
-        self.rl_start = int(jax.device_get(state.rl_start))
-        if self.queue is not None:
-            self.queue.set_version(max(self.step, self.queue.version))
-        sync_every = self.exp.rollout.weight_sync_every
-        if self.engines.version >= 0 and self.step % sync_every:
-            return
-        lag = self.exp.queue.forced_lag
-        if lag == 0:
-            self.engines.push(state, self.step)
-            return
-        # Staleness experiments: the engines serve the weights of step - forced_lag (copies kept on the host).
-        self.history.append((self.step, jax.device_get(nnx.state(state.model()))))
-        version, params = self.history[0]
-        self.engines.push(_HostState(state, params), version)
-
-    def evaluate(self, state: TrainState) -> dict[str, float]:
-        """Held-out episodes with the current weights, train.eval_samples per task: success, reward, tool calls,
-        turns (and samples/, and the per-task outcomes in eval_tasks/)."""
-        step = int(jax.device_get(state.step))
-        if self.engines.kind == "embedded":
-            self.engines.control.set_params_from_model(_engine_params(state), step)
-        report = self.engines.run(evaluate_policy(
-            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(),
-            k=self.exp.train.eval_samples))
-        done = list(report.trajectories)
-        for traj in done:
-            traj.info["split"] = "eval"
-        self.folder.write_samples(step, done[:SAMPLES_PER_SPLIT] + self.last_train)
-        self.folder.write_eval_tasks(step, eval_tasks_record(report))
-        return report.scalars()
-
-    # ---- shutdown -----------------------------------------------------------------------------------
     def rollout_stats(self) -> dict[str, float]:
-        out = {"learner_idle_fraction": self.metrics().get("learner_idle_fraction", 0.0)}
+        out = super().rollout_stats()
         if self.worker is not None:
             w = self.worker.stats()
             out.update(episodes_per_s=w["episodes_per_s"], generated_tokens_per_s=w["generated_tokens_per_s"],
@@ -380,33 +374,124 @@ class OnlineSource:
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
         return out
 
-    def close(self) -> None:
-        """Stop the rollouts; finished trajectories not consumed go to trajectories/unconsumed.jsonl; the
-        resampler's fork report to forks.json."""
-        if self.closed:
-            return
-        self.closed = True
+    def _stop_rollouts(self) -> None:
+        """Finished trajectories not consumed go to trajectories/unconsumed.jsonl."""
         left: list[Trajectory] = []
         if self.worker is not None:
             self.worker.stop(abort_in_flight=True, timeout=60.0)
-            self.final_rollout_stats = self.rollout_stats()
+            self.final_stats = self.rollout_stats()
             left += self.worker.leftovers
-        if self.queue is not None:
-            self.queue.close()
-            left += self.queue.drain()
+        self.queue.close()
+        left += self.queue.drain()
         self.folder.append_trajectories("unconsumed", left)
-        if self.resample is not None:
-            self.folder.write_forks(self.resample.resampler.fork_report())
-            self.resample.close()
-        self.engines.close()
 
 
-class _HostState:
-    """A TrainState stand-in whose model() has older parameters (forced policy lag)."""
+class ResamplingSource(RolloutSource):
+    """rollout.source = "resample": synchronous resampling rounds (the learner waits while a round is sampled); the
+    fork report goes to forks.json at the end."""
 
-    def __init__(self, state, params: nnx.State):
-        self._graphdef, self._params = state.graphdef, params
-        self._rest = state.rest
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
+        super().__init__(exp, folder)
+        tasks = self.env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=exp.train.seed)
+        self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
+                                       self.engines.rollout, self.chat, self.agent,
+                                       concurrency=exp.rollout.concurrency)
 
-    def model(self):
-        return nnx.merge(self._graphdef, self._params, self._rest)
+    def _rl_trajectories(self, n: int) -> list[Trajectory]:
+        t0 = time.perf_counter()
+        self.rl_started_at = self.rl_started_at or t0
+        try:
+            return self.resample.next_trajectories(n)
+        except EngineError as e:  # e.g. the SGLang pool down past its outage budget
+            raise TrainingStopped(f"resampling round failed: {e}") from e
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "resample": self.resample.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.resample.load_state_dict(state["resample"])
+
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        out.update({f"resample_{k}": float(v) for k, v in self.resample.resampler.metrics().items()})
+        out.update(self.engines.partial_metrics())
+        out.update(self.engines.prefix_metrics())
+        return out
+
+    def _stop_rollouts(self) -> None:
+        self.folder.write_forks(self.resample.resampler.fork_report())
+        self.resample.close()
+
+
+ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {"expert": ExpertSource, "queue": QueueSource,
+                                                   "resample": ResamplingSource}
+
+
+# ---------------------------------------------------------------------------------------------- every process
+class OnlineSource:
+    """The learner's TrajectorySource on every process, with the weight-sync hook (`after_update`) and the
+    evaluation function (`evaluate`). Process 0 owns the rollouts (`local`: a RolloutSource of exp.online_source:
+    engines, rollout workers, queue, run-folder writes); the other processes hold none. Each batch, evaluation and
+    outcome of a sync reaches every process from process 0 (`from_process_0`; an exception process 0 raises is
+    raised everywhere), so all of them run the same steps; a weight sync first gathers the learner's weights to
+    process 0 (collective), and no process returns from it before process 0's push is done. On one process the
+    same code runs without a collective."""
+
+    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder):
+        self.exp = exp
+        self.local: RolloutSource | None = None
+
+        def start() -> tuple[str | None, bool]:
+            self.local = ROLLOUT_SOURCES[exp.online_source](exp, folder)
+            return self.local.engines.push_dtype, self.local.engines.evaluates_current
+
+        # What the gathers need to know of process 0's engines; after it, process 0 has written the tokenizer.
+        self.push_dtype, self.evaluates_current = from_process_0(start)
+        self.tokenizer = self.local.tokenizer if self.local else load_or_build_tokenizer(exp.model, folder, exp.env)
+        self.synced = False
+
+    # ---- TrajectorySource ---------------------------------------------------------------------------
+    def next_trajectories(self, n: int) -> list[Trajectory]:
+        return from_process_0(lambda: self.local.next_trajectories(n))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.local.state_dict() if self.local else {}  # (process 0 writes the checkpoint's host state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.local:
+            self.local.load_state_dict(state)
+
+    def metrics(self) -> dict[str, float]:
+        return self.local.metrics() if self.local else {}
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def after_update(self, state: TrainState) -> None:
+        """Weight sync. Runs before the first step (after any restore) and after every update; a sync every
+        rollout.weight_sync_every steps."""
+        step, rl_start = int(jax.device_get(state.step)), int(jax.device_get(state.rl_start))
+        model = None
+        if not self.synced or step % self.exp.rollout.weight_sync_every == 0:
+            # Host copies when the engines serve older weights later (queue.forced_lag): the buffers are donated.
+            model = gather_model(state.model(), self.push_dtype, to_host=self.exp.queue.forced_lag > 0)
+            self.synced = True
+        from_process_0(lambda: self.local.after_update(step, rl_start, model))
+
+    def evaluate(self, state: TrainState) -> dict[str, float]:
+        """Held-out episodes with the current weights (`RolloutSource.evaluate`)."""
+        step = int(jax.device_get(state.step))
+        model = gather_model(state.model(), self.push_dtype) if self.evaluates_current else None
+        return from_process_0(lambda: self.local.evaluate(model, step))
+
+    # ---- shutdown -----------------------------------------------------------------------------------
+    def summary_stats(self) -> dict[str, float]:
+        """The rollouts' numbers for summary.json (process 0's)."""
+        return self.local.summary_stats() if self.local else {}
+
+    def close(self) -> None:
+        """Stop the rollouts; finished trajectories not consumed go to trajectories/unconsumed.jsonl; the
+        resampler's fork report to forks.json."""
+        if self.local:
+            self.local.close()

@@ -9,7 +9,8 @@ checkpoint; rerunning a finished run says so and changes nothing; resuming with 
 the changed keys, unless train.allow_config_change is set (the change is then recorded in config_changes.jsonl, once
 the checkpoint's shapes are known to fit it). SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) stop the learner
 at its next batch boundary with a checkpoint (`stop_on_signals`); after SIGTERM the process then exits with status
-143, as one killed by it would. A run that cannot go on (the rollout servers gone past their outage budget, no
+143, as one killed by it would. With several processes a signal to any one of them stops all of them at the same
+boundary, with one checkpoint. A run that cannot go on (the rollout servers gone past their outage budget, no
 admissible trajectory for too long, train.max_consecutive_skipped updates in a row skipped as non-finite) stops with a
 checkpoint and raises `TrainingStopped` naming why.
 """
@@ -79,14 +80,13 @@ def run_in_folder(exp: ExperimentConfig, folder: RunFolder, t_start: float) -> d
         with stop_on_signals(learner):
             state = learner.run()
     finally:
-        if isinstance(source, OnlineSource):  # stop rollouts, keep the finished trajectories
-            source.close()
-    summary = write_summary(exp, learner, folder, time.perf_counter() - t_start,
-                            source if isinstance(source, OnlineSource) else None)
+        source.close()  # online: stop rollouts, keep the finished trajectories
+    rollout_stats = source.summary_stats() if exp.online else {}
+    summary = write_summary(exp, learner, folder, time.perf_counter() - t_start, rollout_stats)
     if is_writer():
         print(format_summary(summary), flush=True)
     if exp.checkpoint.export_hf:  # every process: gathering the weights is collective; process 0 writes
-        tokenizer = source.tokenizer if isinstance(source, OnlineSource) else existing_tokenizer(exp.model, folder)
+        tokenizer = source.tokenizer if exp.online else existing_tokenizer(exp.model, folder)
         export_policy(state, tokenizer, folder.hf_dir)
     return summary
 
@@ -132,7 +132,8 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     interrupts at once. Installed explicitly: a shell starts background jobs with SIGINT ignored (Python then never
     raises KeyboardInterrupt), and SIGTERM would kill the process without the checkpoint. After SIGTERM the
     learner's KeyboardInterrupt becomes SystemExit(143) (128 + SIGTERM: what a scheduler expects of a preempted
-    job); after SIGINT it stays a KeyboardInterrupt."""
+    job); after SIGINT it stays a KeyboardInterrupt. With several processes a second signal interrupts its own
+    process only: the others fail in their next collective (`ipa_jax.train.distributed`)."""
     received: list[int] = []
 
     def stop(signum, frame) -> None:
@@ -146,7 +147,9 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        if signal.SIGTERM in received:
+        # Multi-host: a process whose peer got the SIGTERM stopped with the peer's reason (the learner agrees on
+        # stops), and exits the same way.
+        if signal.SIGTERM in received or learner.stop_requested == "received SIGTERM":
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
     finally:
@@ -155,8 +158,9 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
 
 
 def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wall_time_s: float,
-                  source: OnlineSource | None = None) -> dict[str, Any]:
-    """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl; returns it."""
+                  rollout_stats: dict[str, float] | None = None) -> dict[str, Any]:
+    """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl, and an online run's
+    `rollout_stats` (OnlineSource.summary_stats); returns it."""
     evals = [e for e in learner.eval_history if "success" in e]
     warm = learner.rl_start
     before = next((e for e in evals if e["step"] == warm), None)
@@ -188,8 +192,7 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "reward_mean_rl": float(np.mean([r["reward_mean"] for r in rl_rows])) if rl_rows else None,
         "eval_history": evals,
     }
-    if source is not None:
-        summary.update(source.final_rollout_stats or source.rollout_stats())
+    summary.update(rollout_stats or {})
     folder.write_summary(summary)
     return summary
 

@@ -100,19 +100,10 @@ class RunFolder:
     def forks_path(self) -> str:
         return self.file("forks.json")
 
-    def weights_dir(self, version: int) -> str:
-        return self.file("weights", f"v{version:08d}")
-
-    def prune_weights(self, keep: int, current: int) -> None:
-        """Deletes the weights/v* folders but `current` and the `keep - 1` newest older ones (a version newer than
-        `current` is what a killed run synced after its last checkpoint)."""
-        if not is_writer():
-            return
-        versions = sorted((int(m.group(1)) for name in _names(self.file("weights"))
-                           if (m := re.fullmatch(r"v(\d+)", name))), reverse=True)
-        kept = [current] + [v for v in versions if v < current][:keep - 1]
-        for version in set(versions) - set(kept):
-            epath.Path(self.weights_dir(version)).rmtree(missing_ok=True)
+    @property
+    def weights_root(self) -> str:
+        """Where the SGLang weight sync writes weights/v<version>/ (`SGLangEngine.push_weights`)."""
+        return self.file("weights")
 
     def eval_report_path(self, step: int, k: int, temperature: float) -> str:
         return self.file("eval", f"step_{step:08d}_k{k}_t{temperature:g}.json")

@@ -1,12 +1,22 @@
-"""Multi-host: jax.distributed initialisation and feeding each process's slice of a global batch."""
+"""Multi-host: jax.distributed initialisation, feeding each process's slice of a global batch, and what one process
+decides reaching all of them (`from_process_0`, `agreed_stop`).
+
+Every helper here is collective with several processes: all of them must call it, in the same order. A process that
+dies leaves the others in the collective until it fails (gloo: the peer's connection closes) or until the
+distributed service's heartbeat timeout (jax.distributed.initialize's heartbeat_timeout_seconds, 100 s by default)
+ends them.
+"""
 
 import logging
 import os
-from collections.abc import Mapping
+import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,9 @@ def detect_cluster(environ: Mapping[str, str] = os.environ) -> Cluster | None:
     if hosts is not None:
         return Cluster("TPU on GKE", len(hosts.split(",")) * int(environ.get("MEGASCALE_NUM_SLICES") or 1))
     return None
+
+
+T = TypeVar("T")
 
 
 def initialize(
@@ -96,3 +109,55 @@ def device_put_global(tree, shardings):
         return jax.make_array_from_process_local_data(sharding, x[local_rows(sharding, x.shape)], x.shape)
 
     return jax.tree.map(put, tree, shardings)
+
+
+def broadcast_bytes(payload: bytes) -> bytes:
+    """Process 0's `payload` on every process (the others' is ignored). The buffer is padded to a power of two, so
+    payloads of many sizes share a few compiled broadcasts."""
+    if jax.process_count() == 1:
+        return payload
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(len(payload))))
+    buffer = np.zeros(1 << max(size - 1, 0).bit_length(), np.uint8)
+    if jax.process_index() == 0:
+        buffer[:size] = np.frombuffer(payload, np.uint8)
+    return multihost_utils.broadcast_one_to_all(buffer)[:size].tobytes()
+
+
+def from_process_0(fn: Callable[[], T]) -> T:
+    """`fn()` run on process 0 only, its result (picklable) returned on every process; what it raised (a
+    KeyboardInterrupt too) is raised on every process, so that all of them leave the same way and meet in the same
+    next collective (e.g. the checkpoint a stop saves). One process: `fn()`."""
+    if jax.process_count() == 1:
+        return fn()
+    error: BaseException | None = None
+    if jax.process_index() == 0:
+        try:
+            outcome = (True, fn())
+        except BaseException as e:  # noqa: BLE001 - every process raises it after the broadcast
+            error, outcome = e, (False, e)
+        try:
+            payload = pickle.dumps(outcome)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle: its type and message
+            payload = pickle.dumps((False, RuntimeError(f"{type(error).__name__}: {error}")))
+    else:
+        payload = b""
+    ok, value = pickle.loads(broadcast_bytes(payload))
+    if error is not None:
+        raise error
+    if not ok:
+        raise value
+    return value
+
+
+def agreed_stop(reason: str | None) -> str | None:
+    """Whether any process asks to stop (e.g. one got SIGTERM): its reason (the lowest such process's) on every
+    process, else None. One process: `reason`."""
+    if jax.process_count() == 1:
+        return reason
+    encoded = np.zeros(256, np.uint8)
+    if reason:
+        raw = reason.encode()[:255]
+        encoded[0], encoded[1:1 + len(raw)] = 1, np.frombuffer(raw, np.uint8)
+    reasons = np.asarray(multihost_utils.process_allgather(encoded))
+    asking = [r for r in reasons if r[0]]
+    return bytes(asking[0][1:]).rstrip(b"\0").decode(errors="replace") if asking else None

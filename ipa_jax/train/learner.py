@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from ipa_jax.train.checkpoint import Checkpointer
+from ipa_jax.train.distributed import agreed_stop
 from ipa_jax.train.metrics import LoggingConfig
 from ipa_jax.train.progress import Progress
 from ipa_jax.train.sources import TrajectorySource
@@ -389,6 +390,8 @@ class Learner:
                         break
                 if self._skipped_stop:
                     raise TrainingStopped(self._skipped_stop)
+                # Multi-host: every process stops at the same boundary (a signal may reach only one of them).
+                self.stop_requested = agreed_stop(self.stop_requested)
                 if self.stop_requested:
                     raise KeyboardInterrupt(self.stop_requested)
                 # Checkpoints only between batches (the source position is exact there).

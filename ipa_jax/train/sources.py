@@ -72,6 +72,9 @@ class JsonlSource:
         self.num_unparsable = int(state["num_unparsable"])
         self.parsed_in_epoch = int(state["parsed_in_epoch"])
 
+    def close(self) -> None:
+        """Nothing to stop (the online sources stop their rollouts here)."""
+
     def next_trajectories(self, n: int) -> list[Trajectory]:
         out: list[Trajectory] = []
         while len(out) < n:

@@ -219,6 +219,31 @@ def test_weight_update_from_disk_keeps_the_engines_paths_and_sharding(ckpts, loo
         loop.run_until_complete(eng.close())
 
 
+def test_pushed_weights_are_own_copies_in_the_engines_placement(ckpts, reference, loop):
+    """push_weights from a learner on all 8 devices (replicated parameters) into an engine on 4 of them, and from
+    host arrays (what process 0 gathers on several processes): the engine keeps its placement and samples as the
+    pushed weights do, also once the learner's buffers are donated (device_put alone would share them)."""
+    everywhere = make_mesh(MeshConfig(data=-1, fsdp=1))
+    four = make_mesh(MeshConfig(data=-1, fsdp=1), devices=jax.devices()[:4])
+    eng = EmbeddedEngine(from_pretrained(ckpts[0], mesh=four), max_len=64, max_batch=4)
+    placement = [x.sharding for x in jax.tree.leaves(eng._current[0])]
+    try:
+        learner = from_pretrained(ckpts[1], mesh=everywhere)
+        loop.run_until_complete(eng.push_weights(learner, 1))
+        for leaf in jax.tree.leaves(nnx.state(learner)):
+            leaf.delete()  # the learner's next step donates them
+        new = loop.run_until_complete(eng.generate(PROMPTS, sp(temperature=0.0)))
+        assert [r.token_ids for r in new] == reference.greedy(PROMPTS, 20, p=nnx.state(from_pretrained(ckpts[1])))
+        host = nnx.merge(*nnx.split(from_pretrained(ckpts[0])))
+        host = nnx.merge(nnx.graphdef(host), jax.device_get(nnx.state(host)))
+        loop.run_until_complete(eng.push_weights(host, 2))
+        back = loop.run_until_complete(eng.generate(PROMPTS, sp(temperature=0.0)))
+        assert [r.token_ids for r in back] == reference.greedy(PROMPTS, 20) and back[0].weight_version == 2
+        assert [x.sharding for x in jax.tree.leaves(eng._current[0])] == placement
+    finally:
+        loop.run_until_complete(eng.close())
+
+
 def test_pause_holds_and_abort_returns_partial(engine, reference, loop):
     greedy = reference.greedy(PROMPTS, 20)
 

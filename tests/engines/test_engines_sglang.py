@@ -1,9 +1,12 @@
 """SGLangEngine against two dev servers over real HTTP on localhost."""
 
 import asyncio
+import json
+import os
 import socket
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 from engine_fakes import (
@@ -14,10 +17,13 @@ from engine_fakes import (
     token_logprob,
     write_fake_weights,
 )
+from tiny_models import tiny_qwen3_config
 
 from ipa_jax.engines import EngineError, SamplingParams, SGLangEngine, SGLangHTTPError
 from ipa_jax.engines.devserver import KNOWN_SAMPLING_KEYS
 from ipa_jax.engines.sglang import SENT_SAMPLING_KEYS, PoolUnavailable, to_sglang_sampling_params
+from ipa_jax.models import init_model
+from ipa_jax.models.hf_io import SafetensorsReader, hf_tensors
 
 FAST = dict(backoff_s=0.05, max_backoff_s=0.2, probe_interval_s=0.1, down_after_failures=2, request_timeout_s=30)
 
@@ -135,6 +141,36 @@ def test_weight_update_changes_outputs_and_version_and_treats_inflight_as_partia
         assert r.token_versions == [0] * split + [1] * (150 - split) and split <= k
         assert r.token_ids[:split] == old[:split]
         assert r.token_ids[split:] == expected_tokens(prompt + r.token_ids[:split], 150 - split, offset=5)
+
+
+def test_push_weights_writes_bfloat16_folders_the_pool_loads_and_prunes_the_older(servers, tmp_path):
+    model = init_model(tiny_qwen3_config(moe=True), seed=3)
+    weights = tmp_path / "weights"
+    os.makedirs(weights / "v00000009")  # synced by a killed run after the checkpoint its rerun resumed from
+
+    async def go():
+        eng = SGLangEngine([s.url for s in servers], weights_dir=weights, keep_weight_folders=2, **FAST)
+        try:
+            for version in (1, 2, 3):
+                await eng.push_weights(model, version)
+            return eng.weight_version
+        finally:
+            await eng.close()
+
+    assert run(go()) == 3 and all(s.engine.weight_version == 3 for s in servers)
+    assert sorted(os.listdir(weights)) == ["v00000002", "v00000003"]
+    reader = SafetensorsReader(weights / "v00000003")
+    expected = hf_tensors(model)  # float32, rounded to bfloat16 by NumPy below
+    assert sorted(reader.keys()) == sorted(expected)
+    for name, value in expected.items():
+        assert reader.get(name).dtype == ml_dtypes.bfloat16, name
+        np.testing.assert_array_equal(reader.get(name), value.astype(ml_dtypes.bfloat16), err_msg=name)
+    assert json.load(open(weights / "v00000003" / "config.json"))["torch_dtype"] == "bfloat16"
+
+
+def test_push_weights_needs_a_weights_dir(servers):
+    with pytest.raises(EngineError, match="weights_dir"):
+        run(SGLangEngine([servers[0].url], **FAST).push_weights(init_model(tiny_qwen3_config()), 1))
 
 
 def test_killed_server_requests_retried_none_lost_and_comeback_used(servers, tmp_path):

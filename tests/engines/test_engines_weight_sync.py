@@ -272,3 +272,32 @@ def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
             await eng.close()
 
     run(go(), timeout_s=60)
+
+
+@pytest.mark.slow
+def test_push_weights_with_distributed_sync_sends_a_host_copy_and_writes_no_folder(servers, tmp_path):
+    """`weight_sync="distributed"` behind the Engine interface (what the online loop calls): every server serves the
+    model's tensors in bfloat16 under the new version, from a host copy (the model's buffers are deleted right after
+    the push, as the learner's next step donates them), and nothing is written to the weights folder."""
+    model = init_model(CONFIG, seed=5)
+    expected = hf_tensors(model)
+
+    async def go():
+        eng = SGLangEngine([s.url for s in servers], weights_dir=str(tmp_path / "weights"), weight_sync="distributed",
+                           **FAST)
+        try:
+            while any(s.down for s in eng.servers):  # the previous test's restarted server, until its probe is back
+                await asyncio.sleep(0.1)
+            await eng.push_weights(model, 11)
+            for leaf in jax.tree.leaves(_params(model)):
+                leaf.delete()
+            assert eng.weight_version == 11
+            for s in servers:
+                assert_serves(s, expected, 11)
+        finally:
+            await eng.close()
+
+    run(go())
+    assert not (tmp_path / "weights").exists()
+    with pytest.raises(ValueError, match="weight_sync"):
+        SGLangEngine([servers[0].url], weight_sync="nfs")

@@ -17,7 +17,7 @@ from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state
 from ipa_jax.pipeline.config import ConfigError
-from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
+from ipa_jax.pipeline.online import ExpertSource, OnlineSource, expert_trajectory
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 from ipa_jax.rollout import ChatFormat
 from ipa_jax.train.optimizer import apply_direction, make_optimizer
@@ -65,9 +65,9 @@ def test_expert_source_feeds_fresh_expert_episodes_after_the_warm_start(tmp_path
     source = OnlineSource(exp, build_state(exp, build_mesh(exp.mesh)), RunFolder(str(tmp_path / "run")))
     try:
         warm = source.next_trajectories(4)
-        source.step = 1  # == rl_start: the RL phase
+        source.local.step = 1  # == rl_start: the RL phase
         rl = source.next_trajectories(4)
-        assert source.worker is None and source.queue is None  # no rollouts at all
+        assert isinstance(source.local, ExpertSource)  # no rollouts at all
     finally:
         source.close()
     for traj in warm + rl:  # pure imitation rows of distinct training tasks

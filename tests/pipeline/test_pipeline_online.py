@@ -123,8 +123,8 @@ def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_
     # Every finished rollout is either consumed (8), dropped as stale, or written out at exit.
     unconsumed = os.path.join(run_dir, "trajectories", "unconsumed.jsonl")
     left = read_jsonl(unconsumed) if os.path.exists(unconsumed) else []
-    assert source.final_rollout_stats["rollout_episodes"] >= 8 + len(left)
-    assert not source.worker.running and source.queue.closed
+    assert source.summary_stats()["rollout_episodes"] >= 8 + len(left)
+    assert not source.local.worker.running and source.local.queue.closed
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from ipa_jax.engines.base import PartialCounts, PrefixCounts
 from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state, build_steps
 from ipa_jax.pipeline.evaluation import episode_metrics
-from ipa_jax.pipeline.online import EngineHost, OnlineSource
+from ipa_jax.pipeline.online import EngineHost, OnlineSource, QueueSource, ResamplingSource
 from ipa_jax.pipeline.run_folder import tensorboard_tag
 from ipa_jax.rollout.resample import Resampler
 from ipa_jax.train import Learner, LoggingConfig
@@ -104,11 +104,15 @@ def _logged_names() -> set[str]:
         Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros())))
     engines = SimpleNamespace(_counted=PartialCounts(), _prefix_counted=PrefixCounts(),
                               rollout=SimpleNamespace(partial_counts=PartialCounts, prefix_counts=PrefixCounts))
-    online = SimpleNamespace(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
-                             worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
-                             engines=SimpleNamespace(
-                                 partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
-                                 prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines)))
+    sources = [cls.__new__(cls) for cls in (QueueSource, ResamplingSource)]  # the fields metrics() reads only
+    for source in sources:
+        source.__dict__.update(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
+                               worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
+                               engines=SimpleNamespace(
+                                   partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
+                                   prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines)))
+    union = lambda: {name: v for source in sources for name, v in source.metrics().items()}  # noqa: E731
+    online = SimpleNamespace(local=SimpleNamespace(metrics=union))
     learner = SimpleNamespace(rl_start=0, dropped_total=0, flops_per_token=lambda t: 1.0, peak_flops=1.0,
                               source=SimpleNamespace(metrics=functools.partial(OnlineSource.metrics, online)))
     host = Learner._host_metrics(learner, {"real_tokens": 100.0}, batch, 0, np.zeros(8), 0.5)
@@ -179,14 +183,6 @@ def test_tensorboard_tags_are_grouped_and_metrics_jsonl_keeps_flat_names(tmp_pat
         "rollout/success_rate": {1: 0.25, 2: 0.5},
         "eval/success": {2: 0.75},
     }
-
-
-def test_weight_folders_are_pruned_around_the_current_version(tmp_path):
-    folder = RunFolder(tmp_path)
-    for version in (1, 2, 3, 4, 9):  # 9: synced by a killed run after the checkpoint the rerun resumed from
-        os.makedirs(folder.weights_dir(version))
-    folder.prune_weights(keep=2, current=4)
-    assert sorted(os.listdir(folder.file("weights"))) == ["v00000003", "v00000004"]
 
 
 def test_the_trajectory_log_is_cut_back_to_a_count(tmp_path):
