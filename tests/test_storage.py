@@ -107,9 +107,6 @@ def _use(folder: RunFolder) -> dict:
         folder.write_eval_tasks(step, {"tasks": [step]})
         for name in ("model.safetensors", "config.json"):
             storage.write_text(os.path.join(folder.checkpoints_dir, str(step), name), "{}")
-    for version in range(1, 5):
-        storage.write_text(os.path.join(folder.weights_dir(version), "config.json"), "{}")
-    folder.prune_weights(keep=2, current=3)
     folder.record_config_change(2, {"train.steps": (4, 6)})
     # resume from the checkpoint at step 2
     folder.truncate_trajectories("train", 4)
@@ -144,7 +141,6 @@ def test_run_folder_on_a_bucket_ends_like_a_local_one(tmp_path, monkeypatch):
         remote = _use(RunFolder(f"{BUCKET}/run"))
     assert remote == local
     assert sorted(os.listdir(tmp_path)) == ["bucket", "local"]
-    assert sorted(os.listdir(tmp_path / "local" / "weights")) == ["v00000002", "v00000003"]
     _same_tree(str(tmp_path / "local"), str(tmp_path / "bucket" / "run"))
 
 

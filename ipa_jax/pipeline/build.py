@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from ipa_jax import storage
 from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.models import MeshConfig, Qwen3Config, Qwen3ForCausalLM, from_pretrained, init_model, make_mesh
 from ipa_jax.models.sharding import DEFAULT_RULES, param_shardings
@@ -211,6 +212,10 @@ def build_online_engines(exp: ExperimentConfig, tokenizer: Any, weights_dir: str
     and weights."""
     r, t = exp.rollout, exp.train
     if r.engine != "embedded":
+        if r.weight_sync == "disk" and not storage.is_local(weights_dir):
+            raise ConfigError("rollout.weight_sync", f"'disk' has the servers load weight folders from {weights_dir}, "
+                              "an object store they cannot read: use rollout.weight_sync='distributed', or a run "
+                              "folder on a filesystem the servers share")
         return build_engine(exp, r.engine, weights_dir=weights_dir), None
     model = engine_model(exp, engine_mesh(exp))
     control = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1,

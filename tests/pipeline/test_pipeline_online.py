@@ -97,6 +97,16 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
     assert os.path.exists(run_dir / "weights" / "v00000001" / "config.json")
 
 
+def test_disk_weight_sync_from_an_object_store_run_folder_is_a_config_error(tmp_path):
+    from ipa_jax.pipeline.build import build_online_engines
+    from ipa_jax.pipeline.config import ConfigError
+
+    exp = validate(tiny_config(tmp_path / "run", **{"rollout.engine": "sglang",
+                                                    "rollout.sglang_urls": ("http://127.0.0.1:1",)}))
+    with pytest.raises(ConfigError, match="rollout.weight_sync.*object store"):
+        build_online_engines(exp, None, "gs://bucket/run/weights")
+
+
 def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_dir):
     run_dir = str(tmp_path / "run")
     exp = validate(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5,
