@@ -207,7 +207,7 @@ class Learner:
         self._drop_log = DropLog(log, "learner")
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
-        self._progress = Progress(self.total_steps, 0, self.logging_config.console_every)  # replaced when run() starts
+        self._progress = Progress(self.config.steps, 0, self.logging_config.console_every)  # replaced when run() starts
 
     @property
     def rl_start(self) -> int:
@@ -219,6 +219,10 @@ class Learner:
         """rl_start + the RL steps (train.steps - train.il_warmup_steps): train.steps unless the warm start
         ended early."""
         return self.rl_start + self.config.steps - self.config.il_warmup_steps
+
+    def planned_done(self, step: int) -> int:
+        """Planned steps (of train.steps) done after update `step`: a warm start that ended early counts in full."""
+        return step + self.config.il_warmup_steps - self.rl_start if step >= self.rl_start else step
 
     def _warm_start_done(self, step: int, metrics: dict[str, Any]) -> bool:
         """After update `step` of the warm start: has the window's mean il_greedy_match reached the target?"""
@@ -236,7 +240,6 @@ class Learner:
         self._progress.write(f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
                              f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
                              f"to step {self.total_steps}")
-        self._progress.set_total(self.total_steps)
 
     def _count_streaks(self, step: int, metrics: dict[str, Any]) -> None:
         """After update `step`: counts the updates skipped as non-finite and the RL updates with a zero gradient in
@@ -383,7 +386,7 @@ class Learner:
             self.metrics_log.start(self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
-        self._progress = Progress(self.total_steps, step, self.logging_config.console_every)
+        self._progress = Progress(cfg.steps, step, self.logging_config.console_every)
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
@@ -410,7 +413,7 @@ class Learner:
                     total = self.total_steps
                     if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
                         self.metrics_log.write(step, metrics)
-                    self._progress.step(step, metrics, warm_start=step <= self.rl_start)
+                    self._progress.step(step, metrics, warm_start=step <= self.rl_start, done=self.planned_done(step))
                     if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
                         self.after_update(self.state)
                     since_rl = step - self.rl_start
