@@ -48,6 +48,10 @@ setup(
             "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
             "mkdocs-material>=9.6,<10",  # the docs site (mkdocs.yml), built with --strict in CI
         ],
+        # Loading the exported hf/ folder in transformers (the rest it needs is in install_requires). Pinned to the
+        # CPU build on this project's machines: PyPI's Linux wheel is the CUDA build, so install with
+        # --extra-index-url https://download.pytorch.org/whl/cpu (whose 2.13.0+cpu pip then prefers).
+        "hf": ["torch==2.13.0"],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
         "notebooks": ["jupyter", "ipykernel>=6.29"],
