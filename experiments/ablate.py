@@ -23,6 +23,7 @@ from absl import app, flags
 from ipa_jax.analysis.presets import Preset, listing, preset_files, resolve_preset
 from ipa_jax.analysis.stats import CLAIMS
 from ipa_jax.analysis.sweep import resolve_config, sweep
+from ipa_jax.host_memory import keep_freed_host_memory
 from ipa_jax.pipeline.cli import exit_on_config_error, quiet_library_logs
 from ipa_jax.pipeline.config import split_override
 
@@ -90,4 +91,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

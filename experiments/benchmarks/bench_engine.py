@@ -26,6 +26,9 @@ import tempfile
 import time
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+
+from ipa_jax.host_memory import keep_freed_host_memory
 
 flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
@@ -63,7 +66,6 @@ def main(_):
     from ipa_jax.engines.devserver import DevServer
     from ipa_jax.engines.embedded import EmbeddedEngine
     from ipa_jax.models import from_pretrained
-    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -147,4 +149,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

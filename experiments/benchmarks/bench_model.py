@@ -20,6 +20,9 @@ import tempfile
 import time
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+
+from ipa_jax.host_memory import keep_freed_host_memory
 
 flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
@@ -45,7 +48,6 @@ def main(_):
     from flax import nnx
 
     from ipa_jax.models import from_pretrained
-    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -116,4 +118,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)
