@@ -241,9 +241,9 @@ class Learner:
                              f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
                              f"to step {self.total_steps}")
 
-    def _count_streaks(self, step: int, metrics: dict[str, Any]) -> None:
-        """After update `step`: counts the updates skipped as non-finite and the RL updates with a zero gradient in
-        a row; at their train.max_consecutive_* the run is to stop, naming why and the remedy."""
+    def _count_skipped(self, step: int, metrics: dict[str, Any]) -> None:
+        """After update `step`: counts the updates skipped as non-finite in a row; at train.max_consecutive_skipped
+        the run is to stop (at the batch boundary, where its checkpoint is exact) naming why."""
         if self._skipped.add(bool(metrics["skipped"])):
             n, limit = self._skipped.count, self._skipped.limit
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
@@ -254,20 +254,23 @@ class Learner:
                 f"the last {n} updates (steps {step - n + 1}-{step}) were all skipped as non-finite "
                 f"(at step {step}: {cause}; loss {loss:.4g}, grad_norm {grad_norm:.4g}); "
                 f"train.max_consecutive_skipped = {limit}")
+
+    def _count_zero_grad(self, step: int, metrics: dict[str, Any]) -> None:
+        """After update `step`: counts the RL updates with a gradient of exactly 0 in a row (the first of the run
+        warns); at train.max_consecutive_zero_grad the run is to stop, naming the remedy."""
         zero = step > self.rl_start and not metrics["skipped"] and float(metrics["grad_norm"]) == 0.0
-        stop = self._zero_grad.add(zero)
+        reward = float(metrics.get("reward_mean", np.nan))
         if zero and not self._zero_grad_warned:
             self._zero_grad_warned = True
             log.warning("RL update %d has a zero gradient (every advantage 0: batch reward mean %.3g); "
-                        "train.max_consecutive_zero_grad = %d in a row stop the run", step,
-                        float(metrics.get("reward_mean", np.nan)), self._zero_grad.limit)
-        if stop:
+                        "train.max_consecutive_zero_grad = %d in a row stop the run", step, reward,
+                        self._zero_grad.limit)
+        if self._zero_grad.add(zero):
             n, limit = self._zero_grad.count, self._zero_grad.limit
             self._streak_stop = self._streak_stop or (
                 f"the last {n} RL updates (steps {step - n + 1}-{step}) had a zero gradient (every advantage 0, "
-                f"batch reward mean {float(metrics.get('reward_mean', np.nan)):.3g}): use a baseline "
-                f"(objective.baseline=batch_mean) or a longer warm start (train.il_warmup_steps) so that rewards "
-                f"differ; train.max_consecutive_zero_grad = {limit}")
+                f"batch reward mean {reward:.3g}): use a baseline (objective.baseline=batch_mean) or a longer warm "
+                f"start (train.il_warmup_steps) so that rewards differ; train.max_consecutive_zero_grad = {limit}")
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -409,7 +412,8 @@ class Learner:
                     if metrics["il_rows"] == 0:  # no imitation rows: nothing to match (not a match rate of 0)
                         del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
-                    self._count_streaks(step, metrics)
+                    self._count_skipped(step, metrics)
+                    self._count_zero_grad(step, metrics)
                     total = self.total_steps
                     if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
                         self.metrics_log.write(step, metrics)
