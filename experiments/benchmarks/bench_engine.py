@@ -4,7 +4,7 @@ Both engines run the same random Qwen3 weights (transformers builds them and sav
 in float32 on CPU, sampling at temperature 1 with no stop tokens, prompts of --prompt_len tokens. Decode tokens/s =
 B * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and the first token are excluded; each time is the
 minimum of --iters interleaved rounds (embedded and transformers, N and 1 new tokens, one run each per round, each
-after a short pause: ipa_jax.timing) after a warm-up (compile) run. Weight-update latency:
+after a short pause: timing.py) after a warm-up (compile) run. Weight-update latency:
 EmbeddedEngine.update_weights (read safetensors + swap), set_params_from_model (in-process swap), and a full
 SGLangEngine sync (pause -> /update_weights_from_disk -> version read-back -> continue) on a dev server.
 

@@ -8,7 +8,7 @@ ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alo
 of the step. With --torch_device=none nothing is built by transformers: ipa_jax's own random init of the same
 architecture (faster at billions of parameters, and nothing written to disk). Reports tokens/s, MFU
 (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
-rounds after warm-up (compile; each timed call after a short pause: ipa_jax.timing), and the ratios (from the
+rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios (from the
 minima: the least disturbed measurements on a shared machine).
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512

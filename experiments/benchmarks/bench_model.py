@@ -4,7 +4,7 @@ Every variant runs the same random weights (transformers builds them, saves safe
 same tokens and the same loss (mean next-token NLL), in float32 on CPU. A variant is MOE_IMPL/ATTENTION_IMPL
 (models/moe.py, models/attention.py); "auto/auto" is the default the learner runs, "dense/reference" the reference
 paths. After one warm-up (compile) call each, --iters rounds time every variant once per round (interleaved, so a
-shared machine's load spreads over all of them; each after a short pause: ipa_jax.timing); the ratios to
+shared machine's load spreads over all of them; each after a short pause: timing.py); the ratios to
 transformers come from the minima (the least disturbed measurements). The losses must agree.
 
   python experiments/benchmarks/bench_model.py                       # 4 layers, hidden 256, 16 experts top-4, 4 x 512
