@@ -52,6 +52,10 @@ setup(
         # groups. On a CPU-only machine install torch's CPU build first (pip install torch --index-url
         # https://download.pytorch.org/whl/cpu): the default wheel pulls in CUDA libraries.
         "weight-sync": ["torch>=2.6"],
+        # Loading the exported hf/ folder in transformers (the rest it needs is in install_requires). Pinned to the
+        # CPU build on this project's machines: PyPI's Linux wheel is the CUDA build, so install with
+        # --extra-index-url https://download.pytorch.org/whl/cpu (whose 2.13.0+cpu pip then prefers).
+        "hf": ["torch==2.13.0"],
         # logging.wandb: metrics to Weights & Biases.
         "wandb": ["wandb>=0.31"],
         "notebooks": ["jupyter", "ipykernel>=6.29"],

@@ -6,29 +6,33 @@
         --set=train.steps=60 --set=train.il_warmup_steps=40 --out=runs/ablations/mine
     python experiments/ablate.py --preset=credit --eval_tasks=256 --eval_samples=4 --claim=lower
 
-Configs are named by file (`credit_token` = configs/ablations/credit_token.py) or given as paths; every --set
-override (and --steps, --eval_tasks, --eval_samples) applies to every arm. The table gives per config the mean over
-seeds with a 95% interval over seeds and held-out tasks, and its paired difference with --reference (the first config
-by default) with a verdict on --claim (docs/statistics.md). The sweep itself (shared warm starts, reuse of finished
-runs, the folder it writes) is `ipa_jax.analysis.sweep`; notebooks/ablations.ipynb reads the same folder.
+Presets are files of configs/sweeps/ (or a preset file's path); configs are named by file (`credit_token` =
+configs/ablations/credit_token.py) or given as paths; every --set override (and --steps, --eval_tasks,
+--eval_samples) applies to every arm. One line per finished run (arm, seed, held-out success, time, the sweep's
+progress); then the table: per config the mean over seeds with a 95% interval over seeds and held-out tasks, and
+its paired difference with --reference (the first config by default) with a verdict on --claim
+(docs/statistics.md). The sweep is `ipa_jax.analysis.sweep`; notebooks/ablations.ipynb reads the same folder.
 """
 
 import logging
 import os
 import sys
-import time
 
 from absl import app, flags
 
+from ipa_jax.analysis.presets import Preset, listing, preset_files, resolve_preset
 from ipa_jax.analysis.stats import CLAIMS
-from ipa_jax.analysis.sweep import PRESETS, Preset, resolve_config, sweep
+from ipa_jax.analysis.sweep import resolve_config, sweep
+from ipa_jax.host_memory import keep_freed_host_memory
 from ipa_jax.pipeline.cli import exit_on_config_error, quiet_library_logs
 from ipa_jax.pipeline.config import split_override
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(os.path.dirname(HERE), "configs", "ablations")
+SWEEP_DIR = os.path.join(os.path.dirname(HERE), "configs", "sweeps")
 
-flags.DEFINE_string("preset", None, f"A named set of configs and seeds: {', '.join(PRESETS)}.")
+flags.DEFINE_string("preset", None, f"A named set of configs and seeds: {', '.join(preset_files(SWEEP_DIR))} "
+                    "(files of configs/sweeps/), or a preset file's path.")
 flags.DEFINE_list("configs", None, "Comma-separated configs: names in configs/ablations/ or paths to .py files.")
 flags.DEFINE_list("seeds", None, "Comma-separated seeds (default: the preset's; 0,1,2 with --configs).")
 flags.DEFINE_string("out", None, "Output folder (run folders, table, plots); default runs/ablations/<preset>.")
@@ -51,22 +55,7 @@ flags.DEFINE_bool("share_warm_start", True, "Train the IL warm start once per se
                   "the RL phase, and start each of them from it.")
 flags.DEFINE_bool("list", False, "List the ablation configs and presets, then exit.")
 FLAGS = flags.FLAGS
-
-
-def print_listing() -> None:
-    print("presets (--preset=NAME):")
-    width = max(map(len, PRESETS))
-    for name, preset in PRESETS.items():
-        print(f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
-              f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}\n"
-              f"  {'':<{width}} {preset.description}")
-    print(f"configs (--configs=NAME,...; files in {os.path.relpath(CONFIG_DIR)}):")
-    names = sorted(filename[:-3] for filename in os.listdir(CONFIG_DIR) if filename.endswith(".py"))
-    width = max(map(len, names), default=0)
-    for name in names:
-        with open(os.path.join(CONFIG_DIR, name + ".py"), encoding="utf-8") as f:
-            first = f.read().split('"""')[1].strip().splitlines()[0]
-        print(f"  {name:<{width}} {first}")
+SHORTHANDS = (("steps", "train.steps"), ("eval_tasks", "train.eval_episodes"), ("eval_samples", "train.eval_samples"))
 
 
 @exit_on_config_error
@@ -74,39 +63,33 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.list:
-        return print_listing()
+        return print(listing(SWEEP_DIR, CONFIG_DIR))
     if (FLAGS.preset is None) == (FLAGS.configs is None):
         raise app.UsageError("give exactly one of --preset or --configs (--list shows them)")
-    if FLAGS.preset is not None and FLAGS.preset not in PRESETS:
-        raise app.UsageError(f"--preset must be one of {', '.join(PRESETS)}, got {FLAGS.preset!r}")
-    preset = PRESETS[FLAGS.preset] if FLAGS.preset else Preset(tuple(FLAGS.configs), (0, 1, 2))
-    seeds = tuple(int(s) for s in FLAGS.seeds) if FLAGS.seeds is not None else preset.seeds
-    overrides = dict(preset.overrides) | dict(split_override(s) for s in FLAGS.set)
-    for flag, key in (("steps", "train.steps"), ("eval_tasks", "train.eval_episodes"),
-                      ("eval_samples", "train.eval_samples")):
-        if FLAGS[flag].value is not None:
-            overrides[key] = FLAGS[flag].value
+    flag = "preset" if FLAGS.preset else "configs"
     try:
+        name, preset = resolve_preset(FLAGS.preset, SWEEP_DIR) if FLAGS.preset else ("custom", Preset(
+            tuple(FLAGS.configs), (0, 1, 2)))
         configs = [resolve_config(c, CONFIG_DIR) for c in preset.configs]
     except ValueError as e:
-        raise app.UsageError(f"--configs: {e}") from None
+        raise app.UsageError(f"--{flag}: {e}") from None
+    seeds = tuple(int(s) for s in FLAGS.seeds) if FLAGS.seeds is not None else preset.seeds
+    overrides = (dict(preset.overrides) | dict(split_override(s) for s in FLAGS.set)
+                 | {key: FLAGS[f].value for f, key in SHORTHANDS if FLAGS[f].value is not None})
     reference = FLAGS.reference if FLAGS.reference is not None else preset.reference
-    if reference is not None and reference not in [name for name, _ in configs]:
+    if reference is not None and reference not in [n for n, _ in configs]:
         raise app.UsageError(f"--reference must be one of the configs ({', '.join(n for n, _ in configs)}), "
                              f"got {reference!r}")
-    out = os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", FLAGS.preset or "custom"))
     quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    t0 = time.perf_counter()
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None
-    manifest = sweep(configs, seeds, out, overrides=overrides, threshold=FLAGS.threshold, train_command=train,
-                     rerun=FLAGS.rerun, share_warm_start=FLAGS.share_warm_start, reference=reference,
-                     claim=FLAGS.claim or preset.claim)
-    print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
-          f"{time.perf_counter() - t0:.0f} s; table, plots and runs in {out}")
+    manifest = sweep(configs, seeds, os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", name)),
+                     overrides=overrides, threshold=FLAGS.threshold, train_command=train, rerun=FLAGS.rerun,
+                     share_warm_start=FLAGS.share_warm_start, reference=reference, claim=FLAGS.claim or preset.claim)
     if manifest["failed"]:
         sys.exit(1)
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

@@ -2,7 +2,7 @@
 
     python experiments/evaluate.py --run=runs/quickstart [--step=N] [--config.rollout.max_turns=6]
     python experiments/evaluate.py --policy=runs/quickstart/hf --config=configs/quickstart.py [--tokenizer=DIR]
-        [--episodes=128] [--k=4] [--temperature=1.0] [--split=eval] [--seed=0] [--out=report.json]
+        [--episodes=N] [--k=4] [--temperature=1.0] [--split=eval] [--seed=0] [--out=report.json]
         [--sglang_urls=http://h:30000,http://h2:30000]     # generate with servers that already serve the policy
 
 A run folder gives its config.json, its tokenizer and the policy of its latest complete checkpoint (or --step); an
@@ -15,6 +15,7 @@ else ./evaluation.json).
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
 from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
 from ipa_jax.pipeline.evaluation import (
     PolicyError,
@@ -78,4 +79,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main, flags_parser=CONFIG.parse)

@@ -14,6 +14,7 @@ import json
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
 from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
 from ipa_jax.pipeline.forks import probe_policy
 from ipa_jax.rollout.resample import forks_by_anchor
@@ -55,4 +56,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main, flags_parser=CONFIG.parse)

@@ -16,6 +16,7 @@ the same command on every host (experiments/launch.py renders the Slurm, GKE Job
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
 from ipa_jax.pipeline import run
 from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error, exit_on_stop
 from ipa_jax.train import distributed
@@ -37,4 +38,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main, flags_parser=CONFIG.parse)

@@ -249,10 +249,10 @@ class Trajectory:
 class DropLog:
     """Logs dropped trajectories at most once every `interval_s` seconds: how many since the last line, by reason,
     and the latest message (a poisoned source can drop thousands a second; a line each would flood the log, and
-    none would hide it). Thread-safe."""
+    none would hide it). Thread-safe. `level`: logging.DEBUG for drops that are expected and counted elsewhere."""
 
-    def __init__(self, logger: logging.Logger, source: str, interval_s: float = 30.0):
-        self.logger, self.source, self.interval_s = logger, source, interval_s
+    def __init__(self, logger: logging.Logger, source: str, interval_s: float = 30.0, level: int = logging.WARNING):
+        self.logger, self.source, self.interval_s, self.level = logger, source, interval_s, level
         self._pending: collections.Counter[str] = collections.Counter()
         self._logged_at = -float("inf")
         self._lock = threading.Lock()
@@ -265,8 +265,8 @@ class DropLog:
                 return
             pending, self._pending, self._logged_at = self._pending, collections.Counter(), now
         counts = ", ".join(f"{r} {n}" for r, n in pending.most_common())
-        self.logger.warning("%s dropped %d trajectories (%s) since its last report; latest (%s): %s", self.source,
-                            sum(pending.values()), counts, reason, message)
+        self.logger.log(self.level, "%s dropped %d trajectories (%s) since its last report; latest (%s): %s",
+                        self.source, sum(pending.values()), counts, reason, message)
 
 
 def _short(a: np.ndarray, n: int = 12) -> str:

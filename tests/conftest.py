@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from cpu_env import xla_flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
+
 # Must happen before JAX initialises its backend; a test run imports this first.
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -30,6 +32,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ipa_jax_tests_xla_cache_")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# A test process runs JAX as the entry points do, with their malloc settings (ipa_jax/host_memory.py).
+keep_freed_host_memory()
 
 
 # ---------------------------------------------------------------------------------------------- server processes

@@ -126,12 +126,13 @@ def write_synthetic_ablation(out: str, tokenizer, configs: dict[str, float], see
     return written
 
 
-def execute(name: str, env: dict[str, str], monkeypatch) -> nbformat.NotebookNode:
+def execute(name: str, env: dict[str, str], monkeypatch, cwd: str = NOTEBOOKS) -> nbformat.NotebookNode:
+    """Runs the notebook with its kernel in `cwd` (Jupyter's choice: the notebook's folder)."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name} is saved with outputs"
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
     return nb
 
 
@@ -174,6 +175,28 @@ def test_explore_run_notebook(tmp_path, tokenizer, monkeypatch):
         assert f"<summary>prompt ({first} tokens)</summary>" in text
     (expert_pos,) = np.nonzero(written["episodes"][0].expert_mask)
     assert f'title="expert, tokens {expert_pos[0]}-{expert_pos[-1]}">' in text
+
+
+def test_runs_root_is_the_nearest_runs_folder_up_from_the_current_one(tmp_path, monkeypatch):
+    (tmp_path / "repo" / "runs").mkdir(parents=True)
+    (tmp_path / "repo" / "notebooks" / "deeper").mkdir(parents=True)
+    runs = str(tmp_path / "repo" / "runs")
+    for start in ("repo", "repo/runs/..", "repo/notebooks", "repo/notebooks/deeper"):
+        assert os.path.realpath(analysis.runs_root(str(tmp_path / start))) == os.path.realpath(runs)
+    monkeypatch.chdir(tmp_path / "repo" / "notebooks")
+    assert os.path.realpath(analysis.runs_root()) == os.path.realpath(runs)
+    assert analysis.runs_root(str(tmp_path)) == str(tmp_path / "runs")  # none: runs/ of the folder itself
+
+
+def test_explore_run_notebook_finds_the_runs_from_the_repository_root(tmp_path, tokenizer, monkeypatch):
+    """Started in the repository's root (not notebooks/) with neither RUN_DIR nor RUNS_ROOT set: the newest run
+    under the root's runs/."""
+    run_dir = str(tmp_path / "repo" / "runs" / "tiny")
+    write_synthetic_run(run_dir, tokenizer, seed=0)
+    for key in ("RUN_DIR", "RUNS_ROOT"):
+        monkeypatch.delenv(key, raising=False)
+    nb = execute("explore_run.ipynb", {"NUM_EPISODES": "1"}, monkeypatch, cwd=str(tmp_path / "repo"))
+    assert f"run folder: {os.path.abspath(run_dir)}" in outputs_text(nb)
 
 
 def test_ablations_notebook(tmp_path, tokenizer, monkeypatch):

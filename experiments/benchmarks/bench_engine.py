@@ -4,7 +4,7 @@ Both engines run the same random Qwen3 weights (transformers builds them and sav
 in float32 on CPU, sampling at temperature 1 with no stop tokens, prompts of --prompt_len tokens. Decode tokens/s =
 B * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and the first token are excluded; each time is the
 minimum of --iters interleaved rounds (embedded and transformers, N and 1 new tokens, one run each per round, each
-after a short pause: ipa_jax.timing) after a warm-up (compile) run. Weight-update latency:
+after a short pause: timing.py) after a warm-up (compile) run. Weight-update latency:
 EmbeddedEngine.update_weights (read safetensors + swap), set_params_from_model (in-process swap), and a full
 SGLangEngine sync (pause -> /update_weights_from_disk -> version read-back -> continue) on a dev server.
 
@@ -26,6 +26,9 @@ import tempfile
 import time
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+
+from ipa_jax.host_memory import keep_freed_host_memory
 
 flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
@@ -63,7 +66,6 @@ def main(_):
     from ipa_jax.engines.devserver import DevServer
     from ipa_jax.engines.embedded import EmbeddedEngine
     from ipa_jax.models import from_pretrained
-    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -147,4 +149,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

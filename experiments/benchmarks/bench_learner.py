@@ -8,7 +8,7 @@ ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alo
 of the step. With --torch_device=none nothing is built by transformers: ipa_jax's own random init of the same
 architecture (faster at billions of parameters, and nothing written to disk). Reports tokens/s, MFU
 (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
-rounds after warm-up (compile; each timed call after a short pause: ipa_jax.timing), and the ratios (from the
+rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios (from the
 minima: the least disturbed measurements on a shared machine).
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
@@ -26,7 +26,9 @@ import statistics
 import tempfile
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
 
+from ipa_jax.host_memory import host_memory_kept, keep_freed_host_memory
 from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
 
 flags.DEFINE_integer("layers", 4, "decoder layers")
@@ -127,10 +129,8 @@ def main(_):
     import transformers
     from flax import nnx
 
-    import ipa_jax
     from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh, token_logprobs
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
-    from ipa_jax.timing import time_round_robin
     from ipa_jax.train import (
         OptimizerConfig,
         StepOptions,
@@ -217,7 +217,7 @@ def main(_):
                               seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
                               microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
                               update_bound=FLAGS.update_bound,
-                              keep_host_memory=ipa_jax.HOST_MEMORY_KEPT,
+                              keep_host_memory=host_memory_kept(),
                               moe_block_rows=FLAGS.moe_block_rows,
                               attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
                               device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
@@ -255,4 +255,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

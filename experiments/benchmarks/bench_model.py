@@ -4,7 +4,7 @@ Every variant runs the same random weights (transformers builds them, saves safe
 same tokens and the same loss (mean next-token NLL), in float32 on CPU. A variant is MOE_IMPL/ATTENTION_IMPL
 (models/moe.py, models/attention.py); "auto/auto" is the default the learner runs, "dense/reference" the reference
 paths. After one warm-up (compile) call each, --iters rounds time every variant once per round (interleaved, so a
-shared machine's load spreads over all of them; each after a short pause: ipa_jax.timing); the ratios to
+shared machine's load spreads over all of them; each after a short pause: timing.py); the ratios to
 transformers come from the minima (the least disturbed measurements). The losses must agree.
 
   python experiments/benchmarks/bench_model.py                       # 4 layers, hidden 256, 16 experts top-4, 4 x 512
@@ -20,6 +20,9 @@ import tempfile
 import time
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+
+from ipa_jax.host_memory import keep_freed_host_memory
 
 flags.DEFINE_integer("layers", 4, "decoder layers")
 flags.DEFINE_integer("hidden", 256, "hidden size")
@@ -45,7 +48,6 @@ def main(_):
     from flax import nnx
 
     from ipa_jax.models import from_pretrained
-    from ipa_jax.timing import time_round_robin
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -116,4 +118,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

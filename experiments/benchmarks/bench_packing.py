@@ -26,6 +26,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
+
 flags.DEFINE_list("dists", ["quickstart", "lognormal"], "length distributions: quickstart, lognormal")
 flags.DEFINE_integer("batch", 16, "trajectories per batch (the quickstart's train.batch_size)")
 flags.DEFINE_integer("batches", 3, "batches per distribution")
@@ -151,4 +153,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

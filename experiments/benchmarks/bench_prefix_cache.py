@@ -21,6 +21,8 @@ import time
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
+
 flags.DEFINE_integer("episodes", 32, "episodes per round")
 flags.DEFINE_integer("concurrency", 16, "episodes in flight (= engine rows)")
 flags.DEFINE_integer("turns", 7, "assistant turns per episode")
@@ -96,4 +98,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

@@ -30,6 +30,8 @@ import time
 
 from absl import app, flags
 
+from ipa_jax.host_memory import keep_freed_host_memory
+
 flags.DEFINE_enum("model", "qwen3_30b_a3b", ["qwen3_30b_a3b", "qwen3_235b_a22b"], "HF architecture")
 flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu", "tpu"], "cpu: a virtual mesh of --devices fake CPU devices")
 flags.DEFINE_integer("devices", 8, "fake CPU devices (platform cpu)")
@@ -255,4 +257,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

@@ -12,7 +12,7 @@ read-back and the continue included:
   distributed  update_weights_from_tensors over iter_hf_tensors (cast to bfloat16 and transposed by JAX, handed to
                torch through DLPack, in buckets of --bucket_mb; the group is made in the warm-up call and kept)
 
-Each time is the median of --rounds interleaved rounds after a warm-up call of each (ipa_jax.timing); the page cache
+Each time is the median of --rounds interleaved rounds after a warm-up call of each (timing.py); the page cache
 holds the checkpoints (the disk path's best case).
 
   python experiments/benchmarks/bench_weight_sync.py
@@ -33,6 +33,9 @@ import urllib.error
 import urllib.request
 
 from absl import app, flags
+from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+
+from ipa_jax.host_memory import keep_freed_host_memory
 
 flags.DEFINE_integer("layers", 12, "decoder layers")
 flags.DEFINE_integer("hidden", 768, "hidden size")
@@ -76,7 +79,6 @@ def main(_):
     from ipa_jax.models import init_model, save_pretrained
     from ipa_jax.models.config import Qwen3Config
     from ipa_jax.models.hf_io import iter_hf_tensors
-    from ipa_jax.timing import time_round_robin
 
     heads = FLAGS.hidden // 64
     config = Qwen3Config(vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=FLAGS.intermediate,
@@ -133,4 +135,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     app.run(main)

@@ -19,6 +19,7 @@ from ipa_jax.analysis.curves import (
                                      final_outcomes,
                                      newest_run,
                                      run_scalars,
+                                     runs_root,
                                      seed_band,
                                      series,
                                      smooth,
@@ -55,6 +56,6 @@ __all__ = [
     "Segment", "SignTest", "TaskOutcomes", "ablation_reference", "ablation_rows", "arm_estimate", "comparison_columns",
     "curve_auc", "episode_segments", "final_outcomes", "hierarchical_bootstrap", "load_ablation", "load_run_tokenizer",
     "newest_ablation", "newest_run", "paired_difference", "plot_band", "render_episode_html", "run_scalars",
-    "seed_band", "series", "sign_test", "smooth", "steps_to_threshold", "table_markdown", "verdict", "write_csv",
-    "write_plots", "write_tables",
+    "runs_root", "seed_band", "series", "sign_test", "smooth", "steps_to_threshold", "table_markdown", "verdict",
+    "write_csv", "write_plots", "write_tables",
 ]

@@ -6,6 +6,7 @@ import glob
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,17 @@ SCALARS = ("success_before", "success_after", "auc", "steps_to_threshold", "wall
 # A run collapsed when RL left its held-out success below this fraction of its warm start's: the breakdowns of
 # stale or too-fast updates (the policy stops calling tools, or breaks its calls) that the mean over seeds hides.
 COLLAPSE_FRACTION = 0.5
+
+
+def runs_root(start: str | None = None) -> str:
+    """The runs/ folder of `start` (default: the current directory) or of its nearest parent that has one: the
+    repository's runs/ from the repository, from notebooks/ or from any folder inside it; `start`/runs when none
+    does."""
+    here = Path(start or os.getcwd()).absolute()
+    for folder in (here, *here.parents):
+        if (folder / "runs").is_dir():
+            return str(folder / "runs")
+    return str(here / "runs")
 
 
 def newest_run(runs_root: str = "runs") -> str:

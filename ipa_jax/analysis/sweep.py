@@ -1,6 +1,7 @@
 """Ablation sweeps: train a set of configs over several seeds, then write the comparison into one folder.
 
-Each (config, seed) trains into <out>/runs/<config>/seed_<seed> with train.seed and train.run_dir set (and the
+Sweep presets (what to compare) are files of configs/sweeps/ (`ipa_jax.analysis.presets`). Each (config, seed)
+trains into <out>/runs/<config>/seed_<seed> with train.seed and train.run_dir set (and the
 sweep's overrides applied to every arm); a run whose folder already holds summary.json is reused, so rerunning an
 interrupted sweep continues it (`rerun=True` starts the runs afresh), unless its config.json differs from the arm's
 config: such a run is recorded as failed with the differing keys, never tabled under the arm's name. Then <out>/
@@ -34,7 +35,6 @@ import subprocess
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ipa_jax.analysis.stats import CLAIMS
@@ -50,107 +50,6 @@ RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", 
                  "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "train.steps",
                  "train.eval_every", "train.name", "train.run_dir")
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named sweep: config names (files of the ablation config folder), seeds, overrides for every arm, and the
-    paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS)."""
-
-    configs: tuple[str, ...]
-    seeds: tuple[int, ...]
-    description: str = ""
-    overrides: tuple[tuple[str, Any], ...] = ()
-    reference: str | None = None
-    claim: str = "higher"
-
-    def __post_init__(self) -> None:
-        if self.reference is not None and self.reference not in self.configs:
-            raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
-        if self.claim not in CLAIMS:
-            raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {self.claim!r}")
-
-
-LONGHORIZON_ARMS = ("longhorizon_credit_chunk", "longhorizon_control_il_continue", "longhorizon_credit_token",
-                    "longhorizon_credit_token_matched")
-LONGHORIZON_FLASH_ARMS = ("longhorizon_flash_reinforce", "longhorizon_flash_token_mean")
-# kv_chain with each chain drawn from 1-6 hops (the expert's episodes too) and a 600-step imitation cap: the warm
-# start that leaves every seed of 0-3 above 0% held-out success (fixed six hops leave seeds 2 and 3 at 0%).
-MIXED_HOPS = (("env.kwargs.min_hops", 1), ("train.il_warmup_steps", 600), ("train.steps", 680))
-
-PRESETS: dict[str, Preset] = {
-    "small": Preset(("credit_chunk", "credit_token"), (0, 1),
-                    "chunk vs token credit, 2 seeds: a sweep that finishes on 2 CPU cores in < 1 h", claim="lower"),
-    "claims": Preset(("credit_chunk", "control_il_continue", "credit_token", "credit_token_matched"), (0, 1, 2, 3),
-                     "the README's headline table: IPA (chunk credit) against imitation continued for as many "
-                     "updates, token credit, and token credit with the early turns' weight matched; 4 seeds, shared "
-                     "warm starts, each arm paired with credit_chunk", reference="credit_chunk", claim="lower"),
-    "credit": Preset(("credit_chunk", "credit_token", "credit_trajectory"), (0, 1, 2),
-                     "IPA's claim: chunk-level credit beats token-level (and trajectory-level)", claim="lower"),
-    "staleness": Preset(("lag4", "lag4_tr", "lag8", "lag8_tr"), (0, 1, 2),
-                        "FlashREINFORCE's claim: the sequence trust region keeps stale updates stable"),
-    "aggregation": Preset(("agg_sample_mean", "agg_token_mean", "agg_chunk_mean"), (0, 1, 2),
-                          "FlashREINFORCE's claim: sample-mean beats token-mean aggregation", claim="lower"),
-    "negatives": Preset(("is_chunk", "is_none", "is_token", "is_sequence", "trunc_neg_off"), (0, 1, 2, 3),
-                        "IPA's negative branch (batch-mean baseline): its chunk-level ratio on negatives, truncated "
-                        "at 1, against no ratio, token- and sequence-level ratios, and no truncation",
-                        claim="lower"),
-    "negatives_lag4": Preset(("is_chunk", "is_none", "trunc_neg_off", "is_token", "is_sequence"), (0, 1, 2, 3),
-                             "the negative branch where its ratios matter: at policy lag ~1 they stay within 4e-4 of "
-                             "1, so here the sampler is forced 4 updates behind; IPA's chunk-level ratio on "
-                             "negatives, truncated at 1, against no ratio, no truncation, and token- and "
-                             "sequence-level ratios",
-                             overrides=(("queue.forced_lag", 4), ("queue.max_policy_lag", 6)), claim="lower"),
-    "flash": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean"), (0, 1, 2, 3),
-                    "FlashREINFORCE's parts on its own objective (negatives' base): without the sequence trust "
-                    "region, token-mean instead of sample-mean aggregation; each paired with the full objective",
-                    claim="lower"),
-    "flash_entropy": Preset(("flash_reinforce", "flash_entropy_q05"), (0, 1, 2, 3),
-                            "FlashREINFORCE's entropy filter: failures keep their 50% highest-entropy tokens (q = "
-                            "0.5) against all of them", claim="lower"),
-    "flash_lr": Preset(("flash_reinforce", "flash_lr4e4"), (0, 1, 2, 3),
-                       "the RL learning rate of the objectives with negatives (FlashREINFORCE): the base's 2e-4 "
-                       "against 4e-4; how often a seed's policy collapses, and what each rate learns "
-                       "(flash_lr1e4.py: 1e-4)", claim="lower"),
-    "flash_lr4e4_parts": Preset(("flash_reinforce", "flash_tr_off", "flash_token_mean", "flash_entropy_q05",
-                                 "flash_lag4", "flash_lag4_tr_off"), (0, 1),
-                                "the flash and flash_staleness arms at an RL learning rate of 4e-4, where the policy "
-                                "can collapse: which parts keep it from collapsing",
-                                overrides=(("optimizer.lr", 4e-4),), claim="lower"),
-    "flash_staleness": Preset(("flash_lag4", "flash_lag4_tr_off"), (0, 1, 2, 3),
-                              "FlashREINFORCE's claim: its sequence trust region keeps updates at policy lag 4 "
-                              "stable", claim="lower"),
-    "flash_staleness8": Preset(("flash_lag8", "flash_lag8_tr_off"), (0, 1, 2, 3),
-                               "the same at policy lag 8", claim="lower"),
-    "flash_groups": Preset(("flash_reinforce", "flash_grpo"), (0, 1, 2, 3),
-                           "FlashREINFORCE's claim: one rollout per prompt with batch-centred rewards does as well as "
-                           "GRPO-style groups of 4 samples per task with group-mean baselines", claim="lower"),
-    "longhorizon": Preset(LONGHORIZON_ARMS, (0, 1, 2, 3),
-                          "the claims table on the long-horizon kv_chain task (seven chunks per success, failures "
-                          "of one to nine turns): IPA against imitation continued, token credit and token credit "
-                          "with the first chunk's weight matched", claim="lower"),
-    "longhorizon_flash": Preset(LONGHORIZON_FLASH_ARMS, (0, 1, 2, 3),
-                                "FlashREINFORCE's aggregation claim where it can show: sample-mean against "
-                                "token-mean on kv_chain, whose failures vary several-fold in length", claim="lower"),
-    "longhorizon_mixed": Preset(LONGHORIZON_ARMS, (0, 1, 2, 3),
-                                "the longhorizon preset on chains of 1-6 hops with a 600-step imitation cap, the warm "
-                                "start that works on seeds 0-3", overrides=MIXED_HOPS, claim="lower"),
-    "longhorizon_flash_mixed": Preset(LONGHORIZON_FLASH_ARMS, (0, 1, 2, 3),
-                                      "the longhorizon_flash preset on chains of 1-6 hops with a 600-step imitation "
-                                      "cap, the warm start that works on seeds 0-3", overrides=MIXED_HOPS,
-                                      claim="lower"),
-    "terminal": Preset(("terminal_credit_chunk", "terminal_control_il_continue", "terminal_credit_token"),
-                       (0, 1, 2, 3),
-                       "IPA against imitation continued and token credit on the terminal suite's easy tier (shell "
-                       "commands in sandboxes); for a policy that learns the tier: the tiny CPU policy stays at ~6% "
-                       "(configs/ablations/terminal_common.py)", claim="lower"),
-    "staleness_offpolicy": Preset(
-        ("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
-         "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",
-         "offpolicy_lag4_recompute", "offpolicy_lag4_recompute_nomismatch"), (0, 1, 2),
-        "policy lag 0 / 4 x mismatch correction on / off x old log-probs behaviour / recompute, with "
-        "negatives (batch-mean baseline), shared warm starts"),
-}
 
 
 def resolve_config(spec: str, config_dir: str) -> tuple[str, str]:
@@ -266,30 +165,38 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                 donor = donors.setdefault(keys[name], name)
                 shared[name] = (donor, paths[donor], keys[name][1])
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
+    progress = SweepProgress(len(configs) * len(seeds))
     for seed in seeds:
         for name, path in configs:
             run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
             rel = os.path.relpath(run_dir, out)
             if rerun and os.path.isdir(run_dir):
                 shutil.rmtree(run_dir)
+            trained = False
+            t0 = time.perf_counter()
             try:
                 if RunFolder(run_dir).has_summary():
                     check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
                 else:
-                    t0 = time.perf_counter()
+                    trained = True
                     try:
                         _train_run(name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun,
                                    train_command)
                     finally:
                         manifest["wall_time_s"][rel] = time.perf_counter() - t0
                 manifest["runs"].setdefault(name, []).append(rel)
+                outcome = run_outcome(RunFolder(run_dir).read_summary(), reused=not trained)
             except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
-                log.error("%s seed %d failed: %s (log: %s/ablate.log)", name, seed, e, run_dir)
+                log.debug("%s seed %d failed", name, seed, exc_info=True)
                 manifest["failed"].append({"config": name, "seed": seed, "run_dir": rel, "error": repr(e),
                                            "traceback": traceback.format_exc()})
+                outcome = f"FAILED: {e} (log: {run_dir}/ablate.log)"
+            progress.finished(name, seed, outcome, time.perf_counter() - t0 if trained else None)
             _write_manifest(out, manifest)
     manifest["runs"] = {name: manifest["runs"][name] for name, _ in configs if name in manifest["runs"]}
     _write_manifest(out, manifest)
+    print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
+          f"{minutes(progress.elapsed())}; table, plots and runs in {out}", flush=True)
     if not manifest["runs"]:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
     loaded = load_ablation(out)
@@ -304,6 +211,40 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     except ImportError as e:  # the table is written; plots need matplotlib
         log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
     return manifest
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def run_outcome(summary: dict[str, Any], reused: bool) -> str:
+    """A finished run in a few words: its held-out success before RL and at the end."""
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    before = f"{pct(summary['success_before'])} -> " if summary["il_warmup_steps"] else ""
+    return f"held-out success {before}{pct(summary['success_after'])}" + (" (finished earlier)" if reused else "")
+
+
+class SweepProgress:
+    """One console line per finished run: which, how it ended, its time, and the sweep's progress with the time
+    left at the mean time of the runs trained so far."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self._start, self._trained_s = total, 0, time.perf_counter(), []
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def finished(self, name: str, seed: int, outcome: str, seconds: float | None) -> None:
+        self.done += 1
+        if seconds is not None:
+            self._trained_s.append(seconds)
+        took = f" in {minutes(seconds)}" if seconds is not None else ""
+        left = (f", about {minutes(sum(self._trained_s) / len(self._trained_s) * (self.total - self.done))} left"
+                if self._trained_s and self.done < self.total else "")
+        print(f"[{self.done}/{self.total}] {name} seed {seed}: {outcome}{took} ({minutes(self.elapsed())} "
+              f"elapsed{left})", flush=True)
 
 
 def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str, il_phase_only: bool = False

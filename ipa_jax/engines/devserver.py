@@ -54,6 +54,7 @@ import numpy as np
 from aiohttp import web
 
 from ipa_jax.engines.base import Engine, GenerationResult, SamplingParams
+from ipa_jax.host_memory import keep_freed_host_memory
 
 log = logging.getLogger(__name__)
 
@@ -815,4 +816,5 @@ async def serve_until_signal(server: DevServer) -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_host_memory()  # before JAX starts its CPU threads (ipa_jax/host_memory.py)
     main()

@@ -1,6 +1,6 @@
 """Environments (pure Python, stdlib only): protocol, tool-call parsing, built-in multi-turn tasks, registry."""
 
-from ipa_jax.envs.base import Env, StepResult, Task, ToolError, normalize_answer
+from ipa_jax.envs.base import TASK_BLOCK, Env, StepResult, Task, TaskSpaceTooSmall, ToolError, normalize_answer
 from ipa_jax.envs.calculator import CalculatorEnv
 from ipa_jax.envs.kv_chain import KVChainEnv
 from ipa_jax.envs.lookup import LookupEnv
@@ -19,7 +19,9 @@ __all__ = [
     "BUILTIN_ENVS",
     "Env",
     "StepResult",
+    "TASK_BLOCK",
     "Task",
+    "TaskSpaceTooSmall",
     "ToolError",
     "normalize_answer",
     "CalculatorEnv",

@@ -25,6 +25,16 @@ from typing import Any
 from ipa_jax.envs.tool_calls import ToolCall, ToolCallError, validate_tool_call
 
 SPLITS = ("train", "eval")
+TASK_BLOCK = 256  # distinct tasks task_stream draws at a time: a split must hold at least this many to stream
+
+
+class TaskSpaceTooSmall(ValueError):
+    """`tasks(split, n)` found fewer than n distinct tasks of the split."""
+
+    def __init__(self, env: str, split: str, needed: int, found: int, draws: int):
+        self.split, self.needed, self.found, self.draws = split, needed, found, draws
+        super().__init__(f"{env}: could not draw {needed} distinct {split} tasks (task space too small: {found} "
+                         f"distinct in {draws} draws)")
 
 
 @dataclass
@@ -139,7 +149,7 @@ class Env(abc.ABC):
         while len(out) < n:
             attempts += 1
             if attempts > 100 * n + 1000:
-                raise ValueError(f"{self.name}: could not draw {n} distinct {split} tasks (task space too small)")
+                raise TaskSpaceTooSmall(self.name, split, n, len(out), attempts - 1)
             prompt, answer, data = self._sample(rng)
             if self._split_of(prompt, data) != split:
                 continue
@@ -160,7 +170,7 @@ class Env(abc.ABC):
             )
         return out
 
-    def task_stream(self, split: str = "train", seed: int = 0, block: int = 256) -> Iterator[Task]:
+    def task_stream(self, split: str = "train", seed: int = 0, block: int = TASK_BLOCK) -> Iterator[Task]:
         """An endless deterministic stream of `split` tasks: blocks of `tasks(split, block, seed + k)`."""
         for k in itertools.count():
             yield from self.tasks(split, block, seed + k)

@@ -15,8 +15,32 @@ Dependency rule: experiments -> analysis -> pipeline -> {train, rollout, engines
 trajectory}; nothing below imports the pipeline.
 """
 
-from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, base_config, load_config, validate
-from ipa_jax.pipeline.run import run
-from ipa_jax.pipeline.run_folder import RunFolder
+import importlib
+import sys
+import types
 
-__all__ = ["ConfigError", "ExperimentConfig", "RunFolder", "base_config", "load_config", "run", "validate"]
+# Imported on first use: RunFolder is light (a notebook reading runs needs no JAX), the rest brings JAX.
+_EXPORTS = {"ConfigError": "config", "ExperimentConfig": "config", "base_config": "config", "load_config": "config",
+            "validate": "config", "run": "run", "RunFolder": "run_folder"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """`run` is the function run(config) even after its submodule ipa_jax.pipeline.run is imported (the import
+    system then sets the package's attribute of that name to the submodule)."""
+
+    def __setattr__(self, name, value):
+        if not (name == "run" and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -34,7 +34,7 @@ from ml_collections import ConfigDict, config_dict
 
 from ipa_jax.engines.base import PARTIAL_MODES
 from ipa_jax.engines.sglang import WEIGHT_SYNCS
-from ipa_jax.envs import Env, list_envs, make_env
+from ipa_jax.envs import TASK_BLOCK, Env, TaskSpaceTooSmall, list_envs, make_env
 from ipa_jax.models import MeshConfig
 from ipa_jax.models.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
 from ipa_jax.objectives import PRESETS, ObjectiveConfig, ipa_config
@@ -403,9 +403,26 @@ class ExperimentConfig:
                      "'group_mean' needs several samples per task: set rollout.group_size > 1")
             _require(self.online_source != "expert" or self.objective.il_weight > 0, "objective.il_weight",
                      "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0")
+            if self.env.name:
+                self._check_task_space()
         else:
             missing = [p for p in self.train.data if not glob.glob(os.path.expanduser(p))]
             _require(not missing, "train.data", f"no file matches {missing[0]!r}" if missing else "")
+
+    def _check_task_space(self) -> None:
+        """Draws the distinct tasks a run needs first (train.eval_episodes held-out ones, a block of the training
+        stream), so that a task space too small fails here instead of minutes into the run."""
+        env = self.env.make()
+        for split, needed, key in (("eval", self.train.eval_episodes, "train.eval_episodes"),
+                                   ("train", TASK_BLOCK, "env.kwargs")):
+            try:
+                env.tasks(split, needed)
+            except TaskSpaceTooSmall as e:
+                raise ConfigError(key, f"environment {self.env.name!r} with {dict(self.env.kwargs)}: its {split} split "
+                                       f"holds only {e.found} distinct tasks ({e.draws} draws); a run needs "
+                                       f"{self.train.eval_episodes} eval tasks (train.eval_episodes) and {TASK_BLOCK} "
+                                       f"train tasks (the training stream draws {TASK_BLOCK} at a time): widen the "
+                                       "task space (env.kwargs) or lower train.eval_episodes") from None
 
     @property
     def online(self) -> bool:

@@ -32,24 +32,29 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 from etils import epath
 
 from ipa_jax import storage
-from ipa_jax.train.metrics import LoggingConfig
 from ipa_jax.trajectory import Trajectory, jsonl_lines, parse_jsonl
+
+if TYPE_CHECKING:  # the metrics sink's settings; imported where a writer makes one (ipa_jax.train imports JAX)
+    from ipa_jax.train.metrics import LoggingConfig
 
 TRAJECTORY_FILES = ("train", "unconsumed")
 
 
 def is_writer() -> bool:
-    """Whether this process writes run-folder files (process 0 of a multi-host run)."""
-    return jax.process_index() == 0
+    """Whether this process writes run-folder files (process 0 of a multi-host run). A process that has not imported
+    JAX is no part of a multi-host run (a notebook reading runs): it is its only process, so this module does not
+    import JAX for it."""
+    jax = sys.modules.get("jax")
+    return jax is None or jax.process_index() == 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,8 @@ class RunFolder:
     def metrics_log(self, logging: LoggingConfig | None = None, config: dict[str, Any] | None = None) -> MetricsLog:
         """The learner's metrics sink. logging: its settings (default LoggingConfig()); config: the resolved
         config (ExperimentConfig.to_dict()), shown as the W&B run's config."""
+        from ipa_jax.train.metrics import LoggingConfig
+
         return MetricsLog(self, logging or LoggingConfig(), config)
 
     # ---- summary.json

@@ -7,7 +7,8 @@ trajectories already waiting that became too stale are evicted. Every admitted t
 exactly once (by `take` or, at shutdown, by `drain`); a uid is admitted at most once. Drops (stale,
 duplicate, invalid: `Trajectory.validate`, with versions ahead of the queue's and rewards outside
 `reward_range` invalid too) are counted, logged at most every `DROP_LOG_INTERVAL_S` seconds with their
-reasons, and, if `on_drop` is given, handed to it (e.g. to write them out).
+reasons (stale ones at debug level: expected under the lag bound, the learner's progress line counts them), and,
+if `on_drop` is given, handed to it (e.g. to write them out).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class TrajectoryQueue:
         self.reward_range = reward_range
         self.on_drop = on_drop
         self._drop_log = DropLog(log, "trajectory queue", DROP_LOG_INTERVAL_S)
+        # Stale drops are the policy-lag bound at work, not a fault: counted in stats() (the learner's progress line
+        # shows them) and logged at debug level only.
+        self._stale_log = DropLog(log, "trajectory queue", DROP_LOG_INTERVAL_S, level=logging.DEBUG)
         self._version = initial_version
         self._items: collections.deque[Trajectory] = collections.deque()
         self._seen: set[str] = set()  # every uid ever admitted (~100 bytes each)
@@ -233,8 +237,9 @@ class TrajectoryQueue:
 
     # ---- reporting ------------------------------------------------------------------------------------
     def _report_drops(self, trajs: list[Trajectory], reason: str, problem: str | None = None) -> None:
+        drop_log = self._stale_log if reason == "stale" else self._drop_log
         for traj in trajs:
-            self._drop_log.add(reason, problem or f"trajectory {traj.uid!r}: {_DROP_DETAIL[reason]}")
+            drop_log.add(reason, problem or f"trajectory {traj.uid!r}: {_DROP_DETAIL[reason]}")
             if self.on_drop is not None:
                 self.on_drop(traj, reason)
 

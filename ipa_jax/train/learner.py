@@ -76,6 +76,9 @@ class TrainConfig:
       recorded in config_changes.jsonl); off, such a resume is refused with the list of changed keys.
     max_consecutive_skipped: stop the run (with a checkpoint, TrainingStopped) after this many updates in a row
       skipped as non-finite: a run that learns nothing fails instead of ending as a success; 0 = never stop.
+    max_consecutive_zero_grad: likewise after this many RL updates in a row with a gradient of exactly 0 (every
+      advantage 0: e.g. all rewards equal and no baseline), with a warning at the first; the warm start's updates
+      do not count; 0 = never stop.
     """
 
     steps: int = 100
@@ -98,6 +101,7 @@ class TrainConfig:
     reward_range: tuple[float, float] = (-1e6, 1e6)
     allow_config_change: bool = False
     max_consecutive_skipped: int = 10
+    max_consecutive_zero_grad: int = 10
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes",
@@ -111,9 +115,9 @@ class TrainConfig:
                              f"{self.batch_size // self.minibatches} (train.batch_size / train.minibatches)")
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
-        if self.max_consecutive_skipped < 0:
-            raise ValueError(f"train.max_consecutive_skipped: must be >= 0 (0 = never stop), "
-                             f"got {self.max_consecutive_skipped}")
+        for name in ("max_consecutive_skipped", "max_consecutive_zero_grad"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name}: must be >= 0 (0 = never stop), got {getattr(self, name)}")
         if not 0 <= self.il_warmup_steps <= self.steps:
             raise ValueError(f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], "
                              f"got {self.il_warmup_steps}")
@@ -134,6 +138,20 @@ class TrainConfig:
     @property
     def resolved_run_dir(self) -> str:
         return self.run_dir or os.path.join("runs", self.name)
+
+
+@dataclass
+class Streak:
+    """Updates in a row that meet a condition; `limit` of them (0 = no limit) make the run stop at the next batch
+    boundary, where its checkpoint is exact."""
+
+    limit: int
+    count: int = 0
+
+    def add(self, hit: bool) -> bool:
+        """Counts one update's outcome; True exactly when this update makes the streak reach the limit."""
+        self.count = self.count + 1 if hit else 0
+        return bool(self.limit) and self.count == self.limit
 
 
 class MetricsSink(Protocol):
@@ -183,12 +201,14 @@ class Learner:
         self.eval_history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self.stop_requested: str | None = None
-        self._skipped_in_a_row = 0
-        self._skipped_stop: str | None = None  # why the run stops at the batch boundary (max_consecutive_skipped)
+        self._skipped = Streak(self.config.max_consecutive_skipped)
+        self._zero_grad = Streak(self.config.max_consecutive_zero_grad)
+        self._zero_grad_warned = False  # the first zero-gradient RL update warns, once per run
+        self._streak_stop: str | None = None  # why the run stops at the batch boundary (a Streak reached its limit)
         self._drop_log = DropLog(log, "learner")
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
         self._rl_start = int(jax.device_get(self.state.rl_start))
-        self._progress = Progress(self.total_steps, 0, self.logging_config.console_every)  # replaced when run() starts
+        self._progress = Progress(self.config.steps, 0, self.logging_config.console_every)  # replaced when run() starts
 
     @property
     def rl_start(self) -> int:
@@ -200,6 +220,10 @@ class Learner:
         """rl_start + the RL steps (train.steps - train.il_warmup_steps): train.steps unless the warm start
         ended early."""
         return self.rl_start + self.config.steps - self.config.il_warmup_steps
+
+    def planned_done(self, step: int) -> int:
+        """Planned steps (of train.steps) done after update `step`: a warm start that ended early counts in full."""
+        return step + self.config.il_warmup_steps - self.rl_start if step >= self.rl_start else step
 
     def _warm_start_done(self, step: int, metrics: dict[str, Any]) -> bool:
         """After update `step` of the warm start: has the window's mean il_greedy_match reached the target?"""
@@ -217,24 +241,37 @@ class Learner:
         self._progress.write(f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
                              f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
                              f"to step {self.total_steps}")
-        self._progress.set_total(self.total_steps)
 
     def _count_skipped(self, step: int, metrics: dict[str, Any]) -> None:
-        """After update `step`: counts the updates skipped in a row; at train.max_consecutive_skipped the run is to
-        stop (at the batch boundary, where its checkpoint is exact) naming why."""
-        if not metrics["skipped"]:
-            self._skipped_in_a_row = 0
-            return
-        self._skipped_in_a_row += 1
-        n, limit = self._skipped_in_a_row, self.config.max_consecutive_skipped
-        if self._skipped_stop is None and limit and n >= limit:
+        """After update `step`: counts the updates skipped as non-finite in a row; at train.max_consecutive_skipped
+        the run is to stop (at the batch boundary, where its checkpoint is exact) naming why."""
+        if self._skipped.add(bool(metrics["skipped"])):
+            n, limit = self._skipped.count, self._skipped.limit
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             cause = ("the loss is not finite" if not np.isfinite(loss) else
                      "the gradient is not finite" if not np.isfinite(grad_norm) else
                      f"the update would not be finite at lr {float(metrics['lr']):.3g}")
-            self._skipped_stop = (f"the last {n} updates (steps {step - n + 1}-{step}) were all skipped as non-finite "
-                                  f"(at step {step}: {cause}; loss {loss:.4g}, grad_norm {grad_norm:.4g}); "
-                                  f"train.max_consecutive_skipped = {limit}")
+            self._streak_stop = self._streak_stop or (
+                f"the last {n} updates (steps {step - n + 1}-{step}) were all skipped as non-finite "
+                f"(at step {step}: {cause}; loss {loss:.4g}, grad_norm {grad_norm:.4g}); "
+                f"train.max_consecutive_skipped = {limit}")
+
+    def _count_zero_grad(self, step: int, metrics: dict[str, Any]) -> None:
+        """After update `step`: counts the RL updates with a gradient of exactly 0 in a row (the first of the run
+        warns); at train.max_consecutive_zero_grad the run is to stop, naming the remedy."""
+        zero = step > self.rl_start and not metrics["skipped"] and float(metrics["grad_norm"]) == 0.0
+        reward = float(metrics.get("reward_mean", np.nan))
+        if zero and not self._zero_grad_warned:
+            self._zero_grad_warned = True
+            log.warning("RL update %d has a zero gradient (every advantage 0: batch reward mean %.3g); "
+                        "train.max_consecutive_zero_grad = %d in a row stop the run", step, reward,
+                        self._zero_grad.limit)
+        if self._zero_grad.add(zero):
+            n, limit = self._zero_grad.count, self._zero_grad.limit
+            self._streak_stop = self._streak_stop or (
+                f"the last {n} RL updates (steps {step - n + 1}-{step}) had a zero gradient (every advantage 0, "
+                f"batch reward mean {reward:.3g}): use a baseline (objective.baseline=batch_mean) or a longer warm "
+                f"start (train.il_warmup_steps) so that rewards differ; train.max_consecutive_zero_grad = {limit}")
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -353,7 +390,7 @@ class Learner:
             self.metrics_log.start(self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
-        self._progress = Progress(self.total_steps, step, self.logging_config.console_every)
+        self._progress = Progress(cfg.steps, step, self.logging_config.console_every)
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
@@ -377,10 +414,11 @@ class Learner:
                         del metrics["il_greedy_match"]
                     metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
                     self._count_skipped(step, metrics)
+                    self._count_zero_grad(step, metrics)
                     total = self.total_steps
                     if self.metrics_log is not None and (step % self.logging_config.every == 0 or step == total):
                         self.metrics_log.write(step, metrics)
-                    self._progress.step(step, metrics, warm_start=step <= self.rl_start)
+                    self._progress.step(step, metrics, warm_start=step <= self.rl_start, done=self.planned_done(step))
                     if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
                         self.after_update(self.state)
                     since_rl = step - self.rl_start
@@ -388,8 +426,8 @@ class Learner:
                         self._evaluate(step)
                     if step >= total:
                         break
-                if self._skipped_stop:
-                    raise TrainingStopped(self._skipped_stop)
+                if self._streak_stop:
+                    raise TrainingStopped(self._streak_stop)
                 # Multi-host: every process stops at the same boundary (a signal may reach only one of them).
                 self.stop_requested = agreed_stop(self.stop_requested)
                 if self.stop_requested:

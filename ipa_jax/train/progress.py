@@ -1,13 +1,17 @@
 """The learner's console output: a progress bar on a terminal, one compact line every few steps otherwise.
 
-Both show the step, the phase (IL warm start or RL), the loss, the phase's own signal (greedy match of expert
-episodes during the warm start, the batch reward during RL), the latest held-out success, tokens/s and the time left.
-Evaluations and events (the warm start ending, a resume) get a line of their own. Only process 0 writes; everything
-goes to stderr, so stdout holds just the run's summary.
+Both show the step out of a total fixed for the run (train.steps: a warm start that ends early on its target counts
+as done in full, so the bar jumps there rather than the total shrinking), the phase (IL warm start or RL), the loss,
+the phase's own signal (greedy match of expert episodes during the warm start, the batch reward during RL), the
+latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
+other reason) once there are any, and the time left from the rate of the last steps. Evaluations and events (the
+warm start ending, a resume) get a line of their own. Only process 0 writes; everything goes to stderr, so stdout
+holds just the run's summary.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from typing import Any, TextIO
@@ -25,29 +29,47 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+class RecentRate:
+    """Steps per second over the last `window` steps (the first steps pay for compilation, evaluations recur), and
+    the time left at that rate."""
+
+    def __init__(self, window: int, step: int, now: float):
+        self._marks: collections.deque[tuple[int, float]] = collections.deque([(step, now)], maxlen=window + 1)
+
+    def add(self, step: int, now: float) -> None:
+        self._marks.append((step, now))
+
+    def eta(self, remaining: int) -> float | None:
+        """Seconds for `remaining` more steps; None before the first step."""
+        (first, t0), (last, t1) = self._marks[0], self._marks[-1]
+        return remaining * (t1 - t0) / (last - first) if last > first else None
+
+
 class Progress:
-    """Console progress of one learner run from step `initial` to `total` (which may shrink when the warm start
-    ends early: `set_total`)."""
+    """Console progress of one learner run from step `initial` towards `total` planned steps. `step(done=...)`
+    says how many planned steps are done when that differs from the step (after a warm start that ended early)."""
+
+    ETA_WINDOW = 20  # steps
 
     def __init__(self, total: int, initial: int, every: int, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.enabled = jax.process_index() == 0
         self.total, self.every = total, every
         self.success: float | None = None  # the latest held-out success
-        self._start_step, self._start_time = initial, time.perf_counter()
+        self._start_time = time.perf_counter()
+        self._rate = RecentRate(self.ETA_WINDOW, initial, self._start_time)
         self._terminal = self.enabled and self.stream.isatty()
         self._bar = None  # created at the first step, so that constructing a Progress draws nothing
 
-    def set_total(self, total: int) -> None:
-        self.total = total
-        if self._bar is not None:
-            self._bar.total = total
-            self._bar.refresh()
-
-    def step(self, step: int, metrics: dict[str, Any], warm_start: bool) -> None:
-        """After update `step`: the bar moves (on a terminal) or, every `every` steps and at the end, a line."""
+    def step(self, step: int, metrics: dict[str, Any], warm_start: bool, done: int | None = None) -> None:
+        """After update `step` (`done` planned steps of `total` done: `step` unless the warm start ended early):
+        the bar moves (on a terminal) or, every `every` steps and at the end, a line."""
         if not self.enabled:
             return
+        done = step if done is None else done
+        now = time.perf_counter()
+        self._rate.add(step, now)
+        eta = self._rate.eta(self.total - done)
         fields = {"loss": metrics.get("loss")}
         if warm_start:
             fields["greedy"] = metrics.get("il_greedy_match")
@@ -56,24 +78,28 @@ class Progress:
         fields["success"] = self.success
         fields["skipped"] = metrics.get("skipped_total") or None  # shown once an update was skipped
         fields["tok/s"] = metrics.get("tokens_per_s")
-        shown = {k: f"{float(v):.0f}" if k in ("tok/s", "skipped") else f"{float(v):.3g}" for k, v in fields.items()
-                 if v is not None}
-        phase = "IL" if warm_start else "RL"
+        stale = metrics.get("source/queue_dropped_stale", 0.0)
+        fields["stale"] = stale or None
+        fields["dropped"] = (metrics.get("dropped_total", 0.0)
+                             + metrics.get("source/queue_dropped_total", stale) - stale) or None
+        counts = ("tok/s", "skipped", "stale", "dropped")
+        shown = {k: f"{float(v):.0f}" if k in counts else f"{float(v):.3g}" for k, v in fields.items() if v is not None}
+        phase = "IL warm start" if warm_start else "RL"
+        pairs = "  ".join(f"{k} {v}" for k, v in shown.items())
+        left = "" if eta is None else f"ETA {format_duration(eta)}"
         if self._terminal and self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=step - 1, unit="step", dynamic_ncols=True, file=self.stream)
+            self._bar = tqdm(total=self.total, initial=done - 1, unit="step", dynamic_ncols=True, file=self.stream,
+                             bar_format="{desc}{n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}")
         if self._bar is not None:
-            self._bar.set_description(phase, refresh=False)
-            self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
-        elif step % self.every == 0 or step >= self.total:
-            done = step - self._start_step
-            elapsed = time.perf_counter() - self._start_time
-            eta = elapsed / done * (self.total - step) if done else 0.0
-            pairs = "  ".join(f"{k} {v}" for k, v in shown.items())
-            self.write(f"step {step}/{self.total} {phase}  {pairs}  ({format_duration(elapsed)} elapsed, "
-                       f"ETA {format_duration(eta)})")
+            self._bar.set_description(f"step {step} {phase}", refresh=False)
+            self._bar.set_postfix_str("  ".join(x for x in (left, pairs) if x), refresh=False)
+            self._bar.update(done - self._bar.n)
+        elif step % self.every == 0 or done >= self.total:
+            counter = f"{step}/{self.total}" if done == step else f"{step} ({done}/{self.total})"
+            elapsed = format_duration(now - self._start_time)
+            self.write(f"step {counter} {phase}  {pairs}  ({elapsed} elapsed{', ' + left if left else ''})")
 
     def evaluated(self, step: int, results: dict[str, float]) -> None:
         self.success = results.get("success", self.success)

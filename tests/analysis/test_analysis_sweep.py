@@ -1,4 +1,5 @@
-"""experiments/ablate.py, ipa_jax.analysis.sweep and the table / curve numbers of ipa_jax.analysis.
+"""experiments/ablate.py, ipa_jax.analysis.sweep, the sweep presets (configs/sweeps/) and the table / curve numbers
+of ipa_jax.analysis.
 
 The end-to-end test trains two tiny configs (chunk vs token credit, built on configs/ablations/common.py) for a few
 steps each with the real online pipeline and checks the folder: ablation.json, table.md / table.csv / runs.csv whose
@@ -13,6 +14,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -22,11 +24,14 @@ from cpu_env import xla_flags
 
 from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
+from ipa_jax.analysis.presets import Preset, load_preset, preset_files, resolve_preset
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, validate
 from ipa_jax.pipeline.config import flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(ROOT, "configs", "ablations")
+SWEEP_DIR = os.path.join(ROOT, "configs", "sweeps")
+PRESETS = {name: load_preset(path) for name, path in preset_files(SWEEP_DIR).items()}
 TRAIN = [sys.executable, os.path.join(ROOT, "experiments", "train.py")]
 
 # A tiny version of the ablation base: 1 layer, hidden 32, a 2-step IL warm start (shared by the two configs, which
@@ -63,9 +68,22 @@ def test_list_prints_presets_and_configs():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), "--list"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for name, preset in ablate.PRESETS.items():
+    for name, preset in PRESETS.items():
         assert name in proc.stdout and preset.description in proc.stdout
     assert "credit_token" in proc.stdout and "token credit" in proc.stdout  # its docstring's first line
+
+
+def test_presets_load_by_name_or_path_described_by_their_docstring(tmp_path):
+    assert {"small", "claims", "longhorizon_mixed"} <= set(PRESETS)
+    name, small = resolve_preset("small", SWEEP_DIR)
+    assert name == "small" and small == resolve_preset(os.path.join(SWEEP_DIR, "small.py"), SWEEP_DIR)[1]
+    assert small.description.startswith("Chunk vs token credit, 2 seeds") and "\n" not in small.description
+    with pytest.raises(ValueError, match="must be one of .*small.* or the path of a preset file, got 'smal'"):
+        resolve_preset("smal", SWEEP_DIR)
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("def get_preset():\n    return ('credit_chunk',)\n")
+    with pytest.raises(ValueError, match="get_preset\\(\\) must return a Preset"):
+        load_preset(wrong)
 
 
 # ------------------------------------------------------------------------------------ analysis numbers
@@ -178,30 +196,30 @@ def test_every_ablation_config_changes_one_thing():
         config, base = _flat_resolved(name), _flat_resolved(parent)
         assert config["train.name"] == name
         assert {k for k in config if config[k] != base[k]} - {"train.name"} == changed, name
-    for preset in ablate.PRESETS.values():
+    for preset in PRESETS.values():
         assert set(preset.configs) <= files
         for name in preset.configs if preset.overrides else ():  # they name real keys (validate rejects others)
             validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"), dict(preset.overrides)))
     # negatives_lag4's overrides make its reference arm the off-policy sweep's lag-4 config (is_chunk restates the
     # negatives' base, as offpolicy_lag0 does).
     forced = flatten(validate(load_config(os.path.join(CONFIG_DIR, "is_chunk.py"),
-                                          dict(ablate.PRESETS["negatives_lag4"].overrides))).to_dict())
+                                          dict(PRESETS["negatives_lag4"].overrides))).to_dict())
     lag4 = _flat_resolved("offpolicy_lag4")
     assert {k for k in lag4 if lag4[k] != forced[k]} == {"train.name"}
     # The mixed-hop long-horizon presets reach the env's nested kwargs and change only the warm start's task and cap.
     mixed = flatten(validate(load_config(os.path.join(CONFIG_DIR, "longhorizon_flash_reinforce.py"),
-                                         dict(ablate.PRESETS["longhorizon_flash_mixed"].overrides))).to_dict())
+                                         dict(PRESETS["longhorizon_flash_mixed"].overrides))).to_dict())
     fixed = _flat_resolved("longhorizon_flash_reinforce")
     assert {k: mixed[k] for k in mixed if mixed[k] != fixed[k]} == {
         "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1}, "train.il_warmup_steps": 600, "train.steps": 680}
-    assert ablate.PRESETS["longhorizon_mixed"].configs == ablate.PRESETS["longhorizon"].configs
-    claims = ablate.PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
+    assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
+    claims = PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
     assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
-        ablate.Preset(("credit_chunk",), (0,), reference="lag4")
+        Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
-        ablate.Preset(("credit_chunk",), (0,), claim="better")
+        Preset(("credit_chunk",), (0,), claim="better")
     # The values the names promise (a few; the rest follow the same pattern).
     assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf
@@ -302,6 +320,10 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
                     for (d,) in manifest["runs"].values())
     assert [r["step"] for r in chunk] == [r["step"] for r in token]
     assert [r for r in chunk if r["step"] <= 2] == [r for r in token if r["step"] <= 2]
+    for i, (name, (run_dir,)) in enumerate(manifest["runs"].items(), start=1):  # a line per finished run
+        summary = RunFolder(run_dir).read_summary()
+        before, after = (f"{100 * summary[k]:.1f}%" for k in ("success_before", "success_after"))
+        assert f"[{i}/2] {name} seed 0: held-out success {before} -> {after} in " in stdout
     md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
     assert md in stdout and md.count("\n| tiny_") == 3  # two configs, then tiny_chunk - tiny_token
     assert "verdict on the claim: config < tiny_token" in md
@@ -328,7 +350,7 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
 
 
 @pytest.mark.slow
-def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, monkeypatch):
+def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, monkeypatch, capsys):
     """Rerunning into the same folder trains nothing new; a config that fails (subprocess isolation) is
     recorded and the finished runs still make the table, also when the plots cannot be drawn."""
     out, _ = tiny_sweep
@@ -350,6 +372,10 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
     (failure,) = manifest["failed"]
     assert failure["config"] == "bad" and "exit status" in failure["error"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
+    assert [line.split(":")[0] for line in lines] == ["[1/3] tiny_chunk seed 0", "[2/3] tiny_token seed 0",
+                                                      "[3/3] bad seed 0"]
+    assert "(finished earlier)" in lines[0] and "FAILED: exit status" in lines[2]
     log = open(os.path.join(out, failure["run_dir"], "ablate.log"), encoding="utf-8").read()
     assert "no_such_credit" in log  # the run's own error message, not a generic one
     with open(os.path.join(out, "table.csv"), encoding="utf-8") as f:

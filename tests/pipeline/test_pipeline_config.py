@@ -11,6 +11,7 @@ import sys
 import pytest
 from ml_collections import ConfigDict
 
+from ipa_jax.envs import CalculatorEnv
 from ipa_jax.models import MeshConfig
 from ipa_jax.objectives import PRESETS, ObjectiveConfig, flash_reinforce_config
 from ipa_jax.pipeline import ExperimentConfig
@@ -100,6 +101,7 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("train.il_warmup_target=1.5", "train.il_warmup_target"),
     ("train.il_warmup_window=0", "train.il_warmup_window"),
     ("train.max_consecutive_skipped=-1", "train.max_consecutive_skipped"),
+    ("train.max_consecutive_zero_grad=-1", "train.max_consecutive_zero_grad"),
     ("queue.forced_lag=9", "queue.forced_lag"),
     ("rollout.engine='sglang'", "rollout.sglang_urls"),
     ("rollout.top_p=0.0", "rollout.top_p"),
@@ -132,6 +134,22 @@ def test_offline_data_that_does_not_exist_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no file matches") as error:
         validate(load_config(TINY, [f"train.data=('{tmp_path}/missing*.jsonl',)"]))
     assert error.value.key == "train.data"
+
+
+@pytest.mark.parametrize("eval_episodes, split, key", [(64, "eval", "train.eval_episodes"), (8, "train", "env.kwargs")])
+def test_a_task_space_too_small_is_a_config_error_naming_the_minimum(eval_episodes, split, key):
+    """calculator with one operation on 2..8: 7 * 3 * 7 tasks in all, split by content hash, fewer than 64 eval and
+    256 train tasks; the message counts them (enumerated here, not drawn) and names what a run needs."""
+    env = CalculatorEnv(ops=1, low=2, high=8)
+    splits = [env._split_of(f"Compute {a} {op} {b}.", {"nums": [a, b], "ops": [op]})
+              for a in range(2, 9) for op in "+-*" for b in range(2, 9)]
+    online = os.path.join(REPO, "configs", "quickstart.py")
+    config = load_config(online, {"env.kwargs.ops": 1, "env.kwargs.high": 8, "train.eval_episodes": eval_episodes})
+    with pytest.raises(ConfigError) as error:
+        validate(config)
+    assert error.value.key == key
+    assert f"its {split} split holds only {splits.count(split)} distinct tasks" in str(error.value)
+    assert f"a run needs {eval_episodes} eval tasks (train.eval_episodes) and 256 train tasks" in str(error.value)
 
 
 def test_two_free_mesh_axes_rejected():

@@ -114,6 +114,33 @@ def test_updates_skipped_in_a_row_stop_the_run_with_a_checkpoint(tmp_path):
     assert [r["skipped_total"] for r in folder.read_metrics() if "loss" in r] == [1, 2, 3]
 
 
+def test_rl_updates_with_zero_gradient_in_a_row_stop_the_run_with_the_remedy(tmp_path, caplog):
+    """Every reward 0 and no baseline (the ipa preset): every RL advantage is 0, so every RL gradient is exactly 0;
+    the IL warm start's 2 updates (a gradient from the expert tokens) do not count, the first RL update warns and
+    the third in a row stops the run naming the remedy."""
+    data = tmp_path / "data.jsonl"
+    rows = trajectories(16)
+    for i, tr in enumerate(rows):
+        tr.reward = 0.0
+        if i % 2:  # a scripted expert's episode: the warm start's signal
+            tr.expert_mask, tr.action_mask = tr.action_mask, np.zeros(24, bool)
+            tr.behavior_logprobs, tr.chunk_ids = np.zeros(24), np.full(24, -1)
+    write_jsonl(data, rows)
+    config = load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
+                                "train.steps": 8, "train.batch_size": 8, "train.il_warmup_steps": 2,
+                                "checkpoint.every": 0, "logging.tensorboard": False,
+                                "train.max_consecutive_zero_grad": 3})
+    with pytest.raises(TrainingStopped) as stopped:
+        run(config)
+    assert re.fullmatch(r"the last 3 RL updates \(steps 3-5\) had a zero gradient \(every advantage 0, batch reward "
+                        r"mean 0\): use a baseline \(objective\.baseline=batch_mean\) or a longer warm start "
+                        r"\(train\.il_warmup_steps\) so that rewards differ; train\.max_consecutive_zero_grad = 3",
+                        str(stopped.value))
+    assert sum("RL update 3 has a zero gradient" in r.getMessage() for r in caplog.records) == 1
+    grad_norms = [r["grad_norm"] for r in RunFolder(tmp_path / "run").read_metrics() if "loss" in r]
+    assert len(grad_norms) == 5 and min(grad_norms[:2]) > 0 and grad_norms[2:] == [0.0] * 3
+
+
 def test_skipped_updates_are_in_the_summary_and_its_console_lines(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     write_jsonl(data, trajectories(16))

@@ -221,3 +221,13 @@ def test_drops_are_logged_at_most_once_per_interval_with_their_reasons(caplog, m
     first, second = [r.getMessage() for r in caplog.records]
     assert "dropped 1 trajectories (invalid 1)" in first and "'bad-0': field 'action_mask'" in first
     assert "dropped 500 trajectories (invalid 500)" in second and "vocabulary" in second
+
+
+def test_stale_drops_are_counted_and_logged_at_debug_level_only(caplog):
+    """Stale drops are the lag bound at work (the learner's progress line counts them): no WARNING lines."""
+    q = TrajectoryQueue(capacity=4, max_policy_lag=0, initial_version=2)
+    with caplog.at_level(logging.DEBUG, logger="ipa_jax.rollout.queue"):
+        assert not q.put(make_traj("old", version=0))
+    assert q.stats()["dropped_stale"] == 1
+    (record,) = caplog.records
+    assert record.levelno == logging.DEBUG and "(stale 1)" in record.getMessage()

@@ -192,16 +192,17 @@ def test_exported_policy_round_trips(offline_run, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, tree_copy(loaded), tree_copy(state.params))
 
 
-def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path):
+def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path, capsys):
     """train.il_warmup_target: the warm start ends at the first step where the last il_warmup_window batches'
-    mean il_greedy_match reaches the target; RL keeps its steps - il_warmup_steps updates, from there."""
+    mean il_greedy_match reaches the target; RL keeps its steps - il_warmup_steps updates, from there. The
+    console's total stays train.steps: RL's steps count from the planned warm start's end."""
     data = tmp_path / "data.jsonl"
     write_jsonl(data, synthetic_trajectories(8, seed=3, expert_every=1))  # every row has 2 imitation tokens
     warm, rl_steps, window = 40, 2, 2
     exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", f"train.il_warmup_steps={warm}",
                    f"train.steps={warm + rl_steps}", "train.il_warmup_target=1.0", f"train.il_warmup_window={window}",
                    "optimizer.il_lr=1e-2", "optimizer.warmup_steps=2", "checkpoint.every=0",
-                   "logging.tensorboard=False")
+                   "logging.tensorboard=False", "logging.console_every=1")
     run_dir = str(tmp_path / "run")
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(),
                             eval_fn=lambda state: {"success": 0.0})
@@ -216,6 +217,10 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path):
     assert all(np.mean(match[i - window:i]) < 1.0 for i in range(window, start))  # not reached earlier
     assert [r["rl_start"] for r in rows] == [warm] * (start - 1) + [start] * (rl_steps + 1)
     assert [e["step"] for e in learner.eval_history] == [0, start, start + rl_steps]
+    counters = [line.split()[1:3] for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    total = warm + rl_steps
+    assert counters == ([[f"{s}/{total}", "IL"] for s in range(1, start)] + [[f"{start}", f"({warm}/{total})"]]
+                        + [[f"{s}", f"({warm + s - start}/{total})"] for s in range(start + 1, start + rl_steps + 1)])
     # IL-only updates before rl_start, the RL objective after; the learning rate follows the moved boundary.
     assert all(r["loss"] == pytest.approx(r["il_loss"], rel=1e-6) for r in rows[:start])
     assert all(r["loss"] == pytest.approx(r["rl_loss"], rel=1e-6) for r in rows[start:])

@@ -1,4 +1,5 @@
-"""The learner's console output: compact lines off a terminal, evaluation lines, and no library INFO noise."""
+"""The learner's console output: compact lines off a terminal with a fixed total and an ETA from the recent rate,
+evaluation lines, and no library INFO noise."""
 
 import io
 import os
@@ -9,7 +10,7 @@ import sys
 from cpu_env import xla_flags
 from train_helpers import REPO, TINY_CONFIG, synthetic_trajectories
 
-from ipa_jax.train.progress import Progress, format_duration
+from ipa_jax.train.progress import Progress, RecentRate, format_duration
 from ipa_jax.trajectory import write_jsonl
 
 
@@ -29,7 +30,7 @@ def test_lines_every_n_steps_and_at_the_end_off_a_terminal():
     assert lines[0] == "eval at step 0: success 0.25, reward 0.25 (8 episodes, 3s)"
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["3/7", "6/7", "7/7"]
-    assert "IL" in steps[0] and "greedy 0.125" in steps[0] and "reward" not in steps[0]
+    assert "IL warm start" in steps[0] and "greedy 0.125" in steps[0] and "reward" not in steps[0]
     assert "RL" in steps[1] and "reward 0.75" in steps[1] and "success 0.25" in steps[1] and "tok/s 1234" in steps[1]
     assert "ETA" in steps[-1]
 
@@ -60,3 +61,42 @@ def test_skipped_updates_show_once_there_are_any():
     progress.step(2, {"loss": 0.5, "reward_mean": 0.5, "skipped_total": 1}, warm_start=False)
     first, second = out.getvalue().splitlines()
     assert "skipped" not in first and "skipped 1 " in second
+
+
+def test_the_eta_comes_from_the_last_steps_not_the_whole_run():
+    """A first step of 100 s (compilation), then 1 s a step: over a window of 4 steps the rate is 1 step/s once
+    the first step has left the window; before that, the window's mean."""
+    rate = RecentRate(window=4, step=0, now=0.0)
+    assert rate.eta(10) is None
+    times = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
+    for step, now in enumerate(times, start=1):
+        rate.add(step, now)
+        if step == 1:
+            assert rate.eta(10) == 10 * 100.0
+        if step == 4:
+            assert rate.eta(10) == 10 * 103.0 / 4
+    assert rate.eta(10) == 10 * (105.0 - 101.0) / 4
+
+
+def test_the_total_is_fixed_when_the_warm_start_ends_early():
+    """train.steps = 10 with a warm start of at most 4 that ends at step 2: the RL steps (3..8) count from the
+    planned warm start's end (5..10 of 10), so the last line is 10/10 and the total never changes."""
+    out = io.StringIO()
+    progress = Progress(total=10, initial=0, every=1, stream=out)
+    for step in range(1, 9):
+        done = step if step < 2 else step + 4 - 2
+        progress.step(step, {"loss": 0.5}, warm_start=step <= 2, done=done)
+    lines = [line.split("  ")[0] for line in out.getvalue().splitlines()]
+    assert lines == ["step 1/10 IL warm start", "step 2 (4/10) IL warm start"] + [
+        f"step {s} ({s + 2}/10) RL" for s in range(3, 9)]
+
+
+def test_dropped_and_stale_trajectories_show_on_the_line_once_there_are_any():
+    out = io.StringIO()
+    progress = Progress(total=3, initial=0, every=1, stream=out)
+    progress.step(1, {"loss": 0.5, "dropped_total": 0.0, "source/queue_dropped_total": 0.0}, warm_start=False)
+    progress.step(2, {"loss": 0.5, "dropped_total": 1.0, "source/queue_dropped_total": 5.0,
+                      "source/queue_dropped_stale": 4.0}, warm_start=False)
+    first, second = out.getvalue().splitlines()
+    assert "stale" not in first and "dropped" not in first
+    assert "stale 4  dropped 2  " in second

@@ -1,0 +1,86 @@
+"""Sweep presets: named sets of ablation configs, seeds and the paired comparison their table reports.
+
+A preset is a file, `get_preset()` of a .py file (configs/sweeps/<name>.py), loaded by path the way config files
+are; its docstring is the preset's description unless the preset sets one. A preset file may load another and
+change it (`load_preset(Path(__file__).with_name("longhorizon.py"))`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ipa_jax.analysis.stats import CLAIMS
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named sweep: config names (files of the ablation config folder), seeds, overrides for every arm, and the
+    paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS)."""
+
+    configs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    description: str = ""
+    overrides: tuple[tuple[str, Any], ...] = ()
+    reference: str | None = None
+    claim: str = "higher"
+
+    def __post_init__(self) -> None:
+        if self.reference is not None and self.reference not in self.configs:
+            raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
+        if self.claim not in CLAIMS:
+            raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {self.claim!r}")
+
+
+def load_preset(path: str | os.PathLike) -> Preset:
+    """`get_preset()` of the preset file at `path`, described by the file's docstring unless it sets a
+    description."""
+    path = os.path.abspath(path)
+    spec = importlib.util.spec_from_file_location(f"_ipa_preset_{abs(hash(path))}", path)
+    if not os.path.isfile(path) or spec is None or spec.loader is None:
+        raise ValueError(f"no preset file {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    preset = getattr(module, "get_preset", lambda: None)()
+    if not isinstance(preset, Preset):
+        raise ValueError(f"preset file {path}: get_preset() must return a Preset, got {preset!r}")
+    return preset if preset.description else dataclasses.replace(preset, description=" ".join(
+        (module.__doc__ or "").split()))
+
+
+def preset_files(sweep_dir: str) -> dict[str, str]:
+    """{name: path} of the preset files in `sweep_dir`, by name."""
+    names = sorted(f[:-3] for f in os.listdir(sweep_dir) if f.endswith(".py"))
+    return {name: os.path.join(sweep_dir, f"{name}.py") for name in names}
+
+
+def resolve_preset(spec: str, sweep_dir: str) -> tuple[str, Preset]:
+    """(name, preset) of a bare name (a file of `sweep_dir`) or the path of a preset file."""
+    if spec.endswith(".py") or os.sep in spec:
+        return os.path.splitext(os.path.basename(spec))[0], load_preset(spec)
+    files = preset_files(sweep_dir)
+    if spec not in files:
+        raise ValueError(f"must be one of {', '.join(files)} or the path of a preset file, got {spec!r}")
+    return spec, load_preset(files[spec])
+
+
+def listing(sweep_dir: str, config_dir: str) -> str:
+    """The presets (what they compare, seeds, reference and claim) and the configs (their docstrings' first line)."""
+    presets = {name: load_preset(path) for name, path in preset_files(sweep_dir).items()}
+    width = max(map(len, presets), default=0)
+    lines = [f"presets (--preset=NAME; files in {os.path.relpath(sweep_dir)}):"]
+    for name, preset in presets.items():
+        lines += [f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
+                  f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}",
+                  f"  {'':<{width}} {preset.description}"]
+    lines.append(f"configs (--configs=NAME,...; files in {os.path.relpath(config_dir)}):")
+    names = sorted(filename[:-3] for filename in os.listdir(config_dir) if filename.endswith(".py"))
+    width = max(map(len, names), default=0)
+    for name in names:
+        with open(os.path.join(config_dir, name + ".py"), encoding="utf-8") as f:
+            first = f.read().split('"""')[1].strip().splitlines()[0]
+        lines.append(f"  {name:<{width}} {first}")
+    return "\n".join(lines)
