@@ -8,28 +8,20 @@ import re
 
 import numpy as np
 import pytest
+from tiny_pipeline import offline_rows
 
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run
 from ipa_jax.train import TrainingStopped
-from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
+from ipa_jax.trajectory import write_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "offline_tiny.py")
 
 
-def trajectories(n: int) -> list[Trajectory]:
-    """n valid rows of 24 tokens: a prompt of 4, then one chunk of 20 sampled tokens."""
-    rng = np.random.default_rng(0)
-    action = np.arange(24) >= 4
-    return [Trajectory(uid=f"t{i}", tokens=rng.integers(0, 128, 24), action_mask=action,
-                       behavior_logprobs=np.where(action, -4.8, 0.0), chunk_ids=build_chunk_ids(action, [23]),
-                       expert_mask=np.zeros(24, bool), reward=float(i % 2), policy_version=0) for i in range(n)]
-
-
 @pytest.fixture
 def finished_run(tmp_path):
     data = tmp_path / "data.jsonl"
-    write_jsonl(data, trajectories(16))
+    write_jsonl(data, offline_rows(16))
     overrides = {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"), "train.steps": 2,
                  "checkpoint.every": 1, "logging.tensorboard": False, "train.batch_size": 8}
     run(load_config(TINY, overrides))
@@ -99,7 +91,7 @@ def test_updates_skipped_in_a_row_stop_the_run_with_a_checkpoint(tmp_path):
     """optimizer.lr = 1e30 overflows every update: each is skipped, and the third in a row stops the run
     (TrainingStopped, status 1 on the command line) with a checkpoint and no summary."""
     data = tmp_path / "data.jsonl"
-    write_jsonl(data, trajectories(16))
+    write_jsonl(data, offline_rows(16))
     config = load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
                                 "train.steps": 8, "train.batch_size": 8, "checkpoint.every": 0,
                                 "logging.tensorboard": False, "optimizer.lr": 1e30,
@@ -119,7 +111,7 @@ def test_rl_updates_with_zero_gradient_in_a_row_stop_the_run_with_the_remedy(tmp
     the IL warm start's 2 updates (a gradient from the expert tokens) do not count, the first RL update warns and
     the third in a row stops the run naming the remedy."""
     data = tmp_path / "data.jsonl"
-    rows = trajectories(16)
+    rows = offline_rows(16)
     for i, tr in enumerate(rows):
         tr.reward = 0.0
         if i % 2:  # a scripted expert's episode: the warm start's signal
@@ -143,7 +135,7 @@ def test_rl_updates_with_zero_gradient_in_a_row_stop_the_run_with_the_remedy(tmp
 
 def test_skipped_updates_are_in_the_summary_and_its_console_lines(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
-    write_jsonl(data, trajectories(16))
+    write_jsonl(data, offline_rows(16))
     summary = run(load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
                                      "train.steps": 2, "train.batch_size": 8, "checkpoint.every": 0,
                                      "logging.tensorboard": False,

@@ -11,14 +11,14 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from cpu_env import xla_flags
+from tiny_pipeline import offline_rows
 
 from ipa_jax.pipeline import RunFolder, load_config, run
 from ipa_jax.pipeline import run_lock as run_lock_module
 from ipa_jax.pipeline.run_lock import LOCK_FILE, RunFolderBusy, run_folder_lock
-from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
+from ipa_jax.trajectory import write_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "offline_tiny.py")
@@ -31,14 +31,6 @@ MULTI_HOST = ("import sys\nfrom ipa_jax.train import distributed\n"
               "        print(f'busy: {e}', flush=True)\n")
 HOLD = ("import sys, time\nfrom ipa_jax.pipeline.run_lock import run_folder_lock\n"
         "with run_folder_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n")
-
-
-def rows(n: int) -> list[Trajectory]:
-    rng = np.random.default_rng(0)
-    action = np.arange(24) >= 4
-    return [Trajectory(uid=f"t{i}", tokens=rng.integers(0, 128, 24), action_mask=action,
-                       behavior_logprobs=np.where(action, -4.8, 0.0), chunk_ids=build_chunk_ids(action, [23]),
-                       expert_mask=np.zeros(24, bool), reward=float(i % 2), policy_version=0) for i in range(n)]
 
 
 def holder_pattern(pid: int) -> str:
@@ -60,7 +52,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_free_after_release(tmp_p
 
 def test_a_second_trainer_exits_on_one_line_and_a_killed_holders_lock_is_taken_over(tmp_path, caplog):
     data, run_dir = tmp_path / "data.jsonl", tmp_path / "run"
-    write_jsonl(data, rows(16))
+    write_jsonl(data, offline_rows(16))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1),
            "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=env, stdout=subprocess.PIPE, text=True)
