@@ -20,8 +20,8 @@ import pytest
 from nbclient import NotebookClient
 
 from ipa_jax import analysis
+from ipa_jax.chat import build_tokenizer
 from ipa_jax.pipeline import RunFolder
-from ipa_jax.tokenizer import build_tokenizer
 from ipa_jax.trajectory import Trajectory, write_jsonl
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")

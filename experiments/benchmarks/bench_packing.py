@@ -44,8 +44,9 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.py"
 
 def quickstart_lengths(exp) -> list[int]:
     """Token lengths of the quickstart's expert episodes (64 train tasks) with the tokenizer its run builds."""
+    from ipa_jax.chat import ChatFormat
     from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-    from ipa_jax.rollout.agent import ChatFormat, expert_episode
+    from ipa_jax.rollout.agent import expert_episode
 
     chat = ChatFormat(build_corpus_tokenizer(int(exp.model.arch["vocab_size"]), exp.env),
                       enable_thinking=exp.rollout.enable_thinking)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ipa_jax.chat import load_tokenizer
 from ipa_jax.pipeline import RunFolder
-from ipa_jax.tokenizer import load_tokenizer
 from ipa_jax.trajectory import Trajectory
 
 # Chunk colours (light, so the text stays readable); chunk k takes _PALETTE[k % len].

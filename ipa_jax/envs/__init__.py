@@ -11,7 +11,6 @@ from ipa_jax.envs.tool_calls import (
     ToolCallError,
     format_tool_call,
     parse_tool_calls,
-    split_reasoning,
     validate_tool_call,
 )
 
@@ -35,6 +34,5 @@ __all__ = [
     "ToolCallError",
     "format_tool_call",
     "parse_tool_calls",
-    "split_reasoning",
     "validate_tool_call",
 ]

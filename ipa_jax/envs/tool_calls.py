@@ -1,14 +1,13 @@
-"""Qwen-format assistant turns: split off the reasoning, parse tool calls, validate them, render calls as text.
+"""Qwen-format assistant turns: parse tool calls, validate them, render calls as text.
 
 Qwen2.5 / Qwen3 (hermes style) write a call as
     <tool_call>\\n{"name": "lookup", "arguments": {"name": "bob"}}\\n</tool_call>
 one block per call, several per turn possible, and Qwen3 may reason in `<think>...</think>` before the content.
-`split_reasoning` runs first and `parse_tool_calls` reads the content only, as the serving stacks do, so a
-reasoning block that mentions `<tool_call>` yields no call and the final answer excludes the reasoning.
+`ipa_jax.chat.split_reasoning` runs first and `parse_tool_calls` reads the content only, as the serving stacks do,
+so a reasoning block that mentions `<tool_call>` yields no call and the final answer excludes the reasoning.
 
-Neither function raises, whatever the string. The rules follow SGLang (`Qwen25Detector.detect_and_parse` with
-`BaseFormatDetector.parse_base_json`; `Qwen3Detector`, i.e. `BaseReasoningFormatDetector.detect_and_parse`) and
-vLLM (`Hermes2ProToolParser.extract_tool_calls`; `Qwen3ReasoningParser.extract_reasoning`) where they agree.
+`parse_tool_calls` never raises, whatever the string. The rules follow SGLang (`Qwen25Detector.detect_and_parse`
+with `BaseFormatDetector.parse_base_json`) and vLLM (`Hermes2ProToolParser.extract_tool_calls`) where they agree.
 Where they differ, or where both would hurt RL, the choice and the reason:
 
 - Every `<tool_call>` is one attempted call: a ToolCall, or a ToolCallError whose message the policy sees as the
@@ -38,11 +37,6 @@ Where they differ, or where both would hurt RL, the choice and the reason:
   chat template renders before a message's tool calls); text between and after blocks is dropped, as by both
   stacks. A turn without tags is all content, stripped (both stacks keep the whitespace; the final answer is
   normalized anyway).
-- `split_reasoning` is SGLang's Qwen3 parser: reasoning starts at `<think>` or, with `forced`, at the start of
-  the turn (the prompt opened it); without `</think>` the whole turn is reasoning (truncated) and the content is
-  empty; every `<think>` is removed and text before `<think>` counts as reasoning; the content is stripped. vLLM
-  instead treats a turn without `</think>` as all content (calls inside unfinished reasoning would run), drops
-  text before `<think>`, and always reads a lone `</think>` as the end of reasoning (SGLang only when forced).
 """
 
 from __future__ import annotations
@@ -53,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipa_jax.chat_tokens import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from ipa_jax.chat.tokens import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Longest piece of model text echoed back inside an error message (keeps observations short).
 _MAX_ECHO = 40
@@ -117,24 +111,6 @@ class ParsedTurn:
     @property
     def has_tool_calls(self) -> bool:
         return bool(self.calls)
-
-
-def split_reasoning(text: str, forced: bool = False) -> tuple[str, str]:
-    """(reasoning, content) of an assistant turn, as SGLang's Qwen3 reasoning parser splits it; never raises.
-
-    `forced`: the generation prompt already opened `<think>` (Qwen3 thinking-2507 templates), so the turn is
-    reasoning until `</think>` even without an opening tag. Without `forced` and without `<think>` the whole text
-    is content, unchanged. Otherwise every `<think>` is dropped and the rest stripped; the reasoning runs to the
-    first `</think>` (to the end when there is none: truncated reasoning, empty content) and the content after it
-    is stripped.
-    """
-    if not forced and THINK_OPEN not in text:
-        return "", text
-    body = text.replace(THINK_OPEN, "").strip()
-    reasoning, closed, content = body.partition(THINK_CLOSE)
-    if not closed:
-        return body, ""
-    return reasoning, content.strip()
 
 
 class _NumberTooLarge(ValueError):
@@ -216,7 +192,7 @@ def parse_tool_calls(text: str) -> ParsedTurn:
     Each `<tool_call>` starts one block, ended by the first `</tool_call>` before the next `<tool_call>`; each
     block gives a ToolCall or a ToolCallError, and so does each other `</tool_call>`, in text order. `content`
     is the text before the first tag, stripped (all the text when there is none). Pass the content of
-    `split_reasoning`, not the raw turn.
+    `ipa_jax.chat.split_reasoning`, not the raw turn.
     """
     if not isinstance(text, str):
         return ParsedTurn("", [ToolCallError(f"turn text must be a string, got {type(text).__name__}")])

@@ -27,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from ipa_jax.chat import ChatFormat, load_tokenizer
 from ipa_jax.engines import Engine
 from ipa_jax.envs import Env, Task
 from ipa_jax.models import Qwen3ForCausalLM
 from ipa_jax.pipeline.build import build_engine, build_mesh, build_model, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
 from ipa_jax.pipeline.run_folder import RunFolder
-from ipa_jax.rollout import AgentConfig, ChatFormat, run_episodes
-from ipa_jax.tokenizer import load_tokenizer
+from ipa_jax.rollout import AgentConfig, run_episodes
 from ipa_jax.train import Checkpointer
 from ipa_jax.trajectory import Trajectory
 

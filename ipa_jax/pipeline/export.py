@@ -13,11 +13,10 @@ from etils import epath
 from transformers import PreTrainedTokenizerBase
 
 from ipa_jax import storage
-from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
+from ipa_jax.chat import ENDOFTEXT, IM_END, QWEN_TOKENS, load_tokenizer
 from ipa_jax.models import Qwen3Config, Qwen3ForCausalLM, save_pretrained
 from ipa_jax.pipeline.config import ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
-from ipa_jax.tokenizer import load_tokenizer
 from ipa_jax.train import TrainState
 
 # transformers 5 saves its generic fast tokenizer as "TokenizersBackend", a class transformers 4 (still in many SGLang
@@ -37,7 +36,7 @@ def export_policy(model_or_state: Qwen3ForCausalLM | TrainState, tokenizer: PreT
 
     tokenizer None (an offline run without one): weights and generation config only, no tokenizer files; the ids
     are then the model config's (a checkpoint's config.json) or, when it has none, those of a tokenizer built by
-    `ipa_jax.tokenizer.build_tokenizer` (Qwen's tokens at ids 0..8).
+    `ipa_jax.chat.build_tokenizer` (Qwen's tokens at ids 0..8).
     Multi-host: call on every process (gathering the weights is collective); process 0 writes.
     """
     model = model_or_state.model() if isinstance(model_or_state, TrainState) else model_or_state

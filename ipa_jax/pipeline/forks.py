@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
+from ipa_jax.chat import ChatFormat, load_tokenizer
 from ipa_jax.engines import EmbeddedEngine
 from ipa_jax.models import from_pretrained
 from ipa_jax.pipeline.config import ExperimentConfig
 from ipa_jax.pipeline.online import sampling_agent_config
-from ipa_jax.rollout import ChatFormat
 from ipa_jax.rollout.resample import ForkEstimate, build_experts, probe_forks
-from ipa_jax.tokenizer import load_tokenizer
 
 
 def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num_tasks: int = 16, samples: int = 8,

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable
 from etils import epath
 from transformers import PreTrainedTokenizerBase
 
-from ipa_jax import chat_template, storage
+from ipa_jax import storage
+from ipa_jax.chat import build_tokenizer, load_tokenizer, template
 from ipa_jax.envs import BUILTIN_ENVS, Env, make_env
 from ipa_jax.pipeline.config import ConfigError, EnvConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
-from ipa_jax.tokenizer import build_tokenizer, load_tokenizer
 
 
 def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int = 64, seed: int = 0,
@@ -24,7 +24,7 @@ def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int
         env = make()
         for split in ("train", "eval"):
             tasks = env.tasks(split, episodes_per_env, seed)
-            corpus += [chat_template.render(env.expert(task), tools=task.tools) for task in tasks]
+            corpus += [template.render(env.expert(task), tools=task.tools) for task in tasks]
     return corpus
 
 

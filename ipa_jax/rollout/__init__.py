@@ -1,12 +1,11 @@
 """How episodes become trajectories: the agent loop, rollout workers, the trajectory queue (and resampling)."""
 
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, run_episode, run_episodes
+from ipa_jax.rollout.agent import AgentConfig, run_episode, run_episodes
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.rollout.workers import RolloutWorker
 
 __all__ = [
     "AgentConfig",
-    "ChatFormat",
     "QueueClosed",
     "RolloutWorker",
     "TrajectoryQueue",

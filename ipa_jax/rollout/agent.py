@@ -1,4 +1,4 @@
-"""The agent loop: one multi-turn tool-use episode -> one Trajectory, with any Engine.
+"""The agent loop: one multi-turn tool-use episode -> one Trajectory, with any Engine and a `ChatFormat`.
 
 Token bookkeeping:
   tokens = template(initial messages, add_generation_prompt)            action 0
@@ -44,12 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, IM_START, THINK_CLOSE, THINK_OPEN
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine, SamplingParams
-from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls, split_reasoning
+from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
 from ipa_jax.trajectory import Trajectory
 
-_SENTINEL = "@@ipa_jax_assistant_turn@@"  # marks the dummy assistant turn when taking template differences
 # Episode end states recorded in info["finish_reason"].
 FINISH_REASONS = ("answer", "max_turns", "length", "context", "endoftext", "env_done")
 
@@ -74,73 +73,6 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.max_turns must be >= 0 (0 = the task's), got {self.max_turns}")
         if self.max_context < 2:
             raise ValueError(f"AgentConfig.max_context must be >= 2, got {self.max_context}")
-
-
-class ChatFormat:
-    """Token-level view of the tokenizer's own chat template (a checkpoint's, or the one ipa_jax builds): prompt ids,
-    observation ids, stop ids, and how an assistant turn's text splits into reasoning and content.
-
-    enable_thinking: passed to the template (Qwen3's hybrid switch; None = the template's default).
-    `reasoning_forced`: the generation prompt itself opens a `<think>` block (Qwen3 thinking-2507 templates, which
-    end it with `<think>\n`), so a turn's text is reasoning until `</think>` even without an opening tag.
-    """
-
-    def __init__(self, tokenizer: Any, enable_thinking: bool | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.enable_thinking = enable_thinking
-        vocab = tokenizer.get_vocab()
-        for t in (IM_END, ENDOFTEXT):
-            if t not in vocab:
-                raise ValueError(f"tokenizer has no {t} token (a Qwen-style chat tokenizer is required)")
-        self.im_end_id = vocab[IM_END]
-        self.endoftext_id = vocab[ENDOFTEXT]
-        self.stop_token_ids = (self.im_end_id, self.endoftext_id)
-        prompt = self.render([{"role": "user", "content": "."}], None, add_generation_prompt=True)
-        opened = prompt[prompt.rfind(IM_START):]
-        self.reasoning_forced = THINK_OPEN in opened and THINK_CLOSE not in opened
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool = False) -> str:
-        thinking = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **thinking)
-
-    def split_turn(self, text: str) -> tuple[str, str]:
-        """(reasoning, content) of a generated assistant turn, as the serving stack's Qwen3 reasoning parser splits
-        it; tool calls and the final answer are read from the content only."""
-        return split_reasoning(text, forced=self.reasoning_forced)
-
-    def assistant_turn_ids(self, history: list[dict[str, Any]], message: dict[str, Any],
-                           tools: list[dict[str, Any]] | None) -> list[int]:
-        """An assistant message's own tokens after the generation prompt of `history`, through its `<|im_end|>`:
-        the template's rendering of the conversation ending in `message`, minus the prompt. This is exactly what
-        the policy would generate there (a think block included where the template and mode put one)."""
-        prompt = self.render(history, tools, add_generation_prompt=True)
-        full = self.render(history + [message], tools)
-        if not full.startswith(prompt):
-            raise ValueError("the chat template's rendering of an assistant turn does not extend its generation "
-                             "prompt: token bookkeeping needs a template whose history is stable")
-        return self.encode(full[len(prompt): full.index(IM_END, len(prompt)) + len(IM_END)])
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-    def observation_ids(self, tool_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Tool responses as the template difference: what the template puts after an assistant turn's
-        `<|im_end|>` when these tool messages follow, through the next generation prompt; for Qwen
-        `\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`.
-        The cut is found inside one rendering (after a sentinel assistant turn), so templates that render
-        the last assistant turn differently from earlier ones (Qwen3's think block) work too."""
-        rendered = self.render([{"role": "user", "content": "."}, {"role": "assistant", "content": _SENTINEL}]
-                               + tool_messages, tools, add_generation_prompt=True)
-        at = rendered.find(_SENTINEL)
-        cut = rendered.find(IM_END, at)
-        if at < 0 or rendered.find(_SENTINEL, at + 1) >= 0 or cut < 0:
-            raise ValueError("cannot locate the end of the assistant turn in the chat template's rendering")
-        return self.encode(rendered[cut + len(IM_END):])
 
 
 @dataclass

@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from queue import Full
 from typing import Any, TypeVar
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, close_event_loop, run_episode
+from ipa_jax.rollout.agent import AgentConfig, close_event_loop, run_episode
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 

@@ -268,8 +268,8 @@ def test_abort_pause_continue_flush(slow_server):
 def test_text_prompts_and_trimmed_text_with_a_tokenizer():
     from engine_fakes import FakeEngine
 
+    from ipa_jax.chat import build_tokenizer
     from ipa_jax.engines.devserver import DevServer
-    from ipa_jax.tokenizer import build_tokenizer
 
     tok = build_tokenizer(corpus=["the quick brown fox jumps over the lazy dog"] * 4, vocab_size=300)
     s = DevServer(FakeEngine(), tokenizer=tok).serve_in_thread()

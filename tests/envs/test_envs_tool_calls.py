@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipa_jax.chat_tokens import THINK_OPEN
+from ipa_jax.chat import THINK_OPEN, split_reasoning
 from ipa_jax.envs import (
     BUILTIN_ENVS,
     ToolCall,
@@ -17,7 +17,6 @@ from ipa_jax.envs import (
     format_tool_call,
     make_env,
     parse_tool_calls,
-    split_reasoning,
     validate_tool_call,
 )
 from ipa_jax.envs.lookup import LOOKUP_TOOL

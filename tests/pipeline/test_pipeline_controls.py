@@ -13,13 +13,13 @@ from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
 from ipa_jax.analysis.sweep import warm_start_key
+from ipa_jax.chat import ChatFormat
 from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state
 from ipa_jax.pipeline.config import ConfigError
 from ipa_jax.pipeline.online import ExpertSource, OnlineSource, expert_trajectory
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout import ChatFormat
 from ipa_jax.train.optimizer import apply_direction, make_optimizer
 
 ABLATIONS = os.path.join(REPO, "configs", "ablations")

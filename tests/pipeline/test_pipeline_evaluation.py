@@ -15,6 +15,7 @@ import pytest
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines import EmbeddedEngine, Engine, GenerationResult
 from ipa_jax.engines.devserver import DevServer
 from ipa_jax.envs import make_env
@@ -31,7 +32,7 @@ from ipa_jax.pipeline.evaluation import (
     pass_at_k,
     write_report,
 )
-from ipa_jax.rollout import AgentConfig, ChatFormat
+from ipa_jax.rollout import AgentConfig
 
 SCRIPT = os.path.join(REPO, "experiments", "evaluate.py")
 

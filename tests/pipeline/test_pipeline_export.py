@@ -13,8 +13,7 @@ from flax import nnx
 from tiny_models import tiny_qwen3_config
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from ipa_jax import chat_template
-from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
+from ipa_jax.chat import ENDOFTEXT, IM_END, QWEN_TOKENS, template
 from ipa_jax.envs import make_env
 from ipa_jax.models import Qwen3Config, init_model
 from ipa_jax.pipeline import RunFolder, load_config, validate
@@ -65,7 +64,7 @@ def test_tokenizer_round_trips_ids_special_tokens_and_chat_template(policy):
     tokenizer, _, path = policy
     loaded = AutoTokenizer.from_pretrained(path)
     messages, tools = _conversation()
-    text = chat_template.render(messages, tools=tools)
+    text = template.render(messages, tools=tools)
     assert loaded.encode(text) == tokenizer.encode(text) and loaded.decode(tokenizer.encode(text)) == text
     for add_generation_prompt in (False, True):
         kw = dict(tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -114,7 +113,7 @@ def test_exported_logits_equal_the_jax_policy(policy):
     tokenizer, state, path = policy
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     messages, tools = _conversation()
-    ids = tokenizer.encode(chat_template.render(messages, tools=tools))
+    ids = tokenizer.encode(template.render(messages, tools=tools))
     with torch.no_grad():
         hf_logits = model(torch.tensor([ids])).logits.numpy()
     jax_logits = np.asarray(nnx.jit(lambda m, x: m(x).logits)(state.model(), jnp.asarray([ids], jnp.int32)))

@@ -15,14 +15,13 @@ import pytest
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
-from ipa_jax import chat_template
+from ipa_jax.chat import ChatFormat, template
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
 from ipa_jax.pipeline import RunFolder, run, validate
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.forks import probe_policy
 from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
-from ipa_jax.rollout import ChatFormat
 from ipa_jax.trajectory import read_jsonl
 
 
@@ -37,7 +36,7 @@ def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(token
     for task in env.tasks("train", 3, 0):
         traj = expert_trajectory(task, make_env("lookup", hops=3), chat, uid="e")
         traj.validate(vocab_size=len(tok))
-        rendered = chat_template.render(env.expert(task), tools=task.tools).rstrip("\n")
+        rendered = template.render(env.expert(task), tools=task.tools).rstrip("\n")
         head, last = rendered.rsplit("<|im_start|>assistant\n", 1)
         think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         assert last.startswith("<think>\n\n</think>\n\n")

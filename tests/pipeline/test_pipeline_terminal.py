@@ -8,11 +8,11 @@ import os
 import pytest
 from tiny_pipeline import REPO, TINY
 
+from ipa_jax.chat import build_tokenizer
 from ipa_jax.envs.sandbox import SandboxLimits, shared_backend
 from ipa_jax.pipeline import RunFolder, load_config, run
 from ipa_jax.pipeline.config import EnvConfig
 from ipa_jax.pipeline.tokenizer import expert_corpus
-from ipa_jax.tokenizer import build_tokenizer
 
 TERMINAL = os.path.join(REPO, "configs", "terminal_tiny.py")
 

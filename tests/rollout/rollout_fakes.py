@@ -6,10 +6,10 @@ import asyncio
 
 import numpy as np
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine, GenerationResult, broadcast_params
 from ipa_jax.envs import ToolCall, format_tool_call, make_env
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout import ChatFormat
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

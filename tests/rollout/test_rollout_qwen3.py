@@ -10,10 +10,10 @@ import copy
 import pytest
 from rollout_fakes import ScriptedEngine, expert_turn_texts
 
-from ipa_jax.chat_template import CHAT_TEMPLATES
+from ipa_jax.chat import CHAT_TEMPLATES, ChatFormat
 from ipa_jax.envs import make_env
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, expert_episode, run_episode
+from ipa_jax.rollout.agent import AgentConfig, expert_episode, run_episode
 from ipa_jax.rollout.resample import expert_from_trajectory, replay_expert
 
 THINK_PROMPT_TAIL = {"hybrid": "<|im_start|>assistant\n", "thinking_2507": "<|im_start|>assistant\n<think>\n"}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import uuid
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, make_env
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, expert_episode, run_episode
+from ipa_jax.rollout.agent import AgentConfig, expert_episode, run_episode
 from ipa_jax.rollout.resample.experts import ExpertTrajectory
 from ipa_jax.trajectory import Trajectory
 

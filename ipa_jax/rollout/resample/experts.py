@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ipa_jax.chat_tokens import IM_END
+from ipa_jax.chat import IM_END, ChatFormat
 from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
-from ipa_jax.rollout.agent import ChatFormat, TokenRow, replay_prefill
+from ipa_jax.rollout.agent import TokenRow, replay_prefill
 from ipa_jax.rollout.resample.config import ResampleConfig
 from ipa_jax.trajectory import Trajectory
 

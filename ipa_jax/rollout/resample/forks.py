@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat
+from ipa_jax.rollout.agent import AgentConfig
 from ipa_jax.rollout.resample.anchored import run_anchored
 from ipa_jax.rollout.resample.experts import ExpertTrajectory
 from ipa_jax.trajectory import Trajectory

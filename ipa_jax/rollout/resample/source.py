@@ -7,9 +7,10 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
-from ipa_jax.rollout.agent import AgentConfig, ChatFormat, close_event_loop
+from ipa_jax.rollout.agent import AgentConfig, close_event_loop
 from ipa_jax.rollout.resample.anchored import run_anchored, whole_expert_episode
 from ipa_jax.rollout.resample.resampler import Planned, Resampler
 from ipa_jax.trajectory import Trajectory

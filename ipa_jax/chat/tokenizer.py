@@ -4,7 +4,7 @@ Byte-level BPE exactly as Qwen2/Qwen3 build it (Qwen's pre-tokenizer regex: sing
 punctuation runs; byte-level alphabet of all 256 bytes, so every string round-trips), trained on a small corpus
 (for a run: expert conversations of the environments rendered with the chat template), with Qwen's special tokens
 as single tokens at ids 0..8 (`<|endoftext|>` = 0 is the pad id) and Qwen3's chat template (the hybrid variant,
-`ipa_jax.chat_template`), so a policy trained here has a Qwen3 checkpoint's chat format.
+`ipa_jax.chat.template`), so a policy trained here has a Qwen3 checkpoint's chat format.
 
 `load_tokenizer` loads any saved tokenizer (this one, a Qwen3 checkpoint's): the one place the package calls
 transformers' AutoTokenizer.
@@ -18,8 +18,8 @@ import re
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
-from ipa_jax.chat_tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
+from ipa_jax.chat.template import QWEN3_HYBRID_TEMPLATE
+from ipa_jax.chat.tokens import ENDOFTEXT, IM_END, QWEN_TOKENS
 
 # Qwen2's pre-tokenizer split (tokenizer.json of Qwen2.5 / Qwen3).
 QWEN_SPLIT_REGEX = (

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from ipa_jax.chat_template import CHAT_TEMPLATES, QWEN3_HYBRID_TEMPLATE, QWEN3_THINKING_2507_TEMPLATE, render
+from ipa_jax.chat import CHAT_TEMPLATES, QWEN3_HYBRID_TEMPLATE, QWEN3_THINKING_2507_TEMPLATE, render
 
 # Test data beside the repository (the real Qwen3 templates, not part of it): ../shared/reference/qwen3.
-REFERENCE_DIR = (Path(__file__).resolve().parents[1] / "../shared/reference/qwen3").resolve()
+REFERENCE_DIR = (Path(__file__).resolve().parents[2] / "../shared/reference/qwen3").resolve()
 VARIANTS = ("hybrid", "thinking_2507")
 N_CONVERSATIONS = 240
 

@@ -9,12 +9,9 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from ipa_jax import chat_template
-from ipa_jax.chat_template import QWEN3_HYBRID_TEMPLATE
-from ipa_jax.chat_tokens import QWEN_TOKENS
+from ipa_jax.chat import QWEN3_HYBRID_TEMPLATE, QWEN_TOKENS, build_tokenizer, template
 from ipa_jax.envs import BUILTIN_ENVS, ToolCall, format_tool_call, make_env
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer, expert_corpus
-from ipa_jax.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +55,7 @@ def test_round_trip_on_task_text_and_arbitrary_text(tok):
         env = make_env(name)
         for task in env.tasks("eval", 20, 5):
             messages = env.expert(task)
-            texts.append(chat_template.render(messages, tools=task.tools))
+            texts.append(template.render(messages, tools=task.tools))
             texts += [m["content"] for m in messages]
     for text in texts:
         assert tok.decode(_encode(tok, text)) == text
@@ -93,8 +90,8 @@ def test_save_and_load_with_auto_tokenizer(tok, tmp_path):
     messages = env.expert(task)
     for t in (tok, loaded):
         rendered = t.apply_chat_template(messages, tools=task.tools, tokenize=False)
-        assert rendered == chat_template.render(messages, task.tools)
-    text = chat_template.render(messages, task.tools)
+        assert rendered == template.render(messages, task.tools)
+    text = template.render(messages, task.tools)
     assert _encode(loaded, text) == _encode(tok, text)
     assert len(loaded) == len(tok)
     assert (loaded.eos_token_id, loaded.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
@@ -147,7 +144,7 @@ def test_chat_template_without_tools_and_custom_system(tok):
 
 def test_rendered_tool_call_equals_parser_format(tok):
     call = ToolCall("calc", {"a": 3, "op": "+", "b": 4})
-    text = chat_template.render([{"role": "user", "content": "q"},
+    text = template.render([{"role": "user", "content": "q"},
                         {"role": "assistant", "content": "", "tool_calls": [call.to_message_dict()]}])
     assert f"<|im_start|>assistant\n<think>\n\n</think>\n\n{format_tool_call(call)}<|im_end|>\n" in text
 
@@ -159,11 +156,11 @@ def test_template_is_append_only_at_assistant_turns(tok, name):
     env = make_env(name)
     task = env.tasks("train", 1, 1)[0]
     messages = env.expert(task)
-    full = chat_template.render(messages, task.tools)
+    full = template.render(messages, task.tools)
     full_ids = _encode(tok, full)
     for k, m in enumerate(messages):
         if m["role"] == "assistant":
-            prefix = chat_template.render(messages[:k], task.tools, add_generation_prompt=True)
+            prefix = template.render(messages[:k], task.tools, add_generation_prompt=True)
             assert full.startswith(prefix)
             assert full_ids[: len(_encode(tok, prefix))] == _encode(tok, prefix)
 
@@ -171,5 +168,5 @@ def test_template_is_append_only_at_assistant_turns(tok, name):
 def test_easy_episodes_are_short(tok):
     for name in ("lookup", "calculator"):
         env = make_env(name)
-        lengths = [len(_encode(tok, chat_template.render(env.expert(t), t.tools))) for t in env.tasks("eval", 50, 0)]
+        lengths = [len(_encode(tok, template.render(env.expert(t), t.tools))) for t in env.tasks("eval", 50, 0)]
         assert max(lengths) <= 300, (name, max(lengths))
