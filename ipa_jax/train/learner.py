@@ -365,7 +365,7 @@ class Learner:
             yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable).
-        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective.baseline))
+        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective))
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
