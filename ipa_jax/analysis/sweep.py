@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
 RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
                  "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "rollout.seed_offset",
-                 "train.steps",
+                 "train.reward_flip_fraction", "train.steps",
                  "train.eval_every", "train.name", "train.run_dir")
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 

@@ -163,6 +163,7 @@ ABLATIONS = {
     "control_no_update": ("common", {"optimizer.lr"}),
     "control_aa": ("credit_chunk", {"rollout.seed_offset"}),
     "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
+    "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
     # The long-horizon task's base (longhorizon_common) and its arms.
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
@@ -224,7 +225,8 @@ def test_every_ablation_config_changes_one_thing():
         Preset(("credit_chunk",), (0,), claim="better")
     # The controls preset: its positive control is declared, and every control shares credit_chunk's warm start.
     controls = PRESETS["controls"]
-    assert (controls.reference, controls.controls) == ("credit_chunk", ("control_advantage_flip",))
+    assert (controls.reference, controls.controls) == ("credit_chunk", ("control_advantage_flip",
+                                                                         "control_reward_flip"))
     reference_key = ablate.warm_start_key(os.path.join(CONFIG_DIR, "credit_chunk.py"), {})
     assert reference_key is not None and all(
         ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), {}) == reference_key for name in controls.configs)

@@ -112,6 +112,7 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("rollout.min_sync_servers=2", "rollout.min_sync_servers"),  # more than the pool's URLs
     ("rollout.keep_weight_folders=0", "rollout.keep_weight_folders"),
     ("rollout.seed_offset=-1", "rollout.seed_offset"),
+    ("train.reward_flip_fraction=1.5", "train.reward_flip_fraction"),
     ("queue.stall_timeout_s=-5.0", "queue.stall_timeout_s"),
     ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
     ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
