@@ -85,7 +85,9 @@ def main(argv):
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None
     manifest = sweep(configs, seeds, os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", name)),
                      overrides=overrides, threshold=FLAGS.threshold, train_command=train, rerun=FLAGS.rerun,
-                     share_warm_start=FLAGS.share_warm_start, reference=reference, claim=FLAGS.claim or preset.claim)
+                     share_warm_start=FLAGS.share_warm_start, reference=reference, claim=FLAGS.claim or preset.claim,
+                     controls=[c for c in preset.controls if c != (reference or preset.configs[0])],
+                     effect=preset.effect)
     if manifest["failed"]:
         sys.exit(1)
 

@@ -1,7 +1,8 @@
 """Reading runs and ablations: curves, per-run numbers, episode rendering, ablation sweeps, tables and plots.
 
     curves.py     metric series of one run, smoothing, AUC, steps to a threshold, the per-run table numbers
-    stats.py      confidence intervals over seeds and held-out tasks, paired differences, sign tests, verdicts
+    stats.py      confidence intervals over seeds and held-out tasks, paired t-intervals, Holm, detectable
+                  effects, sign tests, verdicts
     episodes.py   one episode as HTML (tokens coloured by chunk, context and expert targets)
     tables.py     ablation folders: manifest, comparison tables (Markdown, CSV) and plots
     sweep.py      train a set of configs over seeds (shared warm starts) and write the comparison
@@ -33,7 +34,11 @@ from ipa_jax.analysis.stats import (
                                      TaskOutcomes,
                                      arm_estimate,
                                      hierarchical_bootstrap,
+                                     holm,
+                                     minimum_detectable_effect,
                                      paired_difference,
+                                     paired_t,
+                                     seeds_needed,
                                      sign_test,
                                      verdict,
 )
@@ -54,8 +59,8 @@ from ipa_jax.analysis.tables import (
 __all__ = [
     "ABLATION_PLOTS", "COLLAPSE_FRACTION", "EVAL_SUCCESS", "RUN_CURVES", "SCALARS", "Estimate", "PairedDifference",
     "Segment", "SignTest", "TaskOutcomes", "ablation_reference", "ablation_rows", "arm_estimate", "comparison_columns",
-    "curve_auc", "episode_segments", "final_outcomes", "hierarchical_bootstrap", "load_ablation", "load_run_tokenizer",
-    "newest_ablation", "newest_run", "paired_difference", "plot_band", "render_episode_html", "run_scalars",
-    "runs_root", "seed_band", "series", "sign_test", "smooth", "steps_to_threshold", "table_markdown", "verdict",
-    "write_csv", "write_plots", "write_tables",
+    "curve_auc", "episode_segments", "final_outcomes", "hierarchical_bootstrap", "holm", "load_ablation",
+    "load_run_tokenizer", "minimum_detectable_effect", "newest_ablation", "newest_run", "paired_difference", "paired_t",
+    "plot_band", "render_episode_html", "run_scalars", "runs_root", "seed_band", "seeds_needed", "series", "sign_test",
+    "smooth", "steps_to_threshold", "table_markdown", "verdict", "write_csv", "write_plots", "write_tables",
 ]

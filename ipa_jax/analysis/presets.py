@@ -13,13 +13,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ipa_jax.analysis.stats import CLAIMS
+from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
 
 
 @dataclass(frozen=True)
 class Preset:
     """A named sweep: config names (files of the ablation config folder), seeds, overrides for every arm, and the
-    paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS)."""
+    paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS; `controls`:
+    positive controls among the configs, built to be worse than the reference, whose detection the table checks;
+    `effect`: the effect of interest, in success rate, whose seed count the table states)."""
 
     configs: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -27,10 +29,18 @@ class Preset:
     overrides: tuple[tuple[str, Any], ...] = ()
     reference: str | None = None
     claim: str = "higher"
+    controls: tuple[str, ...] = ()
+    effect: float = DEFAULT_EFFECT
 
     def __post_init__(self) -> None:
         if self.reference is not None and self.reference not in self.configs:
             raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
+        reference = self.reference or self.configs[0]
+        if any(c not in self.configs or c == reference for c in self.controls):
+            raise ValueError(f"controls {self.controls} must be configs {self.configs} other than the reference "
+                             f"{reference!r}")
+        if not 0.0 < self.effect <= 1.0:
+            raise ValueError(f"effect must be a success-rate difference in (0, 1], got {self.effect}")
         if self.claim not in CLAIMS:
             raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {self.claim!r}")
 
@@ -74,7 +84,8 @@ def listing(sweep_dir: str, config_dir: str) -> str:
     lines = [f"presets (--preset=NAME; files in {os.path.relpath(sweep_dir)}):"]
     for name, preset in presets.items():
         lines += [f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
-                  f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}",
+                  f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}"
+                  + (f", positive controls {', '.join(preset.controls)}" if preset.controls else ""),
                   f"  {'':<{width}} {preset.description}"]
     lines.append(f"configs (--configs=NAME,...; files in {os.path.relpath(config_dir)}):")
     names = sorted(filename[:-3] for filename in os.listdir(config_dir) if filename.endswith(".py"))

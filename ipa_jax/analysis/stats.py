@@ -1,24 +1,31 @@
 """Statistics that can separate ablation arms: confidence intervals that include seed-to-seed training variance,
-and paired comparisons of arms that share warm starts and held-out tasks (docs/statistics.md).
+paired comparisons of arms that share warm starts and held-out tasks, Holm's correction across a table and the
+effect a comparison can detect (docs/statistics.md).
 
 The data of one run (one seed of one arm) is its last held-out evaluation, task by task: `TaskOutcomes` =
 (task ids, successes [T], samples [T]). A run's success rate is the ratio of sums sum(successes) / sum(samples),
 the mean over its finished episodes (what the run logs as eval/success). An arm's estimate is the mean over
 its seeds of that rate.
 
-Intervals are percentile intervals of a hierarchical bootstrap: seeds are drawn with replacement, then, within
-each drawn seed, held-out tasks with replacement (a task's samples travel with it), so the interval covers both
-the training variance between seeds and the sampling noise of the held-out set. A paired difference resamples the
-same seeds and the same tasks for both arms, so what the arms share (the warm start of a seed, the task's
-difficulty) cancels. A run folder written before per-task records existed counts as one pseudo-task holding its
-success rate (`TaskOutcomes.from_rate`): only seeds are resampled then.
+An arm's interval is a percentile interval of a hierarchical bootstrap: seeds are drawn with replacement, then,
+within each drawn seed, held-out tasks with replacement (a task's samples travel with it), so the interval covers
+both the training variance between seeds and the sampling noise of the held-out set. A run folder written before
+per-task records existed counts as one pseudo-task holding its success rate (`TaskOutcomes.from_rate`): only seeds
+are resampled then.
 
-Everything is float64 NumPy; the bootstrap draws come from `numpy.random.default_rng(seed)`, so a table is the
-same every time it is written.
+A paired difference (the verdict) is a t-interval on the per-seed differences d_s = rate_arm,s - rate_ref,s on the
+tasks both runs of seed s played. Every seed plays the same held-out tasks, so a task's difficulty is shared by all
+seeds and arms: d_s already holds each seed's task noise once, and the spread of the d_s over seeds holds both the
+training variance and that noise. (A bootstrap that resamples tasks inside each seed counts the task noise a second
+time: too wide where it dominates, too narrow where seed variance does; tests/analysis simulate both.)
+
+Everything is float64 NumPy (Student t quantiles from the closed-form CDF of integer degrees of freedom); the
+bootstrap draws come from `numpy.random.default_rng(seed)`, so a table is the same every time it is written.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +34,8 @@ from typing import Any
 import numpy as np
 
 DEFAULT_LEVEL = 0.95
+DEFAULT_POWER = 0.8  # the power at which the minimum detectable effect is stated
+DEFAULT_EFFECT = 0.05  # the effect of interest whose seed count a table states: 5 points of success
 DEFAULT_RESAMPLES = 10_000
 BLOCK_ELEMENTS = 2**20  # task draws made at once (bounds the [draws, tasks] index matrix and its gather)
 CLAIMS = ("higher", "lower")  # the claimed direction of (arm - reference)
@@ -120,11 +129,13 @@ class SignTest:
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """arm - reference in success rate over the seeds both ran, resampled in pairs (same seeds, same tasks).
+    """arm - reference in success rate over the seeds both ran, paired by seed (on the tasks both runs played).
 
-    mean, low, high, level, seeds, tasks, resampled, note: as in Estimate, of the difference; tasks_sign: the sign
-    test over every (seed, task) pair of per-task success rates (None when only seeds are resampled); seeds_sign:
-    the sign test over the seeds' differences."""
+    mean: mean_s d_s of the seeds' differences d_s; low, high: its t-interval at `level` (nan with fewer than two
+    seeds); sd: the sample std of the d_s (ddof 1; nan with one seed); p_value: the two-sided paired t-test's (nan
+    with one seed); seeds, tasks, note: as in Estimate; tasks_sign: the sign test over every (seed, task) pair of
+    per-task success rates (descriptive: it treats pairs as independent; None without per-task records);
+    seeds_sign: the sign test over the d_s."""
 
     mean: float
     low: float
@@ -132,7 +143,8 @@ class PairedDifference:
     level: float
     seeds: int
     tasks: int
-    resampled: str
+    sd: float
+    p_value: float
     tasks_sign: SignTest | None
     seeds_sign: SignTest
     note: str = ""
@@ -140,6 +152,10 @@ class PairedDifference:
     def verdict(self, claim: str) -> str:
         """`verdict(self.low, self.high, claim)`."""
         return verdict(self.low, self.high, claim)
+
+    def minimum_detectable_effect(self, power: float = DEFAULT_POWER) -> float:
+        """`minimum_detectable_effect(self.sd, self.seeds, level=self.level, power=power)`."""
+        return minimum_detectable_effect(self.sd, self.seeds, level=self.level, power=power)
 
 
 # ---------------------------------------------------------------------------------------------- primitives
@@ -153,6 +169,146 @@ def sign_test(differences: Sequence[float] | np.ndarray) -> SignTest:
     tail = sum(math.comb(n, i) for i in range(k + 1))
     p_value = 1.0 if n == 0 else min(1.0, 2 * tail / 2**n)
     return SignTest(positive, negative, int(d.size) - n, p_value)
+
+
+def student_t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) of Student's t with an integer number of degrees of freedom >= 1, from the closed form of
+    P(|T| < |t|) in theta = atan(|t| / sqrt(dof)) (Abramowitz & Stegun 26.7.3-4): for odd dof
+    (2 / pi) (theta + sin(theta) sum_{j=1}^{(dof-1)/2} c_j cos^{2j-1}(theta)), c_1 = 1, c_{j+1} = c_j 2j / (2j + 1);
+    for even dof sin(theta) sum_{j=0}^{dof/2-1} e_j cos^{2j}(theta), e_0 = 1, e_{j+1} = e_j (2j + 1) / (2j + 2)."""
+    if dof < 1 or int(dof) != dof:
+        raise ValueError(f"student_t_cdf: an integer dof >= 1, got {dof}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    sin, cos = math.sin(theta), math.cos(theta)
+    if dof % 2:
+        term, total = cos, 0.0
+        for j in range(1, (dof - 1) // 2 + 1):
+            total += term
+            term *= cos * cos * 2 * j / (2 * j + 1)
+        inside = 2.0 / math.pi * (theta + sin * total)
+    else:
+        term, total = 1.0, 0.0
+        for j in range(dof // 2):
+            total += term
+            term *= cos * cos * (2 * j + 1) / (2 * j + 2)
+        inside = sin * total
+    return 0.5 + math.copysign(0.5 * inside, t)
+
+
+def student_t_quantile(probability: float, dof: int) -> float:
+    """The t with student_t_cdf(t, dof) = probability, probability in (0, 1), by bisection to float64 precision."""
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"student_t_quantile: a probability in (0, 1), got {probability}")
+    if probability < 0.5:
+        return -student_t_quantile(1.0 - probability, dof)
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, dof) < probability:
+        low, high = high, 2.0 * high
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if student_t_cdf(middle, dof) < probability else (low, middle)
+    return 0.5 * (low + high)
+
+
+def paired_t(differences: Sequence[float] | np.ndarray, level: float = DEFAULT_LEVEL
+             ) -> tuple[float, float, float, float]:
+    """(low, high, sd, p) of n per-seed differences d: the t-interval mean(d) -+ t_{(1+level)/2, n-1} sd / sqrt(n)
+    with sd the sample std (ddof 1), and the two-sided p-value 2 (1 - F_{n-1}(|mean(d)| sqrt(n) / sd)). All nan for
+    n < 2; sd = 0 gives the zero-width interval at mean(d) and p = 1 when mean(d) = 0, else 0."""
+    _check_level(level)
+    d = np.asarray(differences, dtype=np.float64)
+    n = d.size
+    if n < 2:
+        return math.nan, math.nan, math.nan, math.nan
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0.0 or sd < 1e-12 * abs(mean):  # identical differences (up to rounding): no spread to scale by
+        return mean, mean, 0.0, 1.0 if mean == 0.0 else 0.0
+    half = student_t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
+    p_value = 2.0 * (1.0 - student_t_cdf(abs(mean) * math.sqrt(n) / sd, n - 1))
+    return mean - half, mean + half, sd, min(1.0, p_value)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: with the m finite p sorted ascending p_(1) <= ... <= p_(m),
+    adj_(i) = min(1, max_{j <= i} (m - j + 1) p_(j)); nan stays nan and does not count in m. Rejecting where
+    adj < alpha keeps the chance of any false rejection in the family at most alpha."""
+    p = np.asarray(p_values, dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = order.size
+    adjusted = np.full(p.shape, math.nan)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def paired_t_power(noncentrality: float, dof: int, level: float = DEFAULT_LEVEL) -> float:
+    """P(|T| > t_{(1+level)/2, dof}) for T = (Z + noncentrality) / sqrt(V / dof), Z standard normal, V chi-square
+    with dof degrees of freedom (the noncentral t of a paired t-test whose true mean difference is noncentrality
+    sd / sqrt(n)): E_W[Phi(noncentrality - c W) + Phi(-noncentrality - c W)] with c = t_crit / sqrt(dof) and
+    W = sqrt(V), density 2 w^(dof-1) exp(-w^2 / 2) / (2^(dof/2) Gamma(dof/2)), integrated by the trapezoid rule."""
+    critical = student_t_quantile((1.0 + level) / 2.0, dof) / math.sqrt(dof)
+    w = np.linspace(0.0, math.sqrt(dof) + 14.0, 4001)
+    log_density = ((dof - 1) * np.log(np.maximum(w, 1e-300)) - w * w / 2  # w^0 = 1 at w = 0 for one dof
+                   - (dof / 2 - 1) * math.log(2) - math.lgamma(dof / 2))
+    normal_sf = np.frompyfunc(lambda x: 0.5 * math.erfc(x / math.sqrt(2.0)), 1, 1)
+    rejected = (normal_sf(critical * w - noncentrality) + normal_sf(critical * w + noncentrality)).astype(np.float64)
+    values = np.exp(log_density) * rejected
+    return float(np.sum((values[1:] + values[:-1]) / 2) * (w[1] - w[0]))
+
+
+@functools.cache
+def _detectable_noncentrality(dof: int, level: float, power: float) -> float:
+    """The noncentrality whose paired_t_power is `power`, by bisection (the power grows with it)."""
+    low, high = 0.0, 1.0
+    while paired_t_power(high, dof, level) < power:
+        low, high = high, 2.0 * high
+    for _ in range(50):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if paired_t_power(middle, dof, level) < power else (low, middle)
+    return 0.5 * (low + high)
+
+
+def minimum_detectable_effect(sd: float, seeds: int, *, level: float = DEFAULT_LEVEL,
+                              power: float = DEFAULT_POWER) -> float:
+    """The smallest true mean difference that a two-sided paired t-test at 1 - level over n = `seeds` seeds
+    detects with probability `power` when the seeds' differences spread with std `sd`: delta sd / sqrt(n), delta
+    the noncentrality with paired_t_power(delta, n - 1) = power (about (t_{(1+level)/2, n-1} + t_{power, n-1})
+    sd / sqrt(n)). nan for n < 2 or a nan sd."""
+    _check_level(level)
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    if seeds < 2 or not math.isfinite(sd):
+        return math.nan
+    return _detectable_noncentrality(seeds - 1, level, power) * sd / math.sqrt(seeds)
+
+
+def seeds_needed(effect: float, sd: float, *, level: float = DEFAULT_LEVEL, power: float = DEFAULT_POWER,
+                 most: int = 10_000) -> int | None:
+    """The fewest seeds n >= 2 whose minimum_detectable_effect(sd, n) is at most |effect|; None for a nan sd or
+    more than `most` seeds."""
+    if not math.isfinite(sd) or effect == 0.0:
+        return None
+    if sd == 0.0:
+        return 2
+    low, high = 2, 2
+    while minimum_detectable_effect(sd, high, level=level, power=power) > abs(effect):
+        if high >= most:
+            return None
+        low, high = high, min(most, 2 * high)
+    while low < high:  # the effect shrinks as n grows: bisect for the first n that reaches it
+        middle = (low + high) // 2
+        if minimum_detectable_effect(sd, middle, level=level, power=power) <= abs(effect):
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 def hierarchical_bootstrap(counts: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], *,
@@ -270,13 +426,12 @@ def _paired_counts(reference: TaskOutcomes, arm: TaskOutcomes) -> np.ndarray:
 
 
 def paired_difference(reference: Mapping[int, TaskOutcomes], arm: Mapping[int, TaskOutcomes], *,
-                      level: float = DEFAULT_LEVEL, resamples: int = DEFAULT_RESAMPLES,
-                      seed: int = 0) -> PairedDifference:
-    """arm - reference over the seeds both have ({seed: outcomes} each): mean_s (rate_arm,s - rate_ref,s) on the
-    tasks both runs of seed s played, its paired hierarchical-bootstrap interval (the same seeds and the same tasks
-    drawn for both arms), the sign test over (seed, task) pairs of per-task rates and the one over seeds. Without
-    per-task records in every run (or without a common task in some seed) each run counts as its rate alone and
-    only seeds are resampled. Raises ValueError when the arms share no seed."""
+                      level: float = DEFAULT_LEVEL) -> PairedDifference:
+    """arm - reference over the seeds both have ({seed: outcomes} each): the seeds' differences d_s = rate_arm,s -
+    rate_ref,s on the tasks both runs of seed s played, their mean, t-interval, std and paired t-test (`paired_t`:
+    the interval the verdict uses), the sign test over (seed, task) pairs of per-task rates and the one over seeds.
+    Without per-task records in every run (or without a common task in some seed) each run counts as its rate
+    alone and there is no task sign test. Raises ValueError when the arms share no seed."""
     seeds = sorted(set(reference) & set(arm))
     if not seeds:
         raise ValueError(f"paired_difference: no seed in common (reference {sorted(reference)}, arm {sorted(arm)})")
@@ -286,14 +441,15 @@ def paired_difference(reference: Mapping[int, TaskOutcomes], arm: Mapping[int, T
     if not per_task:
         counts = [np.array([[reference[s].rate], [1.0], [arm[s].rate], [1.0]]) for s in seeds]
     seed_differences = np.array([_rate_difference(c.sum(axis=1)) for c in counts])
-    low, high = _interval(counts, _rate_difference, per_task, level, resamples, seed)
+    low, high, sd, p_value = paired_t(seed_differences, level)
     tasks_sign = sign_test(np.concatenate([c[2] / c[3] - c[0] / c[1] for c in counts])) if per_task else None
     common_tasks = min(c.shape[1] for c in counts) if per_task else 0
-    why = "" if per_task else NO_RECORDS if not records else "no held-out task in common in some seed"
-    notes = [_note(len(seeds), why)]
+    notes = [] if per_task else [f"{NO_RECORDS if not records else 'no held-out task in common in some seed'}: "
+                                 "no task sign test"]
+    if len(seeds) == 1:
+        notes.append("one seed: no interval")
     if per_task and any(c.shape[1] < min(len(reference[s].task_ids), len(arm[s].task_ids))
                         for s, c in zip(seeds, counts)):
         notes.append(f"paired on the tasks both arms played ({common_tasks} in the smallest seed)")
-    return PairedDifference(float(seed_differences.mean()), low, high, level, len(seeds), common_tasks,
-                            SEEDS_AND_TASKS if per_task else SEEDS_ONLY, tasks_sign, sign_test(seed_differences),
-                            "; ".join(n for n in notes if n))
+    return PairedDifference(float(seed_differences.mean()), low, high, level, len(seeds), common_tasks, sd, p_value,
+                            tasks_sign, sign_test(seed_differences), "; ".join(notes))

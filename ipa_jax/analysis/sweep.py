@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ipa_jax.analysis.stats import CLAIMS
+from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
 from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run, validate
 from ipa_jax.pipeline.config import flatten
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 # Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
 RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
-                 "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "train.steps",
+                 "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "rollout.seed_offset",
+                 "train.reward_flip_fraction", "train.steps",
                  "train.eval_every", "train.name", "train.run_dir")
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 
@@ -128,12 +129,12 @@ def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
 def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
           overrides: Mapping[str, Any] = (), threshold: float = 0.5, train_command: Sequence[str] | None = None,
           rerun: bool = False, share_warm_start: bool = True, reference: str | None = None,
-          claim: str = "higher") -> dict[str, Any]:
+          claim: str = "higher", controls: Sequence[str] = (), effect: float = DEFAULT_EFFECT) -> dict[str, Any]:
     """Trains every (config, seed) in order with `overrides` on every arm (a line per run as it starts), then writes
     the tables (and prints the Markdown one) and the plots into `out`: differences against `reference` (default the
     first config), verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats
-    it). Returns the manifest (also <out>/ablation.json, rewritten after every run so a partial sweep is
-    readable)."""
+    it), positive `controls` checked for detection, seeds stated for the `effect` of interest. Returns the manifest
+    (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
     names = [name for name, _ in configs]
@@ -149,7 +150,7 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     os.makedirs(out, exist_ok=True)
     manifest: dict[str, Any] = {
         "configs": dict(configs), "seeds": list(seeds), "overrides": overrides, "threshold": threshold,
-        "reference": reference, "claim": claim,
+        "reference": reference, "claim": claim, "controls": list(controls), "effect": effect,
         "isolation": "subprocess" if train_command else "inprocess", "runs": {}, "failed": [], "wall_time_s": {},
         "warm_starts": {},
     }
@@ -203,7 +204,8 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     runs = loaded["runs"]
     if ablation_reference(loaded) != reference:
         log.warning("%s has no finished run: differences are taken against %s", reference, ablation_reference(loaded))
-    write_tables(out, runs, threshold, reference=ablation_reference(loaded), claim=claim)
+    write_tables(out, runs, threshold, reference=ablation_reference(loaded), claim=claim,
+                 controls=[c for c in controls if c in runs and c != ablation_reference(loaded)], effect=effect)
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
     try:

@@ -33,14 +33,21 @@ from ipa_jax.analysis.curves import (
 )
 from ipa_jax.analysis.stats import (
     CLAIMS,
+    DEFAULT_EFFECT,
     DEFAULT_LEVEL,
+    DEFAULT_POWER,
     DEFAULT_RESAMPLES,
     SEEDS_ONLY,
     SignTest,
     arm_estimate,
+    holm,
     paired_difference,
+    seeds_needed,
+    verdict,
 )
 from ipa_jax.pipeline import RunFolder
+
+CONTROL_DETECTED, CONTROL_MISSED = "control detected", "control NOT detected"  # a positive control's verdict
 
 
 def load_ablation(ablation_dir: str) -> dict[str, Any]:
@@ -80,29 +87,38 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = None, claim: str = "higher",
-                       resamples: int = DEFAULT_RESAMPLES) -> dict[str, dict[str, Any]]:
+                       resamples: int = DEFAULT_RESAMPLES, controls: Sequence[str] = (),
+                       effect: float = DEFAULT_EFFECT) -> dict[str, dict[str, Any]]:
     """Per config, the statistics of its final held-out success (`final_outcomes` of each run, paired by train seed):
 
     success_after_ci_low / _high, ci_resampled: the 95% hierarchical-bootstrap interval of the mean over seeds
     (`arm_estimate`; ci_resampled "seeds, tasks", or "seeds" for run folders without per-task records);
     reference, claim, diff_*: its paired difference with `reference` (default: the first config) over their common
-    seeds (`paired_difference`): diff_mean, diff_ci_low / _high, diff_resampled, diff_seeds, diff_tasks, the sign
-    tests over (seed, task) pairs (tasks_better / _worse / _tied, sign_p_tasks) and over seeds (seeds_better /
-    _worse / _tied, sign_p_seeds), and verdict on `claim` ("higher": the config beats the reference); nan / None
-    for the reference itself and for a config without a seed in common with it; note: what the intervals leave
-    out."""
+    seeds (`paired_difference`): diff_mean, diff_ci_low / _high (the t-interval over the seeds' differences),
+    diff_sd, diff_p (paired t-test), diff_p_holm (Holm-adjusted across every comparison of the table), diff_mde
+    (minimum detectable effect at 80% power), seeds_needed (for a true difference of `effect`), diff_seeds,
+    diff_tasks, the sign tests over (seed, task) pairs (descriptive: tasks_better / _worse / _tied, sign_p_tasks)
+    and over seeds (seeds_better / _worse / _tied, sign_p_seeds), and verdict: on `claim` ("higher": the config
+    beats the reference) at the Holm-adjusted p, for a config of `controls` (positive controls, built to be worse
+    than the reference) whether it was detected; every verdict says when a positive control was not detected.
+    nan / None for the reference itself and for a config without a seed in common with it; note: what the
+    intervals leave out."""
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
     reference = next(iter(runs), None) if reference is None else reference
     if reference not in runs:
         raise ValueError(f"reference {reference!r} has no finished run (configs with runs: {', '.join(runs)})")
+    unknown = [name for name in controls if name == reference or name not in runs]
+    if unknown:
+        raise ValueError(f"positive controls {unknown} must be configs with runs other than the reference "
+                         f"{reference!r} (configs with runs: {', '.join(runs)})")
     outcomes = {}
     for name, run_dirs in runs.items():
         by_seed = dict(final_outcomes(d) for d in run_dirs)
         if len(by_seed) != len(run_dirs):
             raise ValueError(f"{name}: two runs share a train seed ({run_dirs})")
         outcomes[name] = by_seed
-    columns = {}
+    columns, differences = {}, {}
     for name, by_seed in outcomes.items():
         arm = arm_estimate(list(by_seed.values()), resamples=resamples)
         row: dict[str, Any] = {"success_after_ci_low": arm.low, "success_after_ci_high": arm.high,
@@ -113,15 +129,30 @@ def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = No
             if name != reference:
                 notes.append(f"no seed in common with {reference}")
         else:
-            diff = paired_difference(outcomes[reference], by_seed, resamples=resamples)
-            row.update(diff_mean=diff.mean, diff_ci_low=diff.low, diff_ci_high=diff.high,
-                       diff_resampled=diff.resampled, diff_seeds=diff.seeds, diff_tasks=diff.tasks,
+            diff = differences[name] = paired_difference(outcomes[reference], by_seed)
+            row.update(diff_mean=diff.mean, diff_ci_low=diff.low, diff_ci_high=diff.high, diff_sd=diff.sd,
+                       diff_p=diff.p_value, diff_mde=diff.minimum_detectable_effect(),
+                       seeds_needed=seeds_needed(effect, diff.sd), diff_seeds=diff.seeds, diff_tasks=diff.tasks,
                        **_sign_columns("tasks", diff.tasks_sign), **_sign_columns("seeds", diff.seeds_sign),
-                       verdict=diff.verdict(claim))
+                       diff_p_holm=math.nan, verdict="")  # both filled once every comparison is known
             notes.append(diff.note)
         parts = [part for note in notes if note for part in note.split("; ")]
         row["note"] = "; ".join(dict.fromkeys(parts))  # the arm's and the difference's notes, each said once
         columns[name] = row
+    adjusted = dict(zip(differences, holm([d.p_value for d in differences.values()])))
+    alpha = 1.0 - DEFAULT_LEVEL
+    for name, diff in differences.items():
+        columns[name]["diff_p_holm"] = adjusted[name]
+        significant = adjusted[name] < alpha
+        if name in controls:
+            columns[name]["verdict"] = CONTROL_DETECTED if significant and diff.mean < 0 else CONTROL_MISSED
+        else:
+            columns[name]["verdict"] = "inconclusive" if not significant else verdict(diff.mean, diff.mean, claim)
+    missed = [name for name in controls if columns[name]["verdict"] != CONTROL_DETECTED]
+    if missed:
+        for name, row in columns.items():
+            if row["verdict"] and name not in controls:
+                row["verdict"] += f"; positive control {', '.join(missed)} not detected"
     return columns
 
 
@@ -135,20 +166,21 @@ def _sign_columns(unit: str, test: SignTest | None) -> dict[str, Any]:
 
 def _no_difference() -> dict[str, Any]:
     """The paired-difference columns of a config not compared (the reference, or no common seed)."""
-    return {"diff_mean": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "diff_resampled": "",
-            "diff_seeds": 0, "diff_tasks": 0, **_sign_columns("tasks", None), **_sign_columns("seeds", None),
-            "verdict": ""}
+    return {"diff_mean": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "diff_sd": math.nan,
+            "diff_p": math.nan, "diff_mde": math.nan, "seeds_needed": None, "diff_seeds": 0, "diff_tasks": 0,
+            **_sign_columns("tasks", None), **_sign_columns("seeds", None), "diff_p_holm": math.nan, "verdict": ""}
 
 
 def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
-                  claim: str = "higher", resamples: int = DEFAULT_RESAMPLES
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                  claim: str = "higher", resamples: int = DEFAULT_RESAMPLES, controls: Sequence[str] = (),
+                  effect: float = DEFAULT_EFFECT) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows). A per-config row holds n_seeds, <scalar>_mean and <scalar>_std for each
     of SCALARS (over seeds), threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
     averaged over those only), collapsed = how many seeds collapsed (run_scalars), and the `comparison_columns` of
-    its final success against `reference`."""
+    its final success against `reference` (with the positive `controls` and the `effect` of interest)."""
     config_rows, run_rows = [], []
-    comparison = comparison_columns(runs, reference=reference, claim=claim, resamples=resamples) if runs else {}
+    comparison = comparison_columns(runs, reference=reference, claim=claim, resamples=resamples, controls=controls,
+                                    effect=effect) if runs else {}
     for name, run_dirs in runs.items():
         per_run = [run_scalars(d, threshold) for d in run_dirs]
         for d, scalars in zip(run_dirs, per_run):
@@ -158,7 +190,7 @@ def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: st
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in per_run])
         row["threshold_reached"] = sum(math.isfinite(s["steps_to_threshold"]) for s in per_run)
         row["collapsed"] = int(sum(s["collapsed"] for s in per_run))
-        config_rows.append({**row, **comparison[name]})
+        config_rows.append({**row, **comparison[name], "effect": effect})
     return config_rows, run_rows
 
 
@@ -190,7 +222,8 @@ def _p(value: float) -> str:
 def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     """The per-config rows (`ablation_rows`) as Markdown: mean ± sample std over seeds and the final success's 95%
     interval per config, then the paired differences of final success against the reference config (interval,
-    sign tests, verdict), then notes on what the intervals cover."""
+    t-test p raw and Holm-adjusted, detectable effect, seeds the effect of interest needs, descriptive sign tests,
+    verdict), a line when a positive control was not detected, then notes on what the intervals cover."""
     level = f"{DEFAULT_LEVEL:.0%}"
     header = ["config", "seeds", "success before", "success after", f"{level} CI", "AUC success",
               f"RL steps to {threshold:g}", "collapsed", "wall time (s)", "admitted"]
@@ -208,27 +241,40 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if not rows:
         return "\n".join(lines) + "\n"
-    reference, claim = rows[0]["reference"], rows[0]["claim"]
+    reference, claim, effect = rows[0]["reference"], rows[0]["claim"], rows[0]["effect"]
     sign = ">" if claim == "higher" else "<"
+    power = f"{DEFAULT_POWER:.0%}"
     lines += ["", f"Paired difference in final held-out success, config - {reference} (same seeds, same tasks); "
                   f"verdict on the claim: config {sign} {reference}", "",
-              f"| config | seeds | tasks | Δ success | {level} CI | tasks + / - / = | sign test p (tasks) | "
-              "seeds + / - / = | sign test p (seeds) | verdict |", "|" + "---|" * 10]
+              f"| config | seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | detectable at {power} | "
+              f"seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
+              "sign test p (tasks) | verdict |", "|" + "---|" * 14]
     for r in rows:
         if r["config"] == reference:
             continue
         cells = [r["config"], str(r["diff_seeds"]), str(r["diff_tasks"]),
                  "-" if not math.isfinite(r["diff_mean"]) else f"{r['diff_mean']:+.3f}",
-                 _interval(r["diff_ci_low"], r["diff_ci_high"], r["diff_resampled"], signed=True),
-                 _counts(r, "tasks"), _p(r["sign_p_tasks"]), _counts(r, "seeds"), _p(r["sign_p_seeds"]),
-                 r["verdict"] or "-"]
+                 _interval(r["diff_ci_low"], r["diff_ci_high"], "", signed=True), _p(r["diff_p"]),
+                 _p(r["diff_p_holm"]), "-" if not math.isfinite(r["diff_mde"]) else f"{r['diff_mde']:.3f}",
+                 "-" if r["seeds_needed"] is None else str(r["seeds_needed"]), _counts(r, "seeds"),
+                 _p(r["sign_p_seeds"]), _counts(r, "tasks"), _p(r["sign_p_tasks"]), r["verdict"] or "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"{level} CI: percentile interval of a hierarchical bootstrap (seeds drawn with replacement, "
-                  "then held-out tasks within each seed; both arms of a difference draw the same seeds and tasks), "
-                  "so it includes seed-to-seed training variance; \"(seeds only)\": no per-task "
-                  "records, seeds resampled only. Verdict: supported / contradicted when the difference's interval "
-                  "excludes 0 on the claimed / the other side, else inconclusive. Collapsed: seeds whose final "
-                  f"success fell below {COLLAPSE_FRACTION:g} x their warm start's. See docs/statistics.md."]
+    missed = [r["config"] for r in rows if r["verdict"] == CONTROL_MISSED]
+    if missed:
+        lines += ["", f"**Positive control {', '.join(missed)} not detected**: this table cannot detect effects of "
+                      "that size; read its inconclusive verdicts as \"too few seeds\", not \"no effect\"."]
+    lines += ["", f"{level} CI (success): percentile interval of a hierarchical bootstrap (seeds, then held-out tasks "
+                  "within each seed), so it includes seed-to-seed training variance; \"(seeds only)\": no per-task "
+                  f"records, seeds resampled only. {level} CI (Δ): t-interval over the seeds' paired differences "
+                  "(mean ± t_{0.975, n-1} sd / sqrt(n)); p (t): the paired t-test; p (Holm): adjusted across the "
+                  f"table's comparisons. Verdict: supported / contradicted when p (Holm) < {1 - DEFAULT_LEVEL:.2g} "
+                  "with Δ on the claimed / the other side of 0, else inconclusive; a positive control is detected "
+                  f"when p (Holm) < {1 - DEFAULT_LEVEL:.2g} with Δ < 0. Detectable at {power}: the true Δ a "
+                  f"two-sided paired t-test at {1 - DEFAULT_LEVEL:.2g} over these seeds finds with {power} "
+                  f"probability, given the seeds' spread; seeds for ±{effect:g}: the seeds that effect would need. "
+                  "The sign tests are descriptive (the task one treats tasks within seeds as independent), not part "
+                  f"of the verdict. Collapsed: seeds whose final success fell below {COLLAPSE_FRACTION:g} x their "
+                  "warm start's. See docs/statistics.md."]
     lines += [f"- {r['config']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines) + "\n"
 
@@ -245,10 +291,13 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def write_tables(ablation_dir: str, runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
-                 claim: str = "higher") -> list[dict[str, Any]]:
+                 claim: str = "higher", controls: Sequence[str] = (), effect: float = DEFAULT_EFFECT
+                 ) -> list[dict[str, Any]]:
     """table.md, table.csv (per config; differences against `reference`, default the first config, verdicts on
-    `claim`) and runs.csv (per run) in `ablation_dir`; returns the per-config rows."""
-    config_rows, run_rows = ablation_rows(runs, threshold, reference=reference, claim=claim)
+    `claim`, the positive `controls` checked, seeds stated for the `effect` of interest) and runs.csv (per run) in
+    `ablation_dir`; returns the per-config rows."""
+    config_rows, run_rows = ablation_rows(runs, threshold, reference=reference, claim=claim, controls=controls,
+                                          effect=effect)
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))
     write_csv(os.path.join(ablation_dir, "table.csv"), config_rows)

@@ -11,16 +11,20 @@ from ipa_jax.objectives.config import BASELINES, SIGN_BY
 
 
 def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array | None = None,
-                       rl_rows: jax.Array | None = None) -> jax.Array:
+                       rl_rows: jax.Array | None = None, sign: int = 1) -> jax.Array:
     """rewards [B] -> advantages [B] (any shape: [B, S] per sequence slot of packed rows, a baseline over all).
 
     none: A = R; batch_mean: A = R - mean_B(R); group_mean: A_i = R_i - mean{R_j : group_ids[j] == group_ids[i]}
     (group_ids int, same shape, any values). No std whitening. rl_rows bool (default: all) marks the rows with
     action tokens; the means run over them only and the other rows (pure imitation rows, padding, unused slots of
-    packed rows) get A = 0.
+    packed rows) get A = 0. sign -1 negates every advantage (ObjectiveConfig.advantage_sign: a positive control).
     """
     if baseline not in BASELINES:
         raise ValueError(f"baseline: {baseline!r} is not one of {BASELINES}")
+    if sign not in (1, -1):
+        raise ValueError(f"sign: must be 1 or -1, got {sign!r}")
+    if sign == -1:  # -(R - b(R)) = (-R) - b(-R) for every baseline here (each is linear in R)
+        rewards = -rewards
     shape = rewards.shape
     r = rewards.astype(compute_dtype(rewards)).reshape(-1)
     w = jnp.ones_like(r) if rl_rows is None else rl_rows.astype(r.dtype).reshape(-1)

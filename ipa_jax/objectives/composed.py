@@ -263,7 +263,7 @@ def sequences_with_actions(action_mask: jax.Array, segment_ids: jax.Array | None
 def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
                  config, failures, old_log_probs, segment_ids):
     rl_rows = sequences_with_actions(action_mask, segment_ids, rewards.shape[-1])
-    adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows)
+    adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows, config.advantage_sign)
     terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
                                          config, entropies, failures=failures, old_log_probs=old_log_probs,
                                          rewards=rewards, segment_ids=segment_ids)

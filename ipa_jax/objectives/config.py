@@ -33,6 +33,7 @@ class ObjectiveConfig:
     """Every switch of the composed objective (one line per field; the first sentence is its help text).
 
     baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE) or "group_mean".
+    advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE).
     gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
     old_logprobs: the policy ratio's denominator: "behavior" (the sampler's) or "recompute" (the learner's).
@@ -57,6 +58,7 @@ class ObjectiveConfig:
     """
 
     baseline: str = "none"
+    advantage_sign: int = 1
     credit: str = "chunk"
     gamma: float = 0.95
     old_logprobs: str = "behavior"
@@ -83,6 +85,9 @@ class ObjectiveConfig:
                               ("aggregation", AGGREGATIONS), ("row_denominator", ROW_DENOMINATORS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
+        if self.advantage_sign not in (1, -1) or isinstance(self.advantage_sign, bool):
+            raise ValueError(f"ObjectiveConfig.advantage_sign: must be 1 or -1, got {self.advantage_sign!r}")
+        object.__setattr__(self, "advantage_sign", int(self.advantage_sign))
         if not _number(self.gamma) or not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"ObjectiveConfig.gamma: must be in (0, 1], got {self.gamma!r}")
         if self.is_clip_max is not None and (not _number(self.is_clip_max) or not self.is_clip_max > 0):

@@ -220,6 +220,6 @@ def build_online_engines(exp: ExperimentConfig, tokenizer: Any, weights_dir: str
     model = engine_model(exp, engine_mesh(exp))
     control = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1,
                            model=model)
-    rollout = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1), seed=t.seed,
-                           model=model)
+    rollout = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1),
+                           seed=t.seed + r.seed_offset, model=model)
     return control, rollout

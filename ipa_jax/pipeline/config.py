@@ -206,6 +206,8 @@ class RolloutConfig:
     prefix_cache: embedded engine: a turn of a multi-turn episode prefills only the tokens past the longest prefix of
       its context that a batch row's KV cache holds from earlier requests under the same weights (its previous turn;
       SGLang's radix cache does the same on a server). Off: every turn prefills its whole context.
+    seed_offset: embedded: the rollout engine samples with seed train.seed + seed_offset (0: train.seed), so an A/A
+      control reruns an arm from the same warm start and training seed with other rollouts.
     """
 
     engine: str = "embedded"
@@ -235,9 +237,14 @@ class RolloutConfig:
     engine_devices: int = 0
     partial: str = "finish"
     prefix_cache: bool = True
+    seed_offset: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
+        _require(isinstance(self.seed_offset, int) and not isinstance(self.seed_offset, bool) and self.seed_offset >= 0,
+                 "rollout.seed_offset", f"must be an integer >= 0, got {self.seed_offset!r}")
+        _require(self.seed_offset == 0 or self.engine == "embedded", "rollout.seed_offset",
+                 "SGLang servers sample with their own seeds: only the embedded engine takes a rollout seed")
         _require(self.engine in ENGINES, "rollout.engine", f"must be one of {ENGINES}, got {self.engine!r}")
         _require(not (self.engine == "sglang" and not self.sglang_urls), "rollout.sglang_urls",
                  "rollout.engine='sglang' needs at least one server URL")

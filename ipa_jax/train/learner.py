@@ -8,6 +8,8 @@ to sync weights and `eval_fn(state)` to evaluate.
 """
 
 import collections
+import dataclasses
+import hashlib
 import logging
 import operator
 import os
@@ -79,6 +81,9 @@ class TrainConfig:
     max_consecutive_zero_grad: likewise after this many RL updates in a row with a gradient of exactly 0 (every
       advantage 0: e.g. all rewards equal and no baseline), with a warning at the first; the warm start's updates
       do not count; 0 = never stop.
+    reward_flip_fraction: a graded positive control: this share of the RL phase's trajectories (chosen by a hash of
+      their uid, `reward_flipped`) reach the objective with reward 1 - R (for 0/1 rewards: success and failure
+      swapped); 0 = off.
     """
 
     steps: int = 100
@@ -102,6 +107,7 @@ class TrainConfig:
     allow_config_change: bool = False
     max_consecutive_skipped: int = 10
     max_consecutive_zero_grad: int = 10
+    reward_flip_fraction: float = 0.0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes",
@@ -131,6 +137,9 @@ class TrainConfig:
             raise ValueError(f"train.packing: must be True or False, got {self.packing!r}")
         if not self.name:
             raise ValueError("train.name: must be non-empty")
+        if not 0.0 <= self.reward_flip_fraction <= 1.0:  # also rejects NaN
+            raise ValueError(f"train.reward_flip_fraction: must be in [0, 1] (0 = off), "
+                             f"got {self.reward_flip_fraction}")
         r = self.reward_range
         if len(r) != 2 or not np.isfinite(r).all() or r[0] > r[1]:
             raise ValueError(f"train.reward_range: must be (low, high), finite, low <= high, got {self.reward_range}")
@@ -138,6 +147,20 @@ class TrainConfig:
     @property
     def resolved_run_dir(self) -> str:
         return self.run_dir or os.path.join("runs", self.name)
+
+
+def reward_flipped(uid: str, fraction: float) -> bool:
+    """Whether train.reward_flip_fraction = `fraction` flips the reward of trajectory `uid`: the first 8 bytes of
+    sha256(uid), as a number in [0, 1), fall below `fraction`. The same trajectory gets the same choice on any
+    machine and after a resume, and a larger fraction flips a superset."""
+    return int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") / 2.0**64 < fraction
+
+
+def flip_rewards(trajs: list[Trajectory], fraction: float) -> list[Trajectory]:
+    """The trajectories with reward 1 - R where `reward_flipped(uid, fraction)`; the list itself when fraction is 0."""
+    if fraction == 0.0:
+        return trajs
+    return [dataclasses.replace(t, reward=1.0 - t.reward) if reward_flipped(t.uid, fraction) else t for t in trajs]
 
 
 @dataclass
@@ -365,7 +388,7 @@ class Learner:
             yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable).
-        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective.baseline))
+        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective))
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
@@ -399,6 +422,8 @@ class Learner:
                 self._evaluate(step)
             while step < self.total_steps:
                 trajs, dropped = self.next_batch()
+                if step >= self.rl_start:  # the warm start learns from the true rewards
+                    trajs = flip_rewards(trajs, cfg.reward_flip_fraction)
                 self.dropped_total += dropped
                 batch = self.make_batch(trajs)
                 lag = policy_lag(step, trajs)

@@ -127,11 +127,11 @@ def batch_sequences(batch: TrajectoryBatch) -> Sequences:
     return sequences_of(batch.tokens.shape, batch.segment_ids, batch.rewards.shape[-1])
 
 
-def batch_advantages(batch: TrajectoryBatch, baseline: str) -> jax.Array:
-    """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the baseline averages over the
-    trajectories with action tokens (compute_advantages)."""
+def batch_advantages(batch: TrajectoryBatch, objective: ObjectiveConfig) -> jax.Array:
+    """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the objective's baseline averages over the
+    trajectories with action tokens, times its advantage_sign (compute_advantages)."""
     rl_rows = sequences_with_actions(batch.action_mask, batch.segment_ids, batch.rewards.shape[-1])
-    return compute_advantages(batch.rewards, baseline, batch.group_ids, rl_rows)
+    return compute_advantages(batch.rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
 
 
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
@@ -227,7 +227,7 @@ def batch_gradients(state: TrainState, batch: TrajectoryBatch, advantages: jax.A
     if old_log_probs is not None and not objective.needs_old_log_probs:
         raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
     if advantages is None:
-        advantages = batch_advantages(batch, objective.baseline)
+        advantages = batch_advantages(batch, objective)
     advantages = advantages.astype(jnp.float32)
     dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)

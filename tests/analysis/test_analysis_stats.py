@@ -95,23 +95,25 @@ def test_ratio_of_sums_weights_tasks_by_their_finished_samples():
     assert stats.arm_estimate([run, outcomes([1, 1])], resamples=200).mean == pytest.approx((4 / 7 + 1) / 2)
 
 
-def test_paired_difference_spread_matches_the_variance_of_task_differences():
-    """One seed, both arms on the same tasks: the paired bootstrap of the mean difference approaches
-    var_t(b_t - a_t) / T, far narrower than the two arms' independent spreads combined."""
+def test_paired_difference_is_the_t_interval_of_the_seeds_differences():
+    """Four seeds, both arms on the same tasks: the interval, sd and p are scipy's paired t-test on the seeds' rate
+    differences; the task sign test counts every (seed, task) pair."""
+    scipy_stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(4)
-    base = rng.random(400) < 0.5
-    better = base | (rng.random(400) < 0.15)  # the arm fixes some tasks and breaks none
-    ref, arm = outcomes(base), outcomes(better)
-    diff = stats.paired_difference({0: ref}, {0: arm}, resamples=20_000, seed=1)
-    d = better.astype(float) - base.astype(float)
-    sd = math.sqrt(d.var() / 400)
-    assert diff.mean == pytest.approx(d.mean(), abs=1e-15)
-    assert diff.high - diff.low == pytest.approx(2 * Z95 * sd, rel=0.08)
-    independent = math.sqrt(base.var() / 400 + better.var() / 400)
-    assert diff.high - diff.low < 0.6 * 2 * Z95 * independent
+    base = {s: rng.random(200) < 0.3 + 0.1 * s for s in range(4)}
+    better = {s: base[s] | (rng.random(200) < 0.05 + 0.05 * s) for s in range(4)}  # fixes tasks, breaks none
+    diff = stats.paired_difference({s: outcomes(b) for s, b in base.items()},
+                                   {s: outcomes(b) for s, b in better.items()})
+    d = np.array([better[s].mean() - base[s].mean() for s in range(4)])
+    low, high = scipy_stats.t.interval(0.95, 3, loc=d.mean(), scale=d.std(ddof=1) / 2)
+    assert diff.mean == pytest.approx(d.mean(), abs=1e-15) and diff.sd == pytest.approx(d.std(ddof=1), rel=1e-12)
+    assert (diff.low, diff.high) == pytest.approx((low, high), rel=1e-10)
+    assert diff.p_value == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue, rel=1e-9)
     assert diff.low > 0 and diff.verdict("higher") == "supported" and diff.verdict("lower") == "contradicted"
-    assert diff.tasks_sign.negative == 0 and diff.tasks_sign.positive == int(d.sum())
-    assert diff.tasks_sign.p_value == pytest.approx(2 * 0.5 ** d.sum(), rel=1e-12)
+    fixed = int(sum((better[s] & ~base[s]).sum() for s in range(4)))
+    assert (diff.tasks_sign.positive, diff.tasks_sign.negative) == (fixed, 0)
+    assert diff.tasks_sign.p_value == pytest.approx(2 * 0.5 ** fixed, rel=1e-12)
+    assert diff.minimum_detectable_effect() == stats.minimum_detectable_effect(diff.sd, 4)
 
 
 def test_paired_difference_pairs_by_seed_and_task_id():
@@ -119,7 +121,7 @@ def test_paired_difference_pairs_by_seed_and_task_id():
     ref = {0: outcomes([1, 0, 1, 0]), 1: outcomes([0, 0, 1, 1]), 2: outcomes([1, 1, 1, 1])}
     swapped = TaskOutcomes(("task/3", "task/2", "task/1", "task/9"), np.array([1.0, 1, 1, 1]), np.ones(4))
     arm = {0: swapped, 1: outcomes([1, 0, 1, 1]), 5: outcomes([0, 0, 0, 0])}
-    diff = stats.paired_difference(ref, arm, resamples=500)
+    diff = stats.paired_difference(ref, arm)
     # Seed 0 on tasks 1..3: ref (0, 1, 0) -> arm (1, 1, 1): +2/3; seed 1 on tasks 0..3: +1/4.
     assert diff.seeds == 2 and diff.tasks == 3
     assert diff.mean == pytest.approx((2 / 3 + 1 / 4) / 2)
@@ -166,9 +168,16 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         solved = outcomes(np.ones(16))
         est = stats.arm_estimate([solved], resamples=300)
         assert (est.mean, est.low, est.high) == (1.0, 1.0, 1.0) and "one seed" in est.note
-        diff = stats.paired_difference({3: solved}, {3: solved}, resamples=300)
-        assert (diff.mean, diff.low, diff.high) == (0.0, 0.0, 0.0) and diff.verdict("higher") == "inconclusive"
+        diff = stats.paired_difference({3: solved}, {3: solved})
+        assert diff.mean == 0.0 and math.isnan(diff.low) and math.isnan(diff.p_value) and "one seed" in diff.note
+        assert diff.verdict("higher") == "inconclusive" and math.isnan(diff.minimum_detectable_effect())
         assert diff.tasks_sign.ties == 16 and diff.tasks_sign.p_value == 1.0 and diff.seeds_sign.p_value == 1.0
+        # Two seeds with the same difference: no spread, a zero-width interval at it, p = 0 (or 1 at 0).
+        same = stats.paired_difference({0: outcomes([0, 1]), 1: outcomes([1, 0])},
+                                       {0: outcomes([1, 1]), 1: outcomes([1, 1])})
+        assert (same.low, same.high, same.sd, same.p_value) == (0.5, 0.5, 0.0, 0.0)
+        tied = stats.paired_difference({0: solved, 1: solved}, {0: solved, 1: solved})
+        assert (tied.low, tied.high, tied.p_value) == (0.0, 0.0, 1.0) and stats.seeds_needed(0.05, tied.sd) == 2
         # No per-task records, one seed: no interval at all, said so; two seeds: the seeds' range.
         old = stats.arm_estimate([TaskOutcomes.from_rate(0.4)], resamples=300)
         assert old.mean == 0.4 and math.isnan(old.low) and math.isnan(old.high) and old.tasks == 0
@@ -177,12 +186,12 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         assert two.mean == pytest.approx(0.5) and (two.low, two.high) == (0.4, 0.6)
         # A run without records makes its arm's pairs seed-level: no task sign test.
         mixed = stats.paired_difference({0: outcomes([1, 0]), 1: outcomes([1, 1])},
-                                        {0: TaskOutcomes.from_rate(1.0), 1: outcomes([1, 1])}, resamples=300)
-        assert mixed.resampled == stats.SEEDS_ONLY and mixed.tasks_sign is None and mixed.tasks == 0
+                                        {0: TaskOutcomes.from_rate(1.0), 1: outcomes([1, 1])})
+        assert mixed.tasks_sign is None and mixed.tasks == 0 and mixed.seeds == 2 and mixed.low < 0 < mixed.high
         assert mixed.mean == pytest.approx(0.25) and stats.NO_RECORDS in mixed.note
         # Same tasks, different ids in every seed: nothing to pair task by task.
         disjoint = stats.paired_difference({0: outcomes([1, 0])}, {0: TaskOutcomes(("x",), np.ones(1), np.ones(1))})
-        assert disjoint.resampled == stats.SEEDS_ONLY and "no held-out task in common" in disjoint.note
+        assert disjoint.tasks_sign is None and "no held-out task in common" in disjoint.note
         assert math.isnan(disjoint.low) and disjoint.mean == pytest.approx(0.5)
 
 
@@ -191,3 +200,51 @@ def test_the_same_seed_gives_the_same_interval():
     a, b = (stats.arm_estimate(runs, resamples=1000, seed=7) for _ in range(2))
     assert (a.low, a.high) == (b.low, b.high)
     assert stats.arm_estimate(runs, resamples=1000, seed=8).low != a.low
+
+
+# ------------------------------------------------------------------------------------ t, Holm, power
+@pytest.mark.parametrize("dof", [1, 2, 3, 4, 7, 30])
+def test_student_t_cdf_and_quantile_match_scipy(dof):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for t in (-40.0, -3.1, -0.7, 0.0, 0.4, 2.2, 12.0):
+        assert stats.student_t_cdf(t, dof) == pytest.approx(scipy_stats.t.cdf(t, dof), abs=1e-13)
+    for q in (0.01, 0.2, 0.5, 0.8, 0.975, 0.999):
+        assert stats.student_t_quantile(q, dof) == pytest.approx(scipy_stats.t.ppf(q, dof), rel=1e-11, abs=1e-13)
+    with pytest.raises(ValueError, match="integer dof"):
+        stats.student_t_cdf(1.0, 0)
+
+
+def test_holm_rejects_what_the_step_down_procedure_rejects():
+    """Holm's procedure at alpha: walk the p-values up from the smallest, reject while p_(i) <= alpha / (m - i + 1)
+    (i from 1), stop at the first that is not; the adjusted p-values must reject exactly those at every alpha."""
+    p = [0.04, 0.001, 0.03, 0.5, math.nan, 0.012, 0.2]
+    adjusted = stats.holm(p)
+    assert math.isnan(adjusted[4])
+    finite = sorted((v, i) for i, v in enumerate(p) if math.isfinite(v))
+    for alpha in (0.005, 0.01, 0.05, 0.07, 0.1, 0.3, 0.6, 1.0):
+        rejected = set()
+        for rank, (value, i) in enumerate(finite):
+            if value > alpha / (len(finite) - rank):
+                break
+            rejected.add(i)
+        assert {i for i, a in enumerate(adjusted) if a <= alpha} == rejected
+    assert adjusted[1] == pytest.approx(6 * 0.001) and adjusted[3] == 0.5 and adjusted[6] == pytest.approx(0.4)
+    assert stats.holm([]) == [] and stats.holm([0.02]) == [0.02]
+
+
+@pytest.mark.parametrize("seeds", [3, 4, 8, 40])
+def test_minimum_detectable_effect_has_the_stated_power(seeds):
+    """At the detectable effect the paired t-test's power (scipy's noncentral t) is 80%; seeds_needed is the
+    first seed count whose detectable effect reaches the effect (a plain loop over n)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    sd = 0.07
+    effect = stats.minimum_detectable_effect(sd, seeds)
+    critical = scipy_stats.t.ppf(0.975, seeds - 1)
+    noncentrality = effect * math.sqrt(seeds) / sd
+    power = (scipy_stats.nct.sf(critical, seeds - 1, noncentrality)
+             + scipy_stats.nct.cdf(-critical, seeds - 1, noncentrality))
+    assert power == pytest.approx(0.8, abs=1e-5)
+    assert stats.seeds_needed(effect, sd) == seeds
+    assert stats.seeds_needed(0.05, sd) == next(n for n in range(2, 100)
+                                                if stats.minimum_detectable_effect(sd, n) <= 0.05)
+    assert math.isnan(stats.minimum_detectable_effect(sd, 1)) and stats.seeds_needed(0.05, math.nan) is None

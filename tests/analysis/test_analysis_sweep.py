@@ -161,6 +161,9 @@ ABLATIONS = {
     # Controls (tests/pipeline/test_pipeline_controls.py checks what each one does).
     "control_il_continue": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
     "control_no_update": ("common", {"optimizer.lr"}),
+    "control_aa": ("credit_chunk", {"rollout.seed_offset"}),
+    "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
+    "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
     # The long-horizon task's base (longhorizon_common) and its arms.
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
@@ -220,6 +223,17 @@ def test_every_ablation_config_changes_one_thing():
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
         Preset(("credit_chunk",), (0,), claim="better")
+    # The controls preset: its positive control is declared, and every control shares credit_chunk's warm start.
+    controls = PRESETS["controls"]
+    assert (controls.reference, controls.controls) == ("credit_chunk", ("control_advantage_flip",
+                                                                         "control_reward_flip"))
+    reference_key = ablate.warm_start_key(os.path.join(CONFIG_DIR, "credit_chunk.py"), {})
+    assert reference_key is not None and all(
+        ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), {}) == reference_key for name in controls.configs)
+    with pytest.raises(ValueError, match="controls .* other than the reference"):
+        Preset(("credit_chunk", "control_aa"), (0,), controls=("credit_chunk",))
+    with pytest.raises(ValueError, match="controls .* other than the reference"):
+        Preset(("credit_chunk",), (0,), controls=("control_aa",))
     # The values the names promise (a few; the rest follow the same pattern).
     assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf

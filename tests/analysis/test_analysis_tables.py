@@ -17,6 +17,7 @@ from ipa_jax import analysis
 from ipa_jax.pipeline import RunFolder
 
 TASKS = 24
+SEEDS = 4
 FINAL_STEP = 10
 
 
@@ -52,12 +53,12 @@ def write_ablation(out: str, successes: dict[str, dict[int, np.ndarray | None]])
 
 
 @pytest.fixture
-def three_seeds():
-    """ref, better (fixes tasks in every seed), same (= ref): 3 seeds x TASKS tasks x 2 samples."""
+def four_seeds():
+    """ref, better (fixes tasks in every seed), same (= ref): SEEDS seeds x TASKS tasks x 2 samples."""
     rng = np.random.default_rng(0)
-    ref = {s: rng.integers(0, 3, TASKS) for s in range(3)}
-    better = {s: np.minimum(ref[s] + (rng.random(TASKS) < 0.5), 2) for s in range(3)}
-    return {"ref": ref, "better": better, "same": {s: ref[s].copy() for s in range(3)}}
+    ref = {s: rng.integers(0, 3, TASKS) for s in range(SEEDS)}
+    better = {s: np.minimum(ref[s] + (rng.random(TASKS) < 0.5), 2) for s in range(SEEDS)}
+    return {"ref": ref, "better": better, "same": {s: ref[s].copy() for s in range(SEEDS)}}
 
 
 def read_csv(path: str) -> dict[str, dict[str, str]]:
@@ -65,27 +66,37 @@ def read_csv(path: str) -> dict[str, dict[str, str]]:
         return {row["config"]: row for row in csv.DictReader(f)}
 
 
-def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_path, three_seeds):
-    runs = write_ablation(str(tmp_path), three_seeds)
+def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_path, four_seeds):
+    runs = write_ablation(str(tmp_path), four_seeds)
     analysis.write_tables(str(tmp_path), runs, threshold=0.5)
     table = read_csv(str(tmp_path / "table.csv"))
-    ref, better = three_seeds["ref"], three_seeds["better"]
+    ref, better = four_seeds["ref"], four_seeds["better"]
     # The difference straight from the files' numbers: mean over seeds of (arm rate - reference rate).
-    expected = np.mean([(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(3)])
+    expected = np.mean([(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(SEEDS)])
     row = table["better"]
     assert row["reference"] == "ref" and row["claim"] == "higher"
     assert float(row["diff_mean"]) == pytest.approx(expected)
     assert float(row["diff_ci_low"]) > 0 and row["verdict"] == "supported"
-    assert row["diff_resampled"] == "seeds, tasks" and row["diff_seeds"] == "3" and row["diff_tasks"] == str(TASKS)
-    wins = sum(int((better[s] > ref[s]).sum()) for s in range(3))
+    assert row["diff_seeds"] == str(SEEDS) and row["diff_tasks"] == str(TASKS)
+    # The t-test on the seeds' differences (scipy), Holm over the two comparisons (same: no difference, p = 1).
+    scipy_stats = pytest.importorskip("scipy.stats")
+    d = [(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(SEEDS)]
+    p_value = scipy_stats.ttest_1samp(d, 0.0).pvalue
+    assert float(row["diff_p"]) == pytest.approx(p_value, rel=1e-9)
+    assert float(row["diff_p_holm"]) == pytest.approx(min(1.0, 2 * p_value), rel=1e-9)
+    assert (float(row["diff_ci_low"]), float(row["diff_ci_high"])) == pytest.approx(
+        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=np.std(d, ddof=1) / SEEDS**0.5), rel=1e-9)
+    assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(np.std(d, ddof=1), SEEDS))
+    assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, np.std(d, ddof=1))
+    wins = sum(int((better[s] > ref[s]).sum()) for s in range(SEEDS))
     assert row["tasks_better"] == str(wins) and row["tasks_worse"] == "0"
-    assert row["tasks_tied"] == str(3 * TASKS - wins)
+    assert row["tasks_tied"] == str(SEEDS * TASKS - wins)
     assert float(row["sign_p_tasks"]) == pytest.approx(min(1.0, 2 * 0.5**wins), rel=1e-9)
-    assert (row["seeds_better"], row["sign_p_seeds"]) == ("3", "0.25")
+    assert (row["seeds_better"], row["sign_p_seeds"]) == ("4", "0.125")
     # The interval is the stats module's on the same numbers (the plumbing), around the seeds' mean.
     arm = analysis.arm_estimate([analysis.TaskOutcomes.from_records(
         [{"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": c} for t, c in enumerate(better[s])])
-        for s in range(3)])
+        for s in range(SEEDS)])
     assert (float(row["success_after_ci_low"]), float(row["success_after_ci_high"])) == \
         pytest.approx((arm.low, arm.high))
     assert float(row["success_after_ci_low"]) <= float(row["success_after_mean"]) <= \
@@ -95,13 +106,32 @@ def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_pa
     assert table["ref"]["diff_mean"] == "" and table["ref"]["verdict"] == ""
     md = open(tmp_path / "table.md", encoding="utf-8").read()
     assert "config - ref (same seeds, same tasks); verdict on the claim: config > ref" in md
-    assert f"| better | 3 | {TASKS} | {expected:+.3f} | [" in md and "| supported |" in md
+    assert f"| better | {SEEDS} | {TASKS} | {expected:+.3f} | [" in md and "| supported |" in md
     assert md.count("\n| ref |") == 1  # the reference is not compared with itself
-    assert "] (seeds only)" not in md
+    assert "] (seeds only)" not in md and "p (Holm)" in md and "seeds for ±0.05" in md
+    assert "not detected" not in md
 
 
-def test_reference_and_claim_are_chosen(tmp_path, three_seeds):
-    runs = write_ablation(str(tmp_path), three_seeds)
+def test_positive_controls_not_detected_are_said_in_the_verdicts(tmp_path, four_seeds):
+    """A positive control is built to be worse than the reference: one that is (every seed well below) is
+    detected; one that is not (the same outcomes as the reference) makes every verdict of the table say so."""
+    worse = {s: np.maximum(four_seeds["ref"][s] - 1, 0) for s in range(SEEDS)}
+    runs = write_ablation(str(tmp_path), {**four_seeds, "flipped": worse})
+    rows, _ = analysis.ablation_rows(runs, 0.5, controls=("flipped",), resamples=200)
+    by_name = {r["config"]: r for r in rows}
+    assert by_name["flipped"]["verdict"] == "control detected" and by_name["better"]["verdict"] == "supported"
+    assert "not detected" not in analysis.table_markdown(rows, 0.5)
+    rows, _ = analysis.ablation_rows(runs, 0.5, controls=("flipped", "same"), resamples=200)
+    by_name = {r["config"]: r for r in rows}
+    assert by_name["same"]["verdict"] == "control NOT detected"
+    assert by_name["better"]["verdict"] == "supported; positive control same not detected"
+    assert "**Positive control same not detected**" in analysis.table_markdown(rows, 0.5)
+    with pytest.raises(ValueError, match="positive controls"):
+        analysis.ablation_rows(runs, 0.5, controls=("ref",))
+
+
+def test_reference_and_claim_are_chosen(tmp_path, four_seeds):
+    runs = write_ablation(str(tmp_path), four_seeds)
     rows, _ = analysis.ablation_rows(runs, 0.5, reference="better", claim="lower", resamples=500)
     by_name = {r["config"]: r for r in rows}
     assert by_name["ref"]["verdict"] == "supported"  # ref is below better, as claimed
@@ -114,18 +144,20 @@ def test_reference_and_claim_are_chosen(tmp_path, three_seeds):
         analysis.ablation_rows(runs, 0.5, claim="better")
 
 
-def test_old_run_folders_fall_back_to_seeds_and_the_table_says_so(tmp_path, three_seeds):
-    successes = {**three_seeds, "old": {0: None, 1: None}}
+def test_old_run_folders_fall_back_to_seeds_and_the_table_says_so(tmp_path, four_seeds):
+    successes = {**four_seeds, "old": {0: None, 1: None}}
     runs = write_ablation(str(tmp_path), successes)
     analysis.write_tables(str(tmp_path), runs, threshold=0.5)
     table = read_csv(str(tmp_path / "table.csv"))
     old = table["old"]
-    assert old["ci_resampled"] == "seeds" and old["diff_resampled"] == "seeds" and old["diff_seeds"] == "2"
+    assert old["ci_resampled"] == "seeds" and old["diff_seeds"] == "2"
     assert old["tasks_better"] == "" and old["sign_p_tasks"] == ""
-    ref_rates = [three_seeds["ref"][s].sum() / (2 * TASKS) for s in (0, 1)]
+    ref_rates = [four_seeds["ref"][s].sum() / (2 * TASKS) for s in (0, 1)]
     assert float(old["diff_mean"]) == pytest.approx(np.mean([0.5 - r for r in ref_rates]))
     md = open(tmp_path / "table.md", encoding="utf-8").read()
-    assert "] (seeds only)" in md and "- old: run folders without per-task records: seeds resampled, tasks not\n" in md
+    assert "] (seeds only)" in md
+    assert "- old: run folders without per-task records: seeds resampled, tasks not; run folders without per-task " \
+        "records: no task sign test\n" in md
     # One seed without records: no interval, and the table says why instead of printing nan.
     one = write_ablation(str(tmp_path / "one"), {"a": {0: None}, "b": {0: None}})
     rows, _ = analysis.ablation_rows(one, 0.5, resamples=200)

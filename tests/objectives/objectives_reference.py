@@ -70,7 +70,7 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
     b = np.asarray(b, np.float64)
     o = None if old is None else np.asarray(old, np.float64)
     B, T = l.shape
-    adv = advantages(rewards, cfg.baseline, group_ids, np.asarray(action).any(axis=1))
+    adv = cfg.advantage_sign * advantages(rewards, cfg.baseline, group_ids, np.asarray(action).any(axis=1))
     negatives = adv < 0 if cfg.sign_by == "advantage" else np.asarray(rewards, np.float64) <= 0
     out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale", "mismatch_ratio")}
     seq_kl, admitted, retained = np.zeros(B), np.ones(B, bool), np.zeros(B, int)

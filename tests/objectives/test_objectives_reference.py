@@ -3,6 +3,7 @@ loss, gradient with respect to log_probs (= the analytic weight / denominator), 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -28,6 +29,10 @@ CONFIGS = {
     "token_is_negatives_unclipped": ObjectiveConfig(
         baseline="none", credit="chunk", gamma=1.0, is_level="token", is_apply_to="negatives", is_clip_max=None,
         mismatch_level="token", mismatch_range=(0.0, 3.0), aggregation="sample_mean", il_weight=0.0),
+    # The positive control: every advantage negated (successes become the negatives the IS ratio weights).
+    "ipa_advantage_sign_flipped": dataclasses.replace(ipa_config(), advantage_sign=-1),
+    "flash_group_advantage_sign_flipped": dataclasses.replace(flash_reinforce_config(), baseline="group_mean",
+                                                              advantage_sign=-1),
 }
 SEEDS = range(8)
 

@@ -111,6 +111,8 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
     ("rollout.outage_budget_s=-1.0", "rollout.outage_budget_s"),
     ("rollout.min_sync_servers=2", "rollout.min_sync_servers"),  # more than the pool's URLs
     ("rollout.keep_weight_folders=0", "rollout.keep_weight_folders"),
+    ("rollout.seed_offset=-1", "rollout.seed_offset"),
+    ("train.reward_flip_fraction=1.5", "train.reward_flip_fraction"),
     ("queue.stall_timeout_s=-5.0", "queue.stall_timeout_s"),
     ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
     ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
@@ -128,6 +130,24 @@ def test_bad_values_raise_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
         validate(config)
     assert error.value.key.endswith(key)
+
+
+def test_rollout_seed_offset_moves_the_rollout_engines_sampling_seed_only(monkeypatch, tmp_path):
+    """The A/A control's key: the embedded rollout engine samples with train.seed + offset, the evaluation engine
+    keeps its seed; SGLang servers sample with their own seeds, so an offset there is an error."""
+    from ipa_jax.pipeline import build
+
+    seeds = []
+    monkeypatch.setattr(build, "engine_mesh", lambda exp: None)
+    monkeypatch.setattr(build, "engine_model", lambda exp, mesh: None)
+    monkeypatch.setattr(build, "build_engine", lambda exp, kind, seed=0, **kw: seeds.append(seed))
+    for offset in (0, 7):
+        exp = validate(load_config(TINY, ["train.seed=3", f"rollout.seed_offset={offset}"]))
+        build.build_online_engines(exp, None, str(tmp_path))
+    assert seeds == [4, 3, 4, 10]
+    with pytest.raises(ConfigError, match=r"rollout\.seed_offset.*own seeds"):
+        validate(load_config(TINY, ["rollout.engine='sglang'", "rollout.sglang_urls=('http://h:1',)",
+                                    "rollout.seed_offset=1"]))
 
 
 def test_offline_data_that_does_not_exist_is_a_config_error(tmp_path):
