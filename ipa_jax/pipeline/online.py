@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from ipa_jax.activity import ActivityClock
 from ipa_jax.chat import ChatFormat
 from ipa_jax.engines import Engine, EngineError
 from ipa_jax.engines.base import PartialCounts, PrefixCounts
@@ -171,10 +172,11 @@ class EngineHost:
 # ---------------------------------------------------------------------------------------------- process 0's sources
 class RolloutSource:
     """Process 0's half of the online source, one subclass per rollout.source: expert episodes during the IL warm
-    start, then `_rl_trajectories` (the subclass's); the train log, weight pushes, evaluations and samples."""
+    start, then `_rl_trajectories` (the subclass's); the train log, weight pushes, evaluations and samples.
+    `clock`: the run's ActivityClock (the learner's), where rollouts count their generation and tool time."""
 
-    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
-        self.exp, self.folder = exp, folder
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
+        self.exp, self.folder, self.clock = exp, folder, clock
         t = exp.train
         if not exp.env.name:
             raise ConfigError("env.name", "online training needs an environment (ipa_jax.envs.list_envs()), or "
@@ -294,11 +296,11 @@ class QueueSource(RolloutSource):
     """rollout.source = "queue": a RolloutWorker (started with the first RL batch, from the warmed-up weights) feeds
     a TrajectoryQueue the learner takes whole batches from."""
 
-    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
         if exp.queue.max_size < exp.train.batch_size:
             raise ConfigError("queue.max_size", f"{exp.queue.max_size} < train.batch_size={exp.train.batch_size}; "
                                                 "the learner takes whole batches from the queue")
-        super().__init__(exp, folder)
+        super().__init__(exp, folder, clock)
         self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
                                      reward_range=exp.train.reward_range)
         self.train_tasks = self.env.task_stream("train", seed=exp.train.seed)
@@ -310,7 +312,8 @@ class QueueSource(RolloutSource):
             self.worker = RolloutWorker(self.engines.rollout, self.chat, self.train_tasks, self.queue, self.agent,
                                         concurrency=self.exp.rollout.concurrency,
                                         group_size=self.exp.rollout.group_size,
-                                        env_factory=lambda task: self.env_factory(), name="rollout").start()
+                                        env_factory=lambda task: self.env_factory(), name="rollout",
+                                        clock=self.clock).start()
         t0 = time.perf_counter()
         admitted, admitted_at = self.queue.stats()["admitted"], t0
         try:
@@ -373,6 +376,9 @@ class QueueSource(RolloutSource):
             out.update(episodes_per_s=w["episodes_per_s"], generated_tokens_per_s=w["generated_tokens_per_s"],
                        rollout_episodes=w["finished"], rollout_success_rate=w["success_rate"])
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
+            # Wall time with at least one episode generating / in its environment, and generating during steps.
+            out.update(time_generation_s=self.clock.busy_s("generation"), time_tools_s=self.clock.busy_s("tools"),
+                       time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"))
         return out
 
     def _stop_rollouts(self) -> None:
@@ -391,8 +397,8 @@ class ResamplingSource(RolloutSource):
     """rollout.source = "resample": synchronous resampling rounds (the learner waits while a round is sampled); the
     fork report goes to forks.json at the end."""
 
-    def __init__(self, exp: ExperimentConfig, folder: RunFolder):
-        super().__init__(exp, folder)
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
+        super().__init__(exp, folder, clock)
         tasks = self.env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=exp.train.seed)
         self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
                                        self.engines.rollout, self.chat, self.agent,
@@ -439,14 +445,16 @@ class OnlineSource:
     outcome of a sync reaches every process from process 0 (`from_process_0`; an exception process 0 raises is
     raised everywhere), so all of them run the same steps; a weight sync first gathers the learner's weights to
     process 0 (collective), and no process returns from it before process 0's push is done. On one process the
-    same code runs without a collective."""
+    same code runs without a collective. `clock`: the learner's ActivityClock, for the rollouts' time (a clock of
+    its own by default)."""
 
-    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder):
+    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder,
+                 clock: ActivityClock | None = None):
         self.exp = exp
         self.local: RolloutSource | None = None
 
         def start() -> tuple[str | None, bool]:
-            self.local = ROLLOUT_SOURCES[exp.online_source](exp, folder)
+            self.local = ROLLOUT_SOURCES[exp.online_source](exp, folder, clock or ActivityClock())
             return self.local.engines.push_dtype, self.local.engines.evaluates_current
 
         # What the gathers need to know of process 0's engines; after it, process 0 has written the tokenizer.

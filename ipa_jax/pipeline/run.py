@@ -29,6 +29,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from ipa_jax import storage
+from ipa_jax.activity import ActivityClock
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, config_changes, config_from_dict, validate
 from ipa_jax.pipeline.export import existing_tokenizer, export_policy
@@ -37,6 +38,7 @@ from ipa_jax.pipeline.run_folder import RunFolder, is_writer
 from ipa_jax.pipeline.run_lock import run_folder_lock
 from ipa_jax.train import JsonlSource, Learner, TrainState
 from ipa_jax.train.checkpoint import checkpoint_mismatch
+from ipa_jax.train.learner import LEARNER_ACTIVITIES
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +72,13 @@ def run_in_folder(exp: ExperimentConfig, folder: RunFolder, t_start: float) -> d
     if changes:  # only once the checkpoint is known to fit the changed config
         record_changes(folder, changes, state)
     folder.write_config(exp.to_dict())
+    clock = ActivityClock()  # the learner's activities and the rollouts', on one clock (their overlap)
     if exp.online:
-        source = OnlineSource(exp, state, folder)
+        source = OnlineSource(exp, state, folder, clock)
         hooks = dict(after_update=source.after_update, eval_fn=source.evaluate)
     else:
         source, hooks = JsonlSource(exp.train.data), {}
-    learner = build_learner(exp, source, run_dir=folder.path, mesh=mesh, state=state, **hooks)
+    learner = build_learner(exp, source, run_dir=folder.path, mesh=mesh, state=state, clock=clock, **hooks)
     try:
         with stop_on_signals(learner):
             state = learner.run()
@@ -182,6 +185,7 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
         "il_warmup_steps": warm,
         "skipped_updates": int(jax.device_get(learner.state.skipped)),
         "wall_time_s": wall_time_s,
+        **time_breakdown(learner, wall_time_s),
         "run_dir": storage.absolute(folder.path),
         "name": exp.train.name,
         "config": storage.absolute(folder.config_path),
@@ -197,6 +201,14 @@ def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wa
     return summary
 
 
+def time_breakdown(learner: Learner, wall_time_s: float) -> dict[str, float]:
+    """The learner thread's wall time by activity (`LEARNER_ACTIVITIES`), as time_<activity>_s, and the rest
+    (setup, compiling outside the steps, batch building, logging, checkpoints) as time_other_s: they add up to
+    wall_time_s."""
+    parts = {f"time_{kind}_s": learner.clock.busy_s(kind) for kind in LEARNER_ACTIVITIES}
+    return {**parts, "time_other_s": wall_time_s - sum(parts.values())}
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as the few lines printed at the end of a run."""
 
@@ -206,6 +218,9 @@ def format_summary(s: dict[str, Any]) -> str:
     def num(x):
         return "n/a" if x is None else f"{x:.2f}"
 
+    def share(key):  # of the wall time
+        return f"{100 * s[key] / max(s['wall_time_s'], 1e-9):.0f}%"
+
     lines = [
         f"held-out success: {pct(s['success_before'])} ({'after IL warm start' if s['il_warmup_steps'] else 'start'})"
         f" -> {pct(s['success_after'])} (end)",
@@ -213,8 +228,17 @@ def format_summary(s: dict[str, Any]) -> str:
         f"steps: {s['steps']} ({s['il_warmup_steps']} IL warm start, {s['skipped_updates']} skipped as non-finite)"
         f"   time: {s['wall_time_s']:.0f} s",
     ]
+    if "time_learner_step_s" in s:  # (summaries written before the breakdown existed have none)
+        lines.append(f"wall time: learner steps {share('time_learner_step_s')}, weight sync "
+                     f"{share('time_weight_sync_s')}, evaluation {share('time_evaluation_s')}, waiting for batches "
+                     f"{share('time_batch_wait_s')}, other {share('time_other_s')}")
     if "episodes_per_s" in s:
         lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
                      f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue")
+    if "time_generation_s" in s:
+        during = s["time_generation_during_steps_s"] / max(s["time_learner_step_s"], 1e-9)
+        lines.append(f"rollout threads busy: generating {share('time_generation_s')}, in tools "
+                     f"{share('time_tools_s')} of the wall time; generating during {100 * during:.0f}% of the "
+                     "learner's step time")
     lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
     return "\n".join(lines)

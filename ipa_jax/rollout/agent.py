@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ipa_jax.activity import ActivityClock
 from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine, SamplingParams
 from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
@@ -202,6 +203,7 @@ async def run_episode(
     env: Env | None = None,
     uid: str | None = None,
     prefill: list[dict[str, Any]] | None = None,
+    clock: ActivityClock | None = None,
 ) -> Trajectory | None:
     """Play one episode of `task` with `engine`; returns its Trajectory, or None if the engine aborted it
     (or generated no token at all).
@@ -210,11 +212,13 @@ async def run_episode(
     (assistant tool-call turns and their tool responses) to start from; they count against the turn budget.
     Raises ValueError when the prompt (with the prefill) leaves no room in `config.max_context`. The environment
     is closed at the end, also when the episode is cancelled (its sandbox and processes are released).
+    `clock`: where the episode's generation requests and its environment's work (reset, tool calls, the answer's check)
+    count as "generation" and "tools" activity (`ipa_jax.activity`).
     """
     env = env if env is not None else make_env(task.env)
     try:
         return await _play(engine, chat, task, config, env, uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
-                           prefill)
+                           prefill, clock or ActivityClock())
     finally:
         # Off the loop for a blocking env (removing a sandbox's folder takes a while); a second cancellation during
         # the await leaves the close running in its thread.
@@ -222,10 +226,11 @@ async def run_episode(
 
 
 async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfig, env: Env, uid: str,
-                prefill: list[dict[str, Any]] | None) -> Trajectory | None:
+                prefill: list[dict[str, Any]] | None, clock: ActivityClock) -> Trajectory | None:
     t_start = time.perf_counter()
     call_env = env_caller(env)
-    await call_env(env.reset, task)
+    with clock.active("tools"):  # a sandbox's setup
+        await call_env(env.reset, task)
     messages = task.initial_messages()
     row = TokenRow()
     row.extend(chat.encode(chat.render(messages, task.tools, add_generation_prompt=True)))
@@ -250,7 +255,8 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
                                 top_k=config.top_k, stop_token_ids=chat.stop_token_ids,
                                 return_routed_experts=config.return_routed_experts)
         t0 = time.perf_counter()
-        (res,) = await engine.generate([list(row.tokens)], params, session_ids=[uid], request_ids=[uid])
+        with clock.active("generation"):
+            (res,) = await engine.generate([list(row.tokens)], params, session_ids=[uid], request_ids=[uid])
         engine_s += time.perf_counter() - t0
         if res.finish_reason == "abort":
             return None
@@ -276,7 +282,8 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
             break
         parsed = parse_tool_calls(chat.split_turn(text)[1])  # reasoning first: calls and answer are in the content
         if not parsed.calls:
-            reward, finish = await call_env(env.final_answer, parsed.content), "answer"
+            with clock.active("tools"):
+                reward, finish = await call_env(env.final_answer, parsed.content), "answer"
             break
         if ids[-1] != chat.im_end_id:
             finish = "endoftext"  # a tool-call turn ended by <|endoftext|>: the conversation is over
@@ -285,7 +292,8 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
             break  # tool calls on the last allowed turn: no room left to answer ("max_turns")
         tool_msgs, done_result = [], None
         for call in parsed.calls:
-            result = await call_env(env.step, call)
+            with clock.active("tools"):
+                result = await call_env(env.step, call)
             tool_msgs.append(_tool_message(call, result.observation))
             if result.done:
                 done_result = result

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from queue import Full
 from typing import Any, TypeVar
 
+from ipa_jax.activity import ActivityClock
 from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
@@ -35,7 +36,8 @@ class RolloutWorker:
     tasks: any iterable of Tasks (e.g. `itertools.cycle(train_tasks)`); each task is played `group_size`
     times in a row (same task_id: one group for group baselines). The worker ends by itself when the
     tasks run out or `max_episodes` have started. After `max_consecutive_failures` episodes in a row raise,
-    it stops and `check()` re-raises the last error in the caller's thread.
+    it stops and `check()` re-raises the last error in the caller's thread. `clock`: where the episodes'
+    generation and tool time is measured (`run_episode`).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class RolloutWorker:
         env_factory: Callable[[Task], Env] | None = None,
         max_consecutive_failures: int = 5,
         name: str = "rollout",
+        clock: ActivityClock | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -64,6 +67,7 @@ class RolloutWorker:
         self.env_factory = env_factory
         self.max_consecutive_failures = max_consecutive_failures
         self.name = name
+        self.clock = clock
         self._tasks: Iterator[Task] = itertools.chain.from_iterable(
             itertools.repeat(t, group_size) for t in tasks)
         self._lock = threading.Lock()
@@ -122,7 +126,8 @@ class RolloutWorker:
                 self._in_flight.add(uid)
             try:
                 env = self.env_factory(task) if self.env_factory is not None else None
-                traj = await run_episode(self.engine, self.chat, task, self.config, env=env, uid=uid)
+                traj = await run_episode(self.engine, self.chat, task, self.config, env=env, uid=uid,
+                                         clock=self.clock)
             except Exception as e:  # an episode failure must not kill the other episodes
                 self._record_failure(e)
                 continue

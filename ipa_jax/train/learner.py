@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from ipa_jax.activity import ActivityClock
 from ipa_jax.train.checkpoint import Checkpointer
 from ipa_jax.train.distributed import agreed_stop
 from ipa_jax.train.metrics import LoggingConfig
@@ -31,6 +32,10 @@ from ipa_jax.train.step import TrainStep, batch_advantages
 from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pack_batch, pad_batch
 
 log = logging.getLogger(__name__)
+
+# What the loop's thread does, each timed by Learner.clock: training steps, the after_update hook (weight sync),
+# evaluations, and waiting for the source's next batch (an online run's queue, or its warm start's expert episodes).
+LEARNER_ACTIVITIES = ("learner_step", "weight_sync", "evaluation", "batch_wait")
 
 
 def policy_lag(step: int, trajectories: Sequence[Trajectory]) -> np.ndarray:
@@ -201,6 +206,8 @@ class Learner:
     after it and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
     flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
     `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
+    `clock` measures the loop's LEARNER_ACTIVITIES (disjoint: the loop runs one at a time); the run's remaining
+    wall time is setup, batch building, logging and checkpoints.
     """
 
     state: TrainState
@@ -218,6 +225,7 @@ class Learner:
     peak_flops: float = 0.0
     requires_routed_experts: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    clock: ActivityClock = field(default_factory=ActivityClock)
 
     def __post_init__(self):
         self.dropped_total = 0
@@ -365,7 +373,8 @@ class Learner:
     def _evaluate(self, step: int) -> None:
         if self.eval_fn is None or any(e["step"] == step for e in self.eval_history):
             return
-        results = {k: float(v) for k, v in self.eval_fn(self.state).items()}
+        with self.clock.active("evaluation"):
+            results = {k: float(v) for k, v in self.eval_fn(self.state).items()}
         self.eval_history.append({"step": step, **results})
         if self.metrics_log is not None:
             self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
@@ -417,11 +426,13 @@ class Learner:
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
-                self.after_update(self.state)
+                with self.clock.active("weight_sync"):
+                    self.after_update(self.state)
             if step == 0:
                 self._evaluate(step)
             while step < self.total_steps:
-                trajs, dropped = self.next_batch()
+                with self.clock.active("batch_wait"):
+                    trajs, dropped = self.next_batch()
                 if step >= self.rl_start:  # the warm start learns from the true rewards
                     trajs = flip_rewards(trajs, cfg.reward_flip_fraction)
                 self.dropped_total += dropped
@@ -429,8 +440,9 @@ class Learner:
                 lag = policy_lag(step, trajs)
                 for device_batch, adv, old in self._updates(batch, step, self.state):
                     t0 = time.perf_counter()
-                    self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
-                    metrics = jax.device_get(metrics)
+                    with self.clock.active("learner_step"):
+                        self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
+                        metrics = jax.device_get(metrics)
                     dt = time.perf_counter() - t0
                     step += 1
                     if self._warm_start_done(step, metrics):
@@ -445,7 +457,8 @@ class Learner:
                         self.metrics_log.write(step, metrics)
                     self._progress.step(step, metrics, warm_start=step <= self.rl_start, done=self.planned_done(step))
                     if self.after_update is not None:  # also tells the source where RL starts (state.rl_start)
-                        self.after_update(self.state)
+                        with self.clock.active("weight_sync"):
+                            self.after_update(self.state)
                     since_rl = step - self.rl_start
                     if since_rl == 0 or (cfg.eval_every and since_rl > 0 and since_rl % cfg.eval_every == 0):
                         self._evaluate(step)

@@ -22,6 +22,7 @@ from ipa_jax.pipeline import RunFolder, run, validate
 from ipa_jax.pipeline.build import build_learner, build_mesh, build_state
 from ipa_jax.pipeline.forks import probe_policy
 from ipa_jax.pipeline.online import OnlineSource, expert_trajectory
+from ipa_jax.pipeline.run import format_summary
 from ipa_jax.trajectory import read_jsonl
 
 
@@ -246,3 +247,18 @@ def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, 
     assert {t.info["task_id"].split("/")[0] for t in consumed} == {"reverse"}
     expert = next(t for t in consumed if t.info.get("expert"))
     assert "Reverse" in ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir)).decode(expert.tokens.tolist())
+
+
+@pytest.mark.slow
+def test_summary_accounts_for_the_wall_time(quickstart_run):
+    """The learner thread's activities and the rest add up to the wall time, none counted twice (the rest is not
+    negative); the rollouts' generation and tool time, and generation during the steps, are within their bounds."""
+    summary = RunFolder(quickstart_run).read_summary()
+    parts = [summary[f"time_{kind}_s"] for kind in ("learner_step", "weight_sync", "evaluation", "batch_wait", "other")]
+    assert abs(sum(parts) - summary["wall_time_s"]) < 1e-6 * summary["wall_time_s"]
+    assert all(p > 0 for p in parts), parts  # 4 steps, syncs, 3 evaluations, batches; setup
+    assert 0 < summary["time_generation_s"] < summary["wall_time_s"] and 0 < summary["time_tools_s"]
+    assert 0 <= summary["time_generation_during_steps_s"] <= min(summary["time_generation_s"],
+                                                                 summary["time_learner_step_s"])
+    lines = format_summary(summary)
+    assert "wall time: learner steps" in lines and "rollout threads busy: generating" in lines

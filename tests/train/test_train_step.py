@@ -124,6 +124,67 @@ def test_bounded_update_skips_only_absurd_learning_rates(setup):
     assert 1e18 < max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params)) < 1e22
 
 
+@pytest.fixture(scope="module")
+def decaying():
+    """(state, step showing updates finite by the bound, step checking them) for AdamW with weight decay at a
+    learning rate of 100 (finite updates of every parameter by itself); 1 device, compiled once each."""
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, expert=1, tensor=1), devices=jax.devices()[:1])
+    exp = make_exp("train.batch_size=8", "optimizer.weight_decay=0.1")
+    state = build_state(exp, mesh)
+    bound, _ = build_steps(exp, state, mesh)
+    lr = lambda step, rl_start=0: jnp.float32(100.0)  # noqa: E731
+    return (state, TrainStep(state, mesh, bound.options, lr),
+            TrainStep(state, mesh, dataclasses.replace(bound.options, optimizer=None), lr))
+
+
+def _set_element(tree, path_has: str, index: tuple, value: float):
+    """`tree` with tree[leaf][index] = value in the one leaf whose path names `path_has`."""
+    def put(path, x):
+        if path_has not in jax.tree_util.keystr(path):
+            return x
+        return jax.device_put(x.at[index].set(value), x.sharding)
+    hits = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0] if path_has in jax.tree_util.keystr(p)]
+    assert len(hits) == 1, hits
+    return jax.tree_util.tree_map_with_path(put, tree)
+
+
+@pytest.mark.parametrize("shown_finite_by", ["bound", "check"])
+@pytest.mark.parametrize("way", ["squared_gradient", "first_moment", "weight_decay"])
+def test_nonfinite_update_with_a_finite_loss_is_skipped(decaying, way, shown_finite_by):
+    """A finite loss, and still a non-finite update: gradients of ~1e30 (rewards +-1e30) whose squares overflow
+    (the global norm and Adam's second moment), or, with the gradient also finite, a first moment near float32's
+    largest value divided by its bias correction 1 - b1 (-> inf direction), or weight decay of a huge parameter,
+    lr * weight_decay * 1e38 = 1e39 (an embedding row of a token the batch lacks: no gradient, the forward
+    untouched). Skipped, params and optimizer state unchanged; the same step on the unchanged state is applied
+    (the control). (Non-finite losses: test_nonfinite_batch_is_skipped_and_counted; learning rates:
+    test_nonfinite_update_from_a_finite_gradient_is_skipped.)"""
+    state, bound, check = decaying
+    step = bound if shown_finite_by == "bound" else check
+    batch = make_batch(8, seed=2)
+    unused = sorted(set(range(128)) - set(np.unique(batch.tokens).tolist()))[0]
+    applied, control = step(_copy_state(state), step.put_batch(batch))
+    assert int(control["skipped"]) == 0
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(tree_copy(applied.params)))
+    state = _copy_state(state)
+    if way == "squared_gradient":
+        batch = batch._replace(rewards=np.where(np.arange(8) % 2, 1e30, -1e30).astype(np.float32))
+    elif way == "first_moment":
+        mu = optax.tree_utils.tree_get(state.opt_state, "mu")
+        first = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(mu)[0][0][0])
+        mu = _set_element(mu, first, (0,) * jax.tree.leaves(mu)[0].ndim, 3e38)
+        state = state.replace(opt_state=optax.tree_utils.tree_set(state.opt_state, mu=mu))
+    else:
+        state = state.replace(params=_set_element(state.params, "embed", (unused, 0), 1e38))
+        assert 100.0 * 0.1 * 1e38 > float(np.finfo(np.float32).max)  # the decay step alone overflows
+    params0, opt0 = tree_copy(state.params), tree_copy(state.opt_state)
+    state, metrics = step(state, step.put_batch(batch))
+    assert np.isfinite(float(metrics["loss"]))
+    assert np.isfinite(float(metrics["grad_norm"])) == (way != "squared_gradient")
+    assert int(metrics["skipped"]) == 1 and int(state.skipped) == 1
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(state.opt_state), opt0)
+
+
 def _adamw_numbers(config: OptimizerConfig, p, g, mu, nu, count, lr) -> dict[str, np.ndarray]:
     """Every number AdamW's update computes, in float64 from its formula (one leaf, a matrix: weight decay on)."""
     norm = np.sqrt(np.sum(g * g))
