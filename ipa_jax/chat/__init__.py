@@ -7,7 +7,7 @@
                     `split_reasoning` (an assistant turn's reasoning and content)
 """
 
-import importlib
+from ipa_jax.lazy_exports import lazy_getattr
 
 # Imported on first use: tokens and format are light (the environments import them), template and tokenizer bring
 # transformers.
@@ -21,10 +21,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -15,9 +15,10 @@ Dependency rule: experiments -> analysis -> pipeline -> {train, rollout, engines
 trajectory}; nothing below imports the pipeline.
 """
 
-import importlib
 import sys
 import types
+
+from ipa_jax.lazy_exports import lazy_getattr
 
 # Imported on first use: RunFolder is light (a notebook reading runs needs no JAX), the rest brings JAX.
 _EXPORTS = {"ConfigError": "config", "ExperimentConfig": "config", "base_config": "config", "load_config": "config",
@@ -25,13 +26,7 @@ _EXPORTS = {"ConfigError": "config", "ExperimentConfig": "config", "base_config"
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 class _Package(types.ModuleType):
