@@ -4,17 +4,12 @@ own processes for fault-injection tests."""
 import atexit
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 from cpu_env import xla_flags
+from server_process import ServerProcess, cli_flags
 
 from ipa_jax.host_memory import keep_freed_host_memory
 
@@ -40,62 +35,14 @@ keep_freed_host_memory()
 FAKE_DEVSERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engines", "fake_devserver.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FakeServerProcess:
-    """tests/engines/fake_devserver.py in its own process: a dev server to SIGKILL, SIGSTOP and restart on its port.
-    `flags`: the script's options (step_s=0.01 -> --step-s 0.01, poisoned=True -> --poisoned)."""
-
-    def __init__(self, port: int | None = None, **flags):
-        self.port = port or free_port()
-        self.args = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in flags.items()]
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> "FakeServerProcess":
-        """(Re)start on the same port and wait until /health answers."""
-        self.proc = subprocess.Popen([sys.executable, FAKE_DEVSERVER, f"--port={self.port}", *self.args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.proc.poll() is None, f"fake dev server on port {self.port} exited"
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5):
-                    return self
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, f"fake dev server on port {self.port} not up"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def hang(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.resume()
-            self.kill()
-
-
 @pytest.fixture
 def fake_server():
-    """Starts FakeServerProcess(**flags); each one started is killed at teardown."""
-    started: list[FakeServerProcess] = []
+    """Starts tests/engines/fake_devserver.py with `flags` (step_s=0.01 -> --step-s=0.01, poisoned=True ->
+    --poisoned) as a ServerProcess; each one started is killed at teardown."""
+    started: list[ServerProcess] = []
 
-    def start(**flags) -> FakeServerProcess:
-        started.append(FakeServerProcess(**flags))
+    def start(**flags) -> ServerProcess:
+        started.append(ServerProcess([sys.executable, FAKE_DEVSERVER, *cli_flags(**flags)]))
         return started[-1]
 
     yield start

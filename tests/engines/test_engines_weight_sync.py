@@ -4,11 +4,6 @@ back with /get_weights_by_name and compared with the arrays sent, cast as sent."
 
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +12,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from server_process import ServerProcess, devserver_argv
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.engines import EngineError, SamplingParams, SGLangEngine
@@ -100,37 +96,12 @@ def _with_params(model, state):
 
 
 # ---------------------------------------------------------------------------------------------- over HTTP
-class DevServerProcess:
-    """`python -m ipa_jax.engines.devserver` on a tiny checkpoint, in its own process (SIGKILL, restart)."""
+class DevServerProcess(ServerProcess):
+    """The dev server on a tiny checkpoint in its own process (SIGKILL, restart), its weights read over HTTP."""
 
     def __init__(self, model_path: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.model_path, self.port = model_path, s.getsockname()[1]
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 120.0) -> None:
-        cmd = [sys.executable, "-m", "ipa_jax.engines.devserver", "--model", self.model_path, "--port",
-               str(self.port), "--max-len", "32", "--max-batch", "2", "--batch-buckets", "2",
-               "--dist-timeout", str(CONTROL_TIMEOUT_S)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.proc.poll() is None, "dev server exited"
-            try:
-                http(self.url, "/health", timeout_s=5)
-                return
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "dev server not up"
-                time.sleep(0.2)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        super().__init__(devserver_argv(model_path, max_len=32, max_batch=2, batch_buckets=2,
+                                        dist_timeout=CONTROL_TIMEOUT_S), start_timeout_s=120.0)
 
     def version(self) -> int:
         return int(http(self.url, "/get_model_info")["weight_version"])
@@ -228,7 +199,7 @@ def test_a_server_hung_mid_transfer_costs_one_control_timeout(servers):
     def v2_hanging_a_server_once():
         for i, (name, value) in enumerate(iter_hf_tensors(v2)):
             if i == sum(sizes[:3]) and not stopped:  # as in the test above: after the first bucket
-                hung.proc.send_signal(signal.SIGSTOP)
+                hung.hang()
                 stopped.append(name)
             yield name, value
 
@@ -241,12 +212,12 @@ def test_a_server_hung_mid_transfer_costs_one_control_timeout(servers):
             assert stopped and time.monotonic() - t0 < 2 * CONTROL_TIMEOUT_S
             assert eng.weight_version == 2 and eng.servers[1].down and not eng.servers[0].down
             assert_serves(healthy, v2_tensors, 2)
-            hung.proc.send_signal(signal.SIGCONT)
+            hung.resume()
             while eng.servers[1].down:
                 await asyncio.sleep(0.1)
             assert_serves(hung, v2_tensors, 2)
         finally:
-            hung.proc.send_signal(signal.SIGCONT)
+            hung.resume()
             await eng.close()
 
     run(go())

@@ -9,9 +9,11 @@ Every run shares one tiny MoE shape (vocab 640 for the built tokenizer, hidden 3
 import collections
 import json
 import os
+import urllib.request
 
 import numpy as np
 import pytest
+from server_process import ServerProcess, devserver_argv
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
@@ -95,6 +97,31 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
     # Weight sync wrote HF safetensors per version and the server loaded them (the version it reports).
     assert sorted(os.listdir(run_dir / "weights")) == ["v00000000", "v00000001"]
     assert os.path.exists(run_dir / "weights" / "v00000001" / "config.json")
+
+
+@pytest.mark.slow
+def test_one_learner_step_with_distributed_weight_sync_to_a_dev_server_process(tmp_path, tokenizer_dir):
+    """rollout.weight_sync = "distributed" end to end: the learner pushes its weights over a gloo group (SGLang's
+    /update_weights_from_distributed) to a dev server in its own process, which serves them (its version read back),
+    and no weights folder is written."""
+    pytest.importorskip("torch")
+    cfg = tiny_config(tmp_path / "init", **{"model.tokenizer": tokenizer_dir})
+    exp = validate(cfg)
+    state = build_state(exp, build_mesh(exp.mesh))
+    init = str(tmp_path / "init_hf")
+    save_pretrained(state.model(), init)
+    server = ServerProcess(devserver_argv(init, max_len=448, max_batch=8), start_timeout_s=120.0)
+    try:
+        run_dir = tmp_path / "run"
+        run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "model.path": init, "rollout.engine": "sglang",
+                                    "rollout.sglang_urls": (server.url,), "rollout.weight_sync": "distributed",
+                                    "train.steps": 1, "train.il_warmup_steps": 0}))
+        with urllib.request.urlopen(server.url + "/get_model_info", timeout=10) as response:
+            assert int(json.load(response)["weight_version"]) == 1
+    finally:
+        server.close()
+    _check_rl_steps(run_dir, steps=1)
+    assert not os.path.exists(run_dir / "weights")
 
 
 def test_disk_weight_sync_from_an_object_store_run_folder_is_a_config_error(tmp_path):
