@@ -126,6 +126,16 @@ def assert_serves(server: DevServerProcess, tensors: dict[str, np.ndarray], vers
         np.testing.assert_array_equal(server.weights(name), bf16(value), err_msg=f"{server.url} {name}")
 
 
+def acting_once_at(tensors, index: int, done: list, act):
+    """`tensors` as they come, `act()` called just before the one at `index` unless `done` already names one (then
+    that tensor's name is added to it): a fault injected mid-transfer once, whichever call of the source it is."""
+    for i, (name, value) in enumerate(tensors):
+        if i == index and not done:
+            act()
+            done.append(name)
+        yield name, value
+
+
 def run(coro, timeout_s: float = 240.0):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
@@ -147,11 +157,7 @@ def test_distributed_sync_then_a_server_killed_mid_transfer(servers):
     def v2_killing_the_victim_once():
         """v2's tensors; the first call kills the victim once the first bucket was broadcast, before the second is
         posted: buckets are built one ahead, so the second is posted after the first tensor of the fourth is read."""
-        for i, (name, value) in enumerate(iter_hf_tensors(v2, on_host=False)):
-            if i == sum(sizes[:3]) and not killed:
-                victim.kill()
-                killed.append(name)
-            yield name, value
+        yield from acting_once_at(iter_hf_tensors(v2, on_host=False), sum(sizes[:3]), killed, victim.kill)
 
     async def go():
         eng = SGLangEngine([s.url for s in servers], **FAST)
@@ -197,11 +203,7 @@ def test_a_server_hung_mid_transfer_costs_one_control_timeout(servers):
     stopped = []
 
     def v2_hanging_a_server_once():
-        for i, (name, value) in enumerate(iter_hf_tensors(v2)):
-            if i == sum(sizes[:3]) and not stopped:  # as in the test above: after the first bucket
-                hung.hang()
-                stopped.append(name)
-            yield name, value
+        yield from acting_once_at(iter_hf_tensors(v2), sum(sizes[:3]), stopped, hung.hang)  # as in the test above
 
     async def go():
         eng = SGLangEngine([s.url for s in servers], **FAST)
