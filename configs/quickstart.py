@@ -16,9 +16,19 @@ from ipa_jax.pipeline import base_config
 def get_config():
     c = base_config()
     c.model.arch.update(
-        dict(vocab_size=640, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=128, max_position_embeddings=512, num_experts=4,
-             num_experts_per_tok=2, moe_intermediate_size=128)
+        dict(
+            vocab_size=640,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=128,
+            max_position_embeddings=512,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+        )
     )
     # head_dim 128 (Qwen3's): with QK-norm the attention logits are bounded by ~sqrt(head_dim), and copying a
     # number out of the context needs sharp attention; at head_dim 16-32 the warm start stalls before copying.

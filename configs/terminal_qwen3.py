@@ -26,9 +26,13 @@ def get_config():
 
     c.env.name = "terminal"
     with c.unlocked():
-        c.env.kwargs = dict(tiers=("easy", "medium", "hard"), tools=("bash", "python", "read_file", "write_file"),
-                            extra_turns=8, observation_chars=4000,
-                            limits=dict(timeout_s=60.0, cpu_s=60, memory_mb=4096, max_processes=256))
+        c.env.kwargs = dict(
+            tiers=("easy", "medium", "hard"),
+            tools=("bash", "python", "read_file", "write_file"),
+            extra_turns=8,
+            observation_chars=4000,
+            limits=dict(timeout_s=60.0, cpu_s=60, memory_mb=4096, max_processes=256),
+        )
 
     c.objective.preset = "ipa"
     c.optimizer.lr = 1e-6

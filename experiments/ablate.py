@@ -31,28 +31,51 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(os.path.dirname(HERE), "configs", "ablations")
 SWEEP_DIR = os.path.join(os.path.dirname(HERE), "configs", "sweeps")
 
-flags.DEFINE_string("preset", None, f"A named set of configs and seeds: {', '.join(preset_files(SWEEP_DIR))} "
-                    "(files of configs/sweeps/), or a preset file's path.")
+flags.DEFINE_string(
+    "preset",
+    None,
+    f"A named set of configs and seeds: {', '.join(preset_files(SWEEP_DIR))} "
+    "(files of configs/sweeps/), or a preset file's path.",
+)
 flags.DEFINE_list("configs", None, "Comma-separated configs: names in configs/ablations/ or paths to .py files.")
 flags.DEFINE_list("seeds", None, "Comma-separated seeds (default: the preset's; 0,1,2 with --configs).")
 flags.DEFINE_string("out", None, "Output folder (run folders, table, plots); default runs/ablations/<preset>.")
 flags.DEFINE_multi_string("set", [], "KEY=VALUE config override for every arm, e.g. --set=train.steps=50 (repeat).")
 flags.DEFINE_integer("steps", None, "Shorthand for --set=train.steps=N.")
-flags.DEFINE_integer("eval_tasks", None, "Held-out tasks per evaluation, every arm (--set=train.eval_episodes=N); the "
-                     "same tasks for every arm and seed.", lower_bound=1)
-flags.DEFINE_integer("eval_samples", None, "Episodes per held-out task and evaluation, every arm "
-                     "(--set=train.eval_samples=N); > 1 samples at the rollout temperature unless "
-                     "rollout.eval_temperature is > 0.", lower_bound=1)
-flags.DEFINE_string("reference", None, "The config the paired differences are taken against; default the "
-                    "preset's, else the first.")
-flags.DEFINE_enum("claim", None, list(CLAIMS), "The claimed direction of (config - reference) the verdicts judge: "
-                  "higher (each config beats the reference) or lower (the reference beats each config); default "
-                  "the preset's, else higher.")
+flags.DEFINE_integer(
+    "eval_tasks",
+    None,
+    "Held-out tasks per evaluation, every arm (--set=train.eval_episodes=N); the same tasks for every arm and seed.",
+    lower_bound=1,
+)
+flags.DEFINE_integer(
+    "eval_samples",
+    None,
+    "Episodes per held-out task and evaluation, every arm "
+    "(--set=train.eval_samples=N); > 1 samples at the rollout temperature unless "
+    "rollout.eval_temperature is > 0.",
+    lower_bound=1,
+)
+flags.DEFINE_string(
+    "reference", None, "The config the paired differences are taken against; default the preset's, else the first."
+)
+flags.DEFINE_enum(
+    "claim",
+    None,
+    list(CLAIMS),
+    "The claimed direction of (config - reference) the verdicts judge: "
+    "higher (each config beats the reference) or lower (the reference beats each config); default "
+    "the preset's, else higher.",
+)
 flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to threshold' column.")
 flags.DEFINE_enum("isolation", "subprocess", ["subprocess", "inprocess"], "One process per run, or all in this one.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
-flags.DEFINE_bool("share_warm_start", True, "Train the IL warm start once per seed for configs that differ only in "
-                  "the RL phase, and start each of them from it.")
+flags.DEFINE_bool(
+    "share_warm_start",
+    True,
+    "Train the IL warm start once per seed for configs that differ only in "
+    "the RL phase, and start each of them from it.",
+)
 flags.DEFINE_bool("list", False, "List the ablation configs and presets, then exit.")
 FLAGS = flags.FLAGS
 SHORTHANDS = (("steps", "train.steps"), ("eval_tasks", "train.eval_episodes"), ("eval_samples", "train.eval_samples"))
@@ -68,26 +91,42 @@ def main(argv):
         raise app.UsageError("give exactly one of --preset or --configs (--list shows them)")
     flag = "preset" if FLAGS.preset else "configs"
     try:
-        name, preset = resolve_preset(FLAGS.preset, SWEEP_DIR) if FLAGS.preset else ("custom", Preset(
-            tuple(FLAGS.configs), (0, 1, 2)))
+        name, preset = (
+            resolve_preset(FLAGS.preset, SWEEP_DIR)
+            if FLAGS.preset
+            else ("custom", Preset(tuple(FLAGS.configs), (0, 1, 2)))
+        )
         configs = [resolve_config(c, CONFIG_DIR) for c in preset.configs]
     except ValueError as e:
         raise app.UsageError(f"--{flag}: {e}") from None
     seeds = tuple(int(s) for s in FLAGS.seeds) if FLAGS.seeds is not None else preset.seeds
-    overrides = (dict(preset.overrides) | dict(split_override(s) for s in FLAGS.set)
-                 | {key: FLAGS[f].value for f, key in SHORTHANDS if FLAGS[f].value is not None})
+    overrides = (
+        dict(preset.overrides)
+        | dict(split_override(s) for s in FLAGS.set)
+        | {key: FLAGS[f].value for f, key in SHORTHANDS if FLAGS[f].value is not None}
+    )
     reference = FLAGS.reference if FLAGS.reference is not None else preset.reference
     if reference is not None and reference not in [n for n, _ in configs]:
-        raise app.UsageError(f"--reference must be one of the configs ({', '.join(n for n, _ in configs)}), "
-                             f"got {reference!r}")
+        raise app.UsageError(
+            f"--reference must be one of the configs ({', '.join(n for n, _ in configs)}), got {reference!r}"
+        )
     quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     train = [sys.executable, os.path.join(HERE, "train.py")] if FLAGS.isolation == "subprocess" else None
-    manifest = sweep(configs, seeds, os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", name)),
-                     overrides=overrides, threshold=FLAGS.threshold, train_command=train, rerun=FLAGS.rerun,
-                     share_warm_start=FLAGS.share_warm_start, reference=reference, claim=FLAGS.claim or preset.claim,
-                     controls=[c for c in preset.controls if c != (reference or preset.configs[0])],
-                     effect=preset.effect)
+    manifest = sweep(
+        configs,
+        seeds,
+        os.path.abspath(FLAGS.out or os.path.join("runs", "ablations", name)),
+        overrides=overrides,
+        threshold=FLAGS.threshold,
+        train_command=train,
+        rerun=FLAGS.rerun,
+        share_warm_start=FLAGS.share_warm_start,
+        reference=reference,
+        claim=FLAGS.claim or preset.claim,
+        controls=[c for c in preset.controls if c != (reference or preset.configs[0])],
+        effect=preset.effect,
+    )
     if manifest["failed"]:
         sys.exit(1)
 

@@ -31,16 +31,23 @@ CONFIG = ConfigFlags("Experiment config of an HF policy (env, env.kwargs, rollou
 flags.DEFINE_string("run", None, "Run folder: its config.json, tokenizer and checkpoint.")
 flags.DEFINE_integer("step", None, "Checkpoint step of --run; default: the latest complete one.")
 flags.DEFINE_string("policy", None, "Hugging Face model folder (with --config).")
-flags.DEFINE_string("tokenizer", "", "Tokenizer folder of --policy; default: the policy folder's, else "
-                    "model.tokenizer.")
+flags.DEFINE_string(
+    "tokenizer", "", "Tokenizer folder of --policy; default: the policy folder's, else model.tokenizer."
+)
 flags.DEFINE_integer("episodes", None, "Held-out tasks; default: the config's train.eval_episodes.", lower_bound=1)
 flags.DEFINE_integer("k", 1, "Samples per task (pass@k).", lower_bound=1)
-flags.DEFINE_float("temperature", None, "Sampling temperature; default: the config's rollout.eval_temperature "
-                   "(0 = greedy), or its rollout.temperature when that is 0 and --k > 1.", lower_bound=0.0)
+flags.DEFINE_float(
+    "temperature",
+    None,
+    "Sampling temperature; default: the config's rollout.eval_temperature "
+    "(0 = greedy), or its rollout.temperature when that is 0 and --k > 1.",
+    lower_bound=0.0,
+)
 flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split (eval: the held-out tasks runs evaluate on).")
 flags.DEFINE_list("sglang_urls", [], "SGLang servers already serving the policy; default: the embedded engine.")
-flags.DEFINE_string("out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else "
-                    "./evaluation.json.")
+flags.DEFINE_string(
+    "out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else ./evaluation.json."
+)
 flags.DEFINE_integer("seed", 0, "Sampling seed of the embedded engine (the tasks do not depend on it).")
 FLAGS = flags.FLAGS
 
@@ -53,8 +60,10 @@ def load_policy():
     try:
         if FLAGS.run:
             if CONFIG.path:
-                raise app.UsageError("--config is for --policy: a run folder has its config.json (override its "
-                                     "keys with --config.KEY=VALUE)")
+                raise app.UsageError(
+                    "--config is for --policy: a run folder has its config.json (override its "
+                    "keys with --config.KEY=VALUE)"
+                )
             return load_run_policy(FLAGS.run, step=FLAGS.step, overrides=CONFIG.overrides, load_model=load_model)
         if FLAGS.step is not None:
             raise app.UsageError("--step is for --run (an HF folder holds one policy)")
@@ -70,8 +79,16 @@ def load_policy():
 def main(argv):
     del argv
     exp, policy = load_policy()
-    report = evaluate(exp, policy, episodes=FLAGS.episodes, k=FLAGS.k, temperature=FLAGS.temperature,
-                      split=FLAGS.split, sglang_urls=FLAGS.sglang_urls, seed=FLAGS.seed)
+    report = evaluate(
+        exp,
+        policy,
+        episodes=FLAGS.episodes,
+        k=FLAGS.k,
+        temperature=FLAGS.temperature,
+        split=FLAGS.split,
+        sglang_urls=FLAGS.sglang_urls,
+        seed=FLAGS.seed,
+    )
     out = FLAGS.out or report_path(FLAGS.run, report)
     write_report(report, out)
     print(format_report(report))

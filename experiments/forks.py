@@ -37,22 +37,38 @@ def main(argv):
     policy = FLAGS.policy or exp.model.path
     if not policy:
         raise app.UsageError("no policy: pass --policy=<HF folder> or a config with model.path")
-    estimates = probe_policy(exp, policy, num_tasks=FLAGS.tasks, samples=FLAGS.samples, split=FLAGS.split,
-                             seed=FLAGS.seed)
-    print(f"policy {policy}: {FLAGS.tasks} {FLAGS.split} tasks x {FLAGS.samples} samples per anchor, "
-          f"temperature {exp.rollout.temperature}, fork_jump {exp.resample.fork_jump}")
+    estimates = probe_policy(
+        exp, policy, num_tasks=FLAGS.tasks, samples=FLAGS.samples, split=FLAGS.split, seed=FLAGS.seed
+    )
+    print(
+        f"policy {policy}: {FLAGS.tasks} {FLAGS.split} tasks x {FLAGS.samples} samples per anchor, "
+        f"temperature {exp.rollout.temperature}, fork_jump {exp.resample.fork_jump}"
+    )
     print(f"{'anchor':>6} {'success':>8} {'crucial forks':>14}")
     by_anchor = forks_by_anchor(estimates)
     for row in by_anchor:
         print(f"{row['anchor']:>6} {row['success']:>8.3f} {row['crucial_forks']:>14}")
     if FLAGS.per_task:
         for e in estimates:
-            print(e.task_id, " ".join(f"{a}:{s}/{n}" for a, s, n in zip(e.anchors, e.successes, e.samples)),
-                  "fork", e.crucial_fork)
+            print(
+                e.task_id,
+                " ".join(f"{a}:{s}/{n}" for a, s, n in zip(e.anchors, e.successes, e.samples)),
+                "fork",
+                e.crucial_fork,
+            )
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:
-            json.dump({"policy": policy, "split": FLAGS.split, "samples": FLAGS.samples, "anchors": by_anchor,
-                       "tasks": [e.to_dict() for e in estimates]}, f, indent=1)
+            json.dump(
+                {
+                    "policy": policy,
+                    "split": FLAGS.split,
+                    "samples": FLAGS.samples,
+                    "anchors": by_anchor,
+                    "tasks": [e.to_dict() for e in estimates],
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

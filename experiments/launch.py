@@ -26,8 +26,11 @@ flags.DEFINE_enum("target", None, sorted(TARGETS), "The launcher to render.", re
 flags.DEFINE_string("name", None, "Job name (default: the config's train.name, made a valid name).")
 flags.DEFINE_integer("nodes", 1, "Hosts.")
 flags.DEFINE_integer("processes_per_node", 1, "Slurm: tasks per node (one per GPU is jax's convention).")
-flags.DEFINE_string("accelerator", "", "Empty: CPU. GPUs: 'gpu' or a type (Slurm: h100; GKE: nvidia-h100-80gb). "
-                    "TPUs (GKE): the TPU type (tpu-v5p-slice).")
+flags.DEFINE_string(
+    "accelerator",
+    "",
+    "Empty: CPU. GPUs: 'gpu' or a type (Slurm: h100; GKE: nvidia-h100-80gb). TPUs (GKE): the TPU type (tpu-v5p-slice).",
+)
 flags.DEFINE_integer("accelerators_per_node", 0, "GPUs or TPU chips per node.")
 flags.DEFINE_string("tpu_topology", "", "GKE TPU slice topology (e.g. 2x2x4).")
 flags.DEFINE_string("workdir", ".", "The repository root on the nodes (GKE: default the image's working directory).")
@@ -54,11 +57,23 @@ def main(argv):
     if len(env) != len(FLAGS.env):
         raise app.UsageError(f"--env takes KEY=VALUE, got {FLAGS.env}")
     spec = LaunchSpec(
-        config=CONFIG.path, name=FLAGS.name or job_name(exp.train.name), nodes=FLAGS.nodes,
-        overrides=tuple(CONFIG.overrides), processes_per_node=FLAGS.processes_per_node, accelerator=FLAGS.accelerator,
-        accelerators_per_node=FLAGS.accelerators_per_node, tpu_topology=FLAGS.tpu_topology, workdir=FLAGS.workdir,
-        python=FLAGS.python, env=env, coordinator_port=FLAGS.coordinator_port, partition=FLAGS.partition,
-        account=FLAGS.account, time=FLAGS.time, image=FLAGS.image, max_restarts=FLAGS.max_restarts,
+        config=CONFIG.path,
+        name=FLAGS.name or job_name(exp.train.name),
+        nodes=FLAGS.nodes,
+        overrides=tuple(CONFIG.overrides),
+        processes_per_node=FLAGS.processes_per_node,
+        accelerator=FLAGS.accelerator,
+        accelerators_per_node=FLAGS.accelerators_per_node,
+        tpu_topology=FLAGS.tpu_topology,
+        workdir=FLAGS.workdir,
+        python=FLAGS.python,
+        env=env,
+        coordinator_port=FLAGS.coordinator_port,
+        partition=FLAGS.partition,
+        account=FLAGS.account,
+        time=FLAGS.time,
+        image=FLAGS.image,
+        max_restarts=FLAGS.max_restarts,
     )
     target = TARGETS[FLAGS.target]
     text = target.render(spec)

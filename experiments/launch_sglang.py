@@ -26,8 +26,9 @@ from ipa_jax.engines.sglang_launch import (
 from ipa_jax.pipeline.cli import ConfigFlags, exit_on_config_error
 from ipa_jax.pipeline.config import RolloutConfig
 
-CONFIG = ConfigFlags("Experiment config file (configs/*.py), optional: model.path, rollout.sglang_urls.",
-                     required=False)
+CONFIG = ConfigFlags(
+    "Experiment config file (configs/*.py), optional: model.path, rollout.sglang_urls.", required=False
+)
 flags.DEFINE_string("model_path", "", "HF model folder (default: config model.path).")
 flags.DEFINE_string("host", "127.0.0.1", "Host to bind when --ports is given.")
 flags.DEFINE_list("ports", [], "Server ports on --host (default: config rollout.sglang_urls, else 30000).")
@@ -56,11 +57,19 @@ def launch_config() -> LaunchConfig:
         urls = (f"http://{FLAGS.host}:30000",)
     routed = FLAGS.routed_experts if FLAGS.routed_experts is not None else bool(exp and exp.model.routing_replay)
     key_env = (exp.rollout if exp else RolloutConfig()).api_key_env
-    return LaunchConfig(model_path=FLAGS.model_path or (exp.model.path if exp else ""), urls=urls,
-                        weight_version=FLAGS.weight_version, routed_experts=routed,
-                        mem_fraction_static=FLAGS.mem_fraction_static, tp_size=FLAGS.tp_size, dtype=FLAGS.dtype,
-                        context_length=FLAGS.context_length, skip_tokenizer_init=FLAGS.skip_tokenizer_init,
-                        extra_args=tuple(FLAGS.extra_args), api_key=os.environ.get(key_env, ""))
+    return LaunchConfig(
+        model_path=FLAGS.model_path or (exp.model.path if exp else ""),
+        urls=urls,
+        weight_version=FLAGS.weight_version,
+        routed_experts=routed,
+        mem_fraction_static=FLAGS.mem_fraction_static,
+        tp_size=FLAGS.tp_size,
+        dtype=FLAGS.dtype,
+        context_length=FLAGS.context_length,
+        skip_tokenizer_init=FLAGS.skip_tokenizer_init,
+        extra_args=tuple(FLAGS.extra_args),
+        api_key=os.environ.get(key_env, ""),
+    )
 
 
 @exit_on_config_error

@@ -38,8 +38,10 @@ def keep_freed_host_memory() -> bool:
         return False
     if not hasattr(libc, "gnu_get_libc_version"):  # only glibc's mallopt takes these parameters
         return False
-    _kept = all(libc.mallopt(param, value) == 1
-                for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER_TRIM)))
+    _kept = all(
+        libc.mallopt(param, value) == 1
+        for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER_TRIM))
+    )
     return _kept
 
 

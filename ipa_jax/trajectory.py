@@ -47,8 +47,11 @@ def _canonical(value: Any, dtype: np.dtype) -> np.ndarray:
         return arr.astype(dtype)
     if arr.dtype.kind not in _KIND_OK[dtype.kind]:
         return arr
-    if dtype.kind == "i" and arr.dtype.kind in "iu" and (arr.min() < np.iinfo(dtype).min or
-                                                        arr.max() > np.iinfo(dtype).max):
+    if (
+        dtype.kind == "i"
+        and arr.dtype.kind in "iu"
+        and (arr.min() < np.iinfo(dtype).min or arr.max() > np.iinfo(dtype).max)
+    ):
         return arr
     if dtype.kind == "b" and arr.dtype.kind in "iu" and not np.isin(arr, (0, 1)).all():
         return arr
@@ -99,8 +102,13 @@ class Trajectory:
     def _error(self, name: str, problem: str) -> ValueError:
         return ValueError(f"trajectory {self.uid!r}: field {name!r}: {problem}")
 
-    def validate(self, vocab_size: int | None = None, *, reward_range: tuple[float, float] | None = None,
-                 max_version: int | None = None) -> None:
+    def validate(
+        self,
+        vocab_size: int | None = None,
+        *,
+        reward_range: tuple[float, float] | None = None,
+        max_version: int | None = None,
+    ) -> None:
         """Raises ValueError naming the field and the uid for the first problem found. Beyond the shapes and masks,
         the bounds make every valid trajectory trainable: the reward finite in float32 (and within `reward_range`
         when given), versions within int32 (and at most `max_version`, the learner's, when given)."""
@@ -156,8 +164,9 @@ class Trajectory:
         if not isinstance(reward, (int, float, np.floating, np.integer)) or not abs(reward) <= _FLOAT32_MAX:
             raise self._error("reward", f"must be a number that is finite in float32, got {reward!r}")
         if reward_range is not None and not reward_range[0] <= reward <= reward_range[1]:
-            raise self._error("reward", f"{reward!r} is outside the accepted range {list(reward_range)} "
-                                        "(train.reward_range)")
+            raise self._error(
+                "reward", f"{reward!r} is outside the accepted range {list(reward_range)} (train.reward_range)"
+            )
 
     def _validate_versions(self, max_version: int | None) -> None:
         version = self.policy_version
@@ -168,8 +177,10 @@ class Trajectory:
         cv = self.chunk_versions
         if cv is not None:
             if cv.shape != (self.num_chunks,) or cv.dtype != np.int32:
-                raise self._error("chunk_versions", f"must be int32[{self.num_chunks}] (one per chunk), got "
-                                                    f"{cv.dtype}{list(cv.shape)}")
+                raise self._error(
+                    "chunk_versions",
+                    f"must be int32[{self.num_chunks}] (one per chunk), got {cv.dtype}{list(cv.shape)}",
+                )
             if (cv < 0).any():
                 raise self._error("chunk_versions", "versions must be >= 0")
             if max_version is not None and cv.size and cv.max() > max_version:
@@ -185,8 +196,11 @@ class Trajectory:
             raise self._error("chunk_ids", f"the first action token must be in chunk 0, got {inside[0]}")
         steps = np.diff(inside)
         if ((steps != 0) & (steps != 1)).any():
-            raise self._error("chunk_ids", "must be 0..K-1 non-decreasing over action tokens, each chunk non-empty "
-                                           f"(got the sequence {_short(inside)})")
+            raise self._error(
+                "chunk_ids",
+                "must be 0..K-1 non-decreasing over action tokens, each chunk non-empty "
+                f"(got the sequence {_short(inside)})",
+            )
 
     # ---- JSON ---------------------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -203,7 +217,9 @@ class Trajectory:
             "reward": float(self.reward),
             "policy_version": int(self.policy_version),
             "chunk_versions": None if self.chunk_versions is None else self.chunk_versions.tolist(),
-            "routed_experts": None if self.routed_experts is None else {
+            "routed_experts": None
+            if self.routed_experts is None
+            else {
                 "shape": list(self.routed_experts.shape),
                 "int32_le_b64": base64.b64encode(self.routed_experts.astype("<i4").tobytes()).decode("ascii"),
             },
@@ -221,8 +237,20 @@ class Trajectory:
         if not isinstance(d, dict):
             raise ValueError(f"trajectory JSON must be an object, got {type(d).__name__}")
         uid = d.get("uid", "<unknown>")
-        missing = [k for k in ("uid", "tokens", "action_mask", "behavior_logprobs", "chunk_ids", "expert_mask",
-                               "reward", "policy_version") if k not in d]
+        missing = [
+            k
+            for k in (
+                "uid",
+                "tokens",
+                "action_mask",
+                "behavior_logprobs",
+                "chunk_ids",
+                "expert_mask",
+                "reward",
+                "policy_version",
+            )
+            if k not in d
+        ]
         if missing:
             raise ValueError(f"trajectory {uid!r}: missing field(s) {missing}")
         re = d.get("routed_experts")
@@ -265,8 +293,15 @@ class DropLog:
                 return
             pending, self._pending, self._logged_at = self._pending, collections.Counter(), now
         counts = ", ".join(f"{r} {n}" for r, n in pending.most_common())
-        self.logger.log(self.level, "%s dropped %d trajectories (%s) since its last report; latest (%s): %s",
-                        self.source, sum(pending.values()), counts, reason, message)
+        self.logger.log(
+            self.level,
+            "%s dropped %d trajectories (%s) since its last report; latest (%s): %s",
+            self.source,
+            sum(pending.values()),
+            counts,
+            reason,
+            message,
+        )
 
 
 def _short(a: np.ndarray, n: int = 12) -> str:
@@ -388,8 +423,9 @@ def _bucket(trajs: Sequence[Trajectory], buckets: Sequence[int]) -> int:
         raise ValueError(f"trajectory {longest.uid!r}: field 'tokens': {e}") from None
 
 
-def pad_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS,
-              pad_id: int = 0) -> TrajectoryBatch:
+def pad_batch(
+    trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0
+) -> TrajectoryBatch:
     """Validates and right-pads trajectories into a TrajectoryBatch with T = the smallest bucket >= the
     longest trajectory. routed_experts must be given for all trajectories or for none."""
     return _fill_rows(trajs, [[i] for i in range(len(trajs))], _bucket(trajs, buckets), pad_id, num_slots=None)
@@ -422,8 +458,9 @@ def packed_row_count(needed: int, multiple: int, most: int) -> int:
     return min(size * multiple, most)
 
 
-def pack_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0,
-               row_multiple: int = 1) -> tuple[TrajectoryBatch, np.ndarray]:
+def pack_batch(
+    trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0, row_multiple: int = 1
+) -> tuple[TrajectoryBatch, np.ndarray]:
     """Validates and packs trajectories into rows of T = the smallest bucket >= the longest trajectory, several
     per row (first_fit_decreasing), as a TrajectoryBatch with segment_ids. Returns it and slots int32[B, S], the
     index into `trajs` of the trajectory in each slot (-1 unused).
@@ -438,12 +475,13 @@ def pack_batch(trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUC
     num_slots = 1 << (max(len(r) for r in rows) - 1).bit_length()
     slots = np.full((len(rows), num_slots), -1, np.int32)
     for r, members in enumerate(rows):
-        slots[r, :len(members)] = members
+        slots[r, : len(members)] = members
     return _fill_rows(trajs, rows, T, pad_id, num_slots), slots
 
 
-def _fill_rows(trajs: Sequence[Trajectory], rows: Sequence[Sequence[int]], T: int, pad_id: int,
-               num_slots: int | None) -> TrajectoryBatch:
+def _fill_rows(
+    trajs: Sequence[Trajectory], rows: Sequence[Sequence[int]], T: int, pad_id: int, num_slots: int | None
+) -> TrajectoryBatch:
     """The TrajectoryBatch whose row r holds trajs[j] for j in rows[r], left to right. num_slots None: one
     trajectory per row ([B] per-trajectory fields, no segment ids); else packed rows with [B, num_slots] fields."""
     B = len(rows)
@@ -464,8 +502,10 @@ def _fill_rows(trajs: Sequence[Trajectory], rows: Sequence[Sequence[int]], T: in
         L, k = trajs[0].routed_experts.shape[1:]
         for tr in trajs:
             if tr.routed_experts.shape[1:] != (L, k):
-                raise ValueError(f"trajectory {tr.uid!r}: field 'routed_experts': shape {tr.routed_experts.shape} "
-                                 f"does not match [T, {L}, {k}] of the other trajectories")
+                raise ValueError(
+                    f"trajectory {tr.uid!r}: field 'routed_experts': shape {tr.routed_experts.shape} "
+                    f"does not match [T, {L}, {k}] of the other trajectories"
+                )
         routes = np.zeros((B, T, L, k), np.int32)
     group_of: dict[str, int] = {}
     groups = [group_of.setdefault(str(tr.info.get("task_id", tr.uid)), len(group_of)) for tr in trajs]

@@ -31,8 +31,9 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         """(Re)start on the same port and wait until /health answers."""
-        self.proc = subprocess.Popen([*self.argv, f"--port={self.port}"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [*self.argv, f"--port={self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             assert self.proc.poll() is None, f"{self.argv[1]} on port {self.port} exited"

@@ -32,21 +32,29 @@ EVAL_TASKS = 16  # held-out tasks of the synthetic runs' last evaluation (per-ta
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    corpus = ['<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n',
-              '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>',
-              '<tool_response>\n{"name": "alice", "friend": "bob", "city": "paris"}\n</tool_response>'] * 4
+    corpus = [
+        '<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n',
+        '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>',
+        '<tool_response>\n{"name": "alice", "friend": "bob", "city": "paris"}\n</tool_response>',
+    ] * 4
     return build_tokenizer(corpus, vocab_size=300)
 
 
 def _episode(tokenizer, uid: str, reward: float, split: str, expert_prefix: bool) -> Trajectory:
     """prompt | chunk 0 (a tool call; expert-prefilled if expert_prefix) | observation | chunk 1 (the answer)."""
-    pieces = [("context", '<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n'
-                          '<|im_start|>assistant\n'),
-              ("expert" if expert_prefix else "action",
-               '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>'),
-              ("context", '<|im_end|>\n<|im_start|>user\n<tool_response>\n{"name": "alice", "friend": "bob"}\n'
-                          '</tool_response><|im_end|>\n<|im_start|>assistant\n'),
-              ("action", "paris<|im_end|>")]
+    pieces = [
+        ("context", '<|im_start|>user\nWhat is the city of the friend of "alice"?<|im_end|>\n<|im_start|>assistant\n'),
+        (
+            "expert" if expert_prefix else "action",
+            '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>',
+        ),
+        (
+            "context",
+            '<|im_end|>\n<|im_start|>user\n<tool_response>\n{"name": "alice", "friend": "bob"}\n'
+            "</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        ),
+        ("action", "paris<|im_end|>"),
+    ]
     tokens, kinds = [], []
     for kind, text in pieces:
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -58,13 +66,19 @@ def _episode(tokenizer, uid: str, reward: float, split: str, expert_prefix: bool
     first_action_piece = 1 if not expert_prefix else 3
     starts = [sum(len(tokenizer.encode(t, add_special_tokens=False)) for _, t in pieces[:i]) for i in range(5)]
     for k, piece in enumerate(i for i in (1, 3) if i >= first_action_piece):
-        chunk_ids[starts[piece]:starts[piece + 1]] = k
+        chunk_ids[starts[piece] : starts[piece + 1]] = k
     rng = np.random.default_rng(len(uid))
-    traj = Trajectory(uid=uid, tokens=np.array(tokens, np.int32), action_mask=action,
-                      behavior_logprobs=np.where(action, -rng.uniform(0.01, 3.0, len(tokens)), 0.0),
-                      chunk_ids=chunk_ids, expert_mask=kinds_arr == "expert", reward=reward, policy_version=3,
-                      info={"split": split, "task_id": uid, "env": "lookup", "num_tool_calls": 1,
-                            "finish_reason": "stop"})
+    traj = Trajectory(
+        uid=uid,
+        tokens=np.array(tokens, np.int32),
+        action_mask=action,
+        behavior_logprobs=np.where(action, -rng.uniform(0.01, 3.0, len(tokens)), 0.0),
+        chunk_ids=chunk_ids,
+        expert_mask=kinds_arr == "expert",
+        reward=reward,
+        policy_version=3,
+        info={"split": split, "task_id": uid, "env": "lookup", "num_tool_calls": 1, "finish_reason": "stop"},
+    )
     traj.validate(vocab_size=len(tokenizer))
     return traj
 
@@ -79,42 +93,88 @@ def write_synthetic_run(run_dir: str, tokenizer, seed: int, steps: int = 20, lif
     success = {s: float(np.clip(0.2 + lift * s / steps + rng.normal(0, 0.05), 0, 1)) for s in EVAL_STEPS}
     solved = rng.random(EVAL_TASKS) < success[steps]
     success[steps] = float(solved.mean())
-    RunFolder(run_dir).write_eval_tasks(steps, {"tasks": [
-        {"task_id": f"lookup/eval/0/{t}", "samples": 1, "successes": int(ok)} for t, ok in enumerate(solved)]})
+    RunFolder(run_dir).write_eval_tasks(
+        steps,
+        {
+            "tasks": [
+                {"task_id": f"lookup/eval/0/{t}", "samples": 1, "successes": int(ok)} for t, ok in enumerate(solved)
+            ]
+        },
+    )
     rows = []
     for s in range(1, steps + 1):
-        rows.append({"step": s, "loss": float(rng.normal(1.0, 0.1)), "grad_norm": float(rng.uniform(0.5, 2)),
-                     "lr": 1e-3, "reward_mean": float(rng.uniform(0, 1)),
-                     "admitted_fraction": float(rng.uniform(0.6, 1)),
-                     "mismatch_abs": float(rng.uniform(0, 0.01)), "mismatch_kl": "nan" if s == 3 else 1e-4,
-                     "policy_lag_mean": 0.0})
+        rows.append(
+            {
+                "step": s,
+                "loss": float(rng.normal(1.0, 0.1)),
+                "grad_norm": float(rng.uniform(0.5, 2)),
+                "lr": 1e-3,
+                "reward_mean": float(rng.uniform(0, 1)),
+                "admitted_fraction": float(rng.uniform(0.6, 1)),
+                "mismatch_abs": float(rng.uniform(0, 0.01)),
+                "mismatch_kl": "nan" if s == 3 else 1e-4,
+                "policy_lag_mean": 0.0,
+            }
+        )
         if s in success:
-            rows.append({"step": s, "eval/success": success[s], "eval/reward": success[s],
-                         "eval/tool_calls": float(rng.uniform(1, 3)), "eval/turns": 2.0})
-    rows.insert(0, {"step": 0, "eval/success": success[0], "eval/reward": success[0], "eval/tool_calls": 1.0,
-                    "eval/turns": 2.0})
+            rows.append(
+                {
+                    "step": s,
+                    "eval/success": success[s],
+                    "eval/reward": success[s],
+                    "eval/tool_calls": float(rng.uniform(1, 3)),
+                    "eval/turns": 2.0,
+                }
+            )
+    rows.insert(
+        0, {"step": 0, "eval/success": success[0], "eval/reward": success[0], "eval/tool_calls": 1.0, "eval/turns": 2.0}
+    )
     with open(os.path.join(run_dir, "metrics.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
         f.write('{"step": 21, "loss": 0.')  # a killed writer's partial line: skipped
-    summary = {"success_before": success[WARMUP], "success_after": success[steps], "tool_calls_before": 1.0,
-               "tool_calls_after": 2.0, "steps": steps, "wall_time_s": float(rng.uniform(50, 60)),
-               "run_dir": run_dir, "name": os.path.basename(run_dir), "seed": seed}
+    summary = {
+        "success_before": success[WARMUP],
+        "success_after": success[steps],
+        "tool_calls_before": 1.0,
+        "tool_calls_after": 2.0,
+        "steps": steps,
+        "wall_time_s": float(rng.uniform(50, 60)),
+        "run_dir": run_dir,
+        "name": os.path.basename(run_dir),
+        "seed": seed,
+    }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f)
     with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump({"objective": {"preset": "custom", "credit": "chunk"}, "model": {"tokenizer": "", "path": ""},
-                   "train": {"il_warmup_steps": WARMUP}}, f)
+        json.dump(
+            {
+                "objective": {"preset": "custom", "credit": "chunk"},
+                "model": {"tokenizer": "", "path": ""},
+                "train": {"il_warmup_steps": WARMUP},
+            },
+            f,
+        )
     tokenizer.save_pretrained(os.path.join(run_dir, "tokenizer"))
-    episodes = [_episode(tokenizer, f"s{seed}-train-0", 1.0, "train", expert_prefix=True),
-                _episode(tokenizer, f"s{seed}-eval-0", 0.0, "eval", expert_prefix=False)]
+    episodes = [
+        _episode(tokenizer, f"s{seed}-train-0", 1.0, "train", expert_prefix=True),
+        _episode(tokenizer, f"s{seed}-eval-0", 0.0, "eval", expert_prefix=False),
+    ]
     write_jsonl(os.path.join(run_dir, "samples", f"step_{steps:08d}.jsonl"), episodes)
     return {"success": success, "summary": summary, "episodes": episodes, "solved": solved}
 
 
 def write_synthetic_ablation(out: str, tokenizer, configs: dict[str, float], seeds=(0, 1), threshold=0.4) -> dict:
     """An ablation folder as ablate.py leaves it (ablation.json, runs/<config>/seed_<s>), one lift per config."""
-    manifest = {"configs": {c: f"configs/ablations/{c}.py" for c in configs}, "seeds": list(seeds), "overrides": {},
-                "threshold": threshold, "isolation": "inprocess", "runs": {}, "failed": [], "wall_time_s": {}}
+    manifest = {
+        "configs": {c: f"configs/ablations/{c}.py" for c in configs},
+        "seeds": list(seeds),
+        "overrides": {},
+        "threshold": threshold,
+        "isolation": "inprocess",
+        "runs": {},
+        "failed": [],
+        "wall_time_s": {},
+    }
     written = {}
     for name, lift in configs.items():
         for seed in seeds:

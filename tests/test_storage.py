@@ -33,10 +33,10 @@ def fake_bucket(root: str):
 
     def local(path):
         path = os.fspath(path)
-        return root + path[len(BUCKET):] if path.startswith(BUCKET) else path
+        return root + path[len(BUCKET) :] if path.startswith(BUCKET) else path
 
     def remote(path):
-        return BUCKET + path[len(root):] if path.startswith(root) else path
+        return BUCKET + path[len(root) :] if path.startswith(root) else path
 
     def one(fn, path, *args, **kwargs):
         return fn(local(path), *args, **kwargs)
@@ -51,8 +51,22 @@ def fake_bucket(root: str):
         for folder, dirs, files in fn(local(top), **kwargs):
             yield remote(os.fspath(folder)), dirs, files
 
-    with epath_testing.mock_epath(copy=two, exists=one, glob=glob, isdir=one, listdir=one, makedirs=one, mkdir=one,
-                                  open=one, remove=one, rename=two, replace=two, rmtree=one, stat=one, walk=walk):
+    with epath_testing.mock_epath(
+        copy=two,
+        exists=one,
+        glob=glob,
+        isdir=one,
+        listdir=one,
+        makedirs=one,
+        mkdir=one,
+        open=one,
+        remove=one,
+        rename=two,
+        replace=two,
+        rmtree=one,
+        stat=one,
+        walk=walk,
+    ):
         yield
 
 
@@ -85,10 +99,19 @@ def _trajectories(n: int, seed: int) -> list[Trajectory]:
     out = []
     for i in range(n):
         action = np.arange(12) >= 4
-        out.append(Trajectory(uid=f"t{seed}-{i}", tokens=(np.arange(12) * (i + 3)) % 64, action_mask=action,
-                              behavior_logprobs=np.where(action, -2.0, 0.0), chunk_ids=build_chunk_ids(action, [11]),
-                              expert_mask=np.zeros(12, bool), reward=float(i % 2), policy_version=seed,
-                              info={"task_id": f"task-{i}", "split": "train"}))
+        out.append(
+            Trajectory(
+                uid=f"t{seed}-{i}",
+                tokens=(np.arange(12) * (i + 3)) % 64,
+                action_mask=action,
+                behavior_logprobs=np.where(action, -2.0, 0.0),
+                chunk_ids=build_chunk_ids(action, [11]),
+                expert_mask=np.zeros(12, bool),
+                reward=float(i % 2),
+                policy_version=seed,
+                info={"task_id": f"task-{i}", "split": "train"},
+            )
+        )
     return out
 
 
@@ -117,9 +140,13 @@ def _use(folder: RunFolder) -> dict:
     folder.write_summary({"steps": 3})
     return {
         "metrics": [(r["step"], r["loss"]) for r in folder.read_metrics()],
-        "train": [t.uid for t in folder.read_trajectories("train")], "count": folder.count_trajectories("train"),
-        "samples": [(s, t.uid) for s, t in folder.read_samples("train")], "eval": folder.eval_tasks_steps(),
-        "checkpoint": folder.latest_checkpoint_step(), "summary": folder.read_summary(), "rl_start": folder.rl_start(),
+        "train": [t.uid for t in folder.read_trajectories("train")],
+        "count": folder.count_trajectories("train"),
+        "samples": [(s, t.uid) for s, t in folder.read_samples("train")],
+        "eval": folder.eval_tasks_steps(),
+        "checkpoint": folder.latest_checkpoint_step(),
+        "summary": folder.read_summary(),
+        "rl_start": folder.rl_start(),
         "has": (folder.has_config(), folder.has_summary()),
     }
 

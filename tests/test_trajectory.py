@@ -20,9 +20,15 @@ def make(uid="t0", length=12, seed=0, routed=False, task_id=None, **overrides) -
     ends = [5]
     behavior = np.where(action, -rng.exponential(1.0, length), 0).astype(np.float32)
     fields = dict(
-        uid=uid, tokens=rng.integers(0, 100, length), action_mask=action, behavior_logprobs=behavior,
-        chunk_ids=build_chunk_ids(action, ends), expert_mask=np.zeros(length, bool), reward=1.0,
-        policy_version=3, info={"task_id": task_id} if task_id else {},
+        uid=uid,
+        tokens=rng.integers(0, 100, length),
+        action_mask=action,
+        behavior_logprobs=behavior,
+        chunk_ids=build_chunk_ids(action, ends),
+        expert_mask=np.zeros(length, bool),
+        reward=1.0,
+        policy_version=3,
+        info={"task_id": task_id} if task_id else {},
         routed_experts=rng.integers(0, 8, (length, 2, 2)) if routed else None,
     )
     fields.update(overrides)
@@ -37,28 +43,31 @@ def test_constructor_canonicalises_dtypes_and_valid_record_passes():
     assert t.num_chunks == 2 and t.length == 12
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("uid", "", "field 'uid'"),
-    ("tokens", np.arange(12) + 0.5, "field 'tokens': must be integer"),
-    ("tokens", np.full(12, -1), "field 'tokens': negative token id"),
-    ("tokens", np.arange(1), "field 'tokens': must be 1-D with at least 2 tokens"),
-    ("action_mask", np.zeros(11, bool), "field 'action_mask': shape"),
-    ("action_mask", np.array([1.5] * 12), "field 'action_mask': dtype float64"),
-    ("action_mask", np.zeros(12, bool), "field 'action_mask': no action token \\(and no expert token\\)"),
-    ("expert_mask", np.eye(12, dtype=bool)[0], "field 'expert_mask': position 0"),
-    ("expert_mask", np.eye(12, dtype=bool)[4], "field 'expert_mask': overlaps action_mask at position 4"),
-    ("chunk_ids", np.where(np.arange(12) >= 3, 0, -1), "field 'chunk_ids': must be -1 outside action tokens"),
-    ("chunk_ids", np.array([-1, -1, -1, 1, 1, 1, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': the first action"),
-    ("chunk_ids", np.array([-1, -1, -1, 0, 0, 0, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': must be 0..K-1"),
-    ("chunk_ids", np.array([-1, -1, -1, 0, 1, 0, -1, -1, 1, 1, 1, 1]), "field 'chunk_ids': must be 0..K-1"),
-    ("reward", float("nan"), "field 'reward': must be a number that is finite in float32"),
-    ("reward", float("inf"), "field 'reward'"),
-    ("policy_version", -1, "field 'policy_version'"),
-    ("policy_version", 1.5, "field 'policy_version'"),
-    ("chunk_versions", np.array([1, 2, 3]), "field 'chunk_versions': must be int32\\[2\\]"),
-    ("routed_experts", np.zeros((11, 2, 2), np.int32), "field 'routed_experts': must be int32\\[T=12, L, k\\]"),
-    ("info", ["not", "a", "dict"], "field 'info'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("uid", "", "field 'uid'"),
+        ("tokens", np.arange(12) + 0.5, "field 'tokens': must be integer"),
+        ("tokens", np.full(12, -1), "field 'tokens': negative token id"),
+        ("tokens", np.arange(1), "field 'tokens': must be 1-D with at least 2 tokens"),
+        ("action_mask", np.zeros(11, bool), "field 'action_mask': shape"),
+        ("action_mask", np.array([1.5] * 12), "field 'action_mask': dtype float64"),
+        ("action_mask", np.zeros(12, bool), "field 'action_mask': no action token \\(and no expert token\\)"),
+        ("expert_mask", np.eye(12, dtype=bool)[0], "field 'expert_mask': position 0"),
+        ("expert_mask", np.eye(12, dtype=bool)[4], "field 'expert_mask': overlaps action_mask at position 4"),
+        ("chunk_ids", np.where(np.arange(12) >= 3, 0, -1), "field 'chunk_ids': must be -1 outside action tokens"),
+        ("chunk_ids", np.array([-1, -1, -1, 1, 1, 1, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': the first action"),
+        ("chunk_ids", np.array([-1, -1, -1, 0, 0, 0, -1, -1, 2, 2, 2, 2]), "field 'chunk_ids': must be 0..K-1"),
+        ("chunk_ids", np.array([-1, -1, -1, 0, 1, 0, -1, -1, 1, 1, 1, 1]), "field 'chunk_ids': must be 0..K-1"),
+        ("reward", float("nan"), "field 'reward': must be a number that is finite in float32"),
+        ("reward", float("inf"), "field 'reward'"),
+        ("policy_version", -1, "field 'policy_version'"),
+        ("policy_version", 1.5, "field 'policy_version'"),
+        ("chunk_versions", np.array([1, 2, 3]), "field 'chunk_versions': must be int32\\[2\\]"),
+        ("routed_experts", np.zeros((11, 2, 2), np.int32), "field 'routed_experts': must be int32\\[T=12, L, k\\]"),
+        ("info", ["not", "a", "dict"], "field 'info'"),
+    ],
+)
 def test_validate_names_field_and_uid(field, value, message):
     t = make(uid="traj-7")
     t = dataclasses.replace(t, **{field: value})
@@ -136,7 +145,7 @@ def test_jsonl_round_trip_is_lossless(tmp_path):
 
 
 def test_float32_round_trip_is_bit_exact_for_every_finite_value():
-    bits = np.random.default_rng(2).integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    bits = np.random.default_rng(2).integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
     values = bits.view(np.float32)
     values = np.concatenate([values[np.isfinite(values)], np.float32([-0.0, 0.0, 1e-45, -3.4028235e38])])
     t = make(length=len(values), behavior_logprobs=values)  # not a valid record: the round trip is raw
@@ -179,8 +188,14 @@ def test_pure_imitation_row_validates_round_trips_and_pads(tmp_path):
     """A scripted expert's episode: expert tokens only, no action, no chunk."""
     n = 12
     expert = np.isin(np.arange(n), [3, 4, 5, 8, 9, 10, 11])
-    t = make(uid="expert", action_mask=np.zeros(n, bool), behavior_logprobs=np.zeros(n, np.float32),
-             chunk_ids=np.full(n, -1), expert_mask=expert, chunk_versions=np.zeros(0, np.int32))
+    t = make(
+        uid="expert",
+        action_mask=np.zeros(n, bool),
+        behavior_logprobs=np.zeros(n, np.float32),
+        chunk_ids=np.full(n, -1),
+        expert_mask=expert,
+        chunk_versions=np.zeros(0, np.int32),
+    )
     t.validate()
     assert t.num_chunks == 0
     write_jsonl(tmp_path / "e.jsonl", [t])
@@ -193,8 +208,12 @@ def test_pure_imitation_row_validates_round_trips_and_pads(tmp_path):
 
 
 def test_pad_batch_layout():
-    trajs = [make(uid="a", length=12, task_id="x"), make(uid="b", length=70, seed=1, task_id="y"),
-             make(uid="c", length=20, seed=2, task_id="x"), make(uid="d", length=9, seed=3)]
+    trajs = [
+        make(uid="a", length=12, task_id="x"),
+        make(uid="b", length=70, seed=1, task_id="y"),
+        make(uid="c", length=20, seed=2, task_id="x"),
+        make(uid="d", length=9, seed=3),
+    ]
     batch = pad_batch(trajs)
     assert isinstance(batch, TrajectoryBatch)
     assert batch.tokens.shape == (4, 128) and batch.tokens.dtype == np.int32
@@ -242,7 +261,8 @@ def test_trajectory_module_imports_numpy_and_stdlib_only():
     import ipa_jax.trajectory as module
 
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
-    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names}
+    roots = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert roots - sys.stdlib_module_names - {"__future__"} == {"numpy"}

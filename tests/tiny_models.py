@@ -6,11 +6,20 @@ import os
 
 from ipa_jax.models.config import Qwen3Config
 
-_BASE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
-             tie_word_embeddings=False, rope_theta=10000.0)
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
-            decoder_sparse_step=1)
+_BASE = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    rope_theta=10000.0,
+)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1)
 
 
 def tiny_hf_dict(moe: bool = True, **overrides) -> dict:
@@ -28,8 +37,9 @@ def tiny_qwen3_config(moe: bool = True, **overrides) -> Qwen3Config:
     return Qwen3Config(**d)
 
 
-def make_tiny_hf_checkpoint(path: str | os.PathLike, *, moe: bool = True, seed: int = 0, family: str = "qwen3",
-                            **overrides) -> str:
+def make_tiny_hf_checkpoint(
+    path: str | os.PathLike, *, moe: bool = True, seed: int = 0, family: str = "qwen3", **overrides
+) -> str:
     """Builds a random transformers Qwen3ForCausalLM / Qwen3MoeForCausalLM (float32) and save_pretrained's it.
 
     family="qwen2": a Qwen2ForCausalLM (Qwen2.5 architecture; needs moe=False).

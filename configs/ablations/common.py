@@ -20,4 +20,3 @@ def get_config():
     c.train.name = "ablation_base"
     c.train.eval_every = 40  # held-out success at the end of the warm start, then every 40 RL steps
     return c
-

@@ -5,7 +5,9 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("credit_chunk", "control_il_continue", "credit_token", "credit_token_matched"),
-                  seeds=(0, 1, 2, 3),
-                  reference="credit_chunk",
-                  claim="lower")
+    return Preset(
+        configs=("credit_chunk", "control_il_continue", "credit_token", "credit_token_matched"),
+        seeds=(0, 1, 2, 3),
+        reference="credit_chunk",
+        claim="lower",
+    )

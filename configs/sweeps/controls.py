@@ -6,9 +6,10 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("credit_chunk", "control_aa", "control_advantage_flip", "control_reward_flip",
-                           "control_no_update"),
-                  seeds=(0, 1, 2, 3),
-                  reference="credit_chunk",
-                  claim="higher",
-                  controls=("control_advantage_flip", "control_reward_flip"))
+    return Preset(
+        configs=("credit_chunk", "control_aa", "control_advantage_flip", "control_reward_flip", "control_no_update"),
+        seeds=(0, 1, 2, 3),
+        reference="credit_chunk",
+        claim="higher",
+        controls=("control_advantage_flip", "control_reward_flip"),
+    )

@@ -5,6 +5,4 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("flash_reinforce", "flash_tr_off", "flash_token_mean"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(configs=("flash_reinforce", "flash_tr_off", "flash_token_mean"), seeds=(0, 1, 2, 3), claim="lower")

@@ -4,6 +4,4 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("flash_reinforce", "flash_entropy_q05"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(configs=("flash_reinforce", "flash_entropy_q05"), seeds=(0, 1, 2, 3), claim="lower")

@@ -5,7 +5,13 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("longhorizon_credit_chunk", "longhorizon_control_il_continue",
-                           "longhorizon_credit_token", "longhorizon_credit_token_matched"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(
+        configs=(
+            "longhorizon_credit_chunk",
+            "longhorizon_control_il_continue",
+            "longhorizon_credit_token",
+            "longhorizon_credit_token_matched",
+        ),
+        seeds=(0, 1, 2, 3),
+        claim="lower",
+    )

@@ -5,6 +5,6 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("longhorizon_flash_reinforce", "longhorizon_flash_token_mean"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(
+        configs=("longhorizon_flash_reinforce", "longhorizon_flash_token_mean"), seeds=(0, 1, 2, 3), claim="lower"
+    )

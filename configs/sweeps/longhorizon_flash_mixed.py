@@ -9,5 +9,6 @@ from ipa_jax.analysis.presets import load_preset
 
 def get_preset():
     mixed = load_preset(Path(__file__).with_name("longhorizon_mixed.py"))
-    return dataclasses.replace(load_preset(Path(__file__).with_name("longhorizon_flash.py")), description="",
-                               overrides=mixed.overrides)
+    return dataclasses.replace(
+        load_preset(Path(__file__).with_name("longhorizon_flash.py")), description="", overrides=mixed.overrides
+    )

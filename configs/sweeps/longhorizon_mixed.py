@@ -11,5 +11,6 @@ MIXED_HOPS = (("env.kwargs.min_hops", 1), ("train.il_warmup_steps", 600), ("trai
 
 
 def get_preset():
-    return dataclasses.replace(load_preset(Path(__file__).with_name("longhorizon.py")), description="",
-                               overrides=MIXED_HOPS)
+    return dataclasses.replace(
+        load_preset(Path(__file__).with_name("longhorizon.py")), description="", overrides=MIXED_HOPS
+    )

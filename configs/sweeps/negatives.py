@@ -5,6 +5,6 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("is_chunk", "is_none", "is_token", "is_sequence", "trunc_neg_off"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(
+        configs=("is_chunk", "is_none", "is_token", "is_sequence", "trunc_neg_off"), seeds=(0, 1, 2, 3), claim="lower"
+    )

@@ -6,7 +6,9 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("is_chunk", "is_none", "trunc_neg_off", "is_token", "is_sequence"),
-                  seeds=(0, 1, 2, 3),
-                  overrides=(("queue.forced_lag", 4), ("queue.max_policy_lag", 6)),
-                  claim="lower")
+    return Preset(
+        configs=("is_chunk", "is_none", "trunc_neg_off", "is_token", "is_sequence"),
+        seeds=(0, 1, 2, 3),
+        overrides=(("queue.forced_lag", 4), ("queue.max_policy_lag", 6)),
+        claim="lower",
+    )

@@ -4,6 +4,4 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("credit_chunk", "credit_token"),
-                  seeds=(0, 1),
-                  claim="lower")
+    return Preset(configs=("credit_chunk", "credit_token"), seeds=(0, 1), claim="lower")

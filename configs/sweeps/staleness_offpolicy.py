@@ -5,7 +5,16 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("offpolicy_lag0", "offpolicy_lag0_nomismatch", "offpolicy_lag0_recompute",
-                           "offpolicy_lag0_recompute_nomismatch", "offpolicy_lag4", "offpolicy_lag4_nomismatch",
-                           "offpolicy_lag4_recompute", "offpolicy_lag4_recompute_nomismatch"),
-                  seeds=(0, 1, 2))
+    return Preset(
+        configs=(
+            "offpolicy_lag0",
+            "offpolicy_lag0_nomismatch",
+            "offpolicy_lag0_recompute",
+            "offpolicy_lag0_recompute_nomismatch",
+            "offpolicy_lag4",
+            "offpolicy_lag4_nomismatch",
+            "offpolicy_lag4_recompute",
+            "offpolicy_lag4_recompute_nomismatch",
+        ),
+        seeds=(0, 1, 2),
+    )

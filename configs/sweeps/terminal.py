@@ -5,6 +5,8 @@ from ipa_jax.analysis.presets import Preset
 
 
 def get_preset():
-    return Preset(configs=("terminal_credit_chunk", "terminal_control_il_continue", "terminal_credit_token"),
-                  seeds=(0, 1, 2, 3),
-                  claim="lower")
+    return Preset(
+        configs=("terminal_credit_chunk", "terminal_control_il_continue", "terminal_credit_token"),
+        seeds=(0, 1, 2, 3),
+        claim="lower",
+    )

@@ -70,13 +70,27 @@ def main(_):
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
     torch.manual_seed(0)
-    common = dict(vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=3 * FLAGS.hidden,
-                  num_hidden_layers=FLAGS.layers, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=FLAGS.hidden // 4, max_position_embeddings=4096, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=FLAGS.vocab,
+        hidden_size=FLAGS.hidden,
+        intermediate_size=3 * FLAGS.hidden,
+        num_hidden_layers=FLAGS.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=FLAGS.hidden // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     if FLAGS.experts:
-        hf_model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-            **common, num_experts=FLAGS.experts, num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True,
-            moe_intermediate_size=FLAGS.moe_width))
+        hf_model = transformers.Qwen3MoeForCausalLM(
+            transformers.Qwen3MoeConfig(
+                **common,
+                num_experts=FLAGS.experts,
+                num_experts_per_tok=FLAGS.top_k,
+                norm_topk_prob=True,
+                moe_intermediate_size=FLAGS.moe_width,
+            )
+        )
     else:
         hf_model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
     hf_model.eval()
@@ -87,9 +101,25 @@ def main(_):
     n_new, p_len = FLAGS.new_tokens, FLAGS.prompt_len
     max_len = p_len + n_new
     rng = np.random.default_rng(0)
-    results = {"config": {k: FLAGS[k].value for k in ("layers", "hidden", "vocab", "experts", "top_k", "moe_width",
-                                                        "moe_impl", "prompt_len", "new_tokens", "iters")},
-               "torch_threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg()[0]}
+    results = {
+        "config": {
+            k: FLAGS[k].value
+            for k in (
+                "layers",
+                "hidden",
+                "vocab",
+                "experts",
+                "top_k",
+                "moe_width",
+                "moe_impl",
+                "prompt_len",
+                "new_tokens",
+                "iters",
+            )
+        },
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": os.getloadavg()[0],
+    }
     loop = asyncio.new_event_loop()
     model = from_pretrained(ckpt_a, moe_impl=FLAGS.moe_impl)
     for b in (int(x) for x in FLAGS.batches):
@@ -104,27 +134,47 @@ def main(_):
 
         def run_hf(n, ids=ids):
             with torch.no_grad():
-                out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                        min_new_tokens=n, do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
-                                        pad_token_id=0)
+                out = hf_model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=True,
+                    top_k=0,
+                    top_p=1.0,
+                    temperature=1.0,
+                    pad_token_id=0,
+                )
             assert out.shape[1] == p_len + n
 
-        rounds = time_round_robin({"jax_n": lambda: run_jax(n_new), "jax_1": lambda: run_jax(1),
-                                   "hf_n": lambda: run_hf(n_new), "hf_1": lambda: run_hf(1)}, FLAGS.iters)
+        rounds = time_round_robin(
+            {
+                "jax_n": lambda: run_jax(n_new),
+                "jax_1": lambda: run_jax(1),
+                "hf_n": lambda: run_hf(n_new),
+                "hf_1": lambda: run_hf(1),
+            },
+            FLAGS.iters,
+        )
         t = {name: min(times) for name, times in rounds.items()}
         t_jax, t_hf = t["jax_n"] - t["jax_1"], t["hf_n"] - t["hf_1"]
         jax_tps, hf_tps = b * (n_new - 1) / t_jax, b * (n_new - 1) / t_hf
-        results[f"batch_{b}"] = {"embedded_tokens_per_s": jax_tps, "transformers_tokens_per_s": hf_tps,
-                                 "ratio_embedded_over_transformers": jax_tps / hf_tps}
-        print(f"batch {b:3d}: embedded {jax_tps:9.1f} tok/s   transformers {hf_tps:9.1f} tok/s   "
-              f"ratio {jax_tps / hf_tps:5.2f}x", flush=True)
+        results[f"batch_{b}"] = {
+            "embedded_tokens_per_s": jax_tps,
+            "transformers_tokens_per_s": hf_tps,
+            "ratio_embedded_over_transformers": jax_tps / hf_tps,
+        }
+        print(
+            f"batch {b:3d}: embedded {jax_tps:9.1f} tok/s   transformers {hf_tps:9.1f} tok/s   "
+            f"ratio {jax_tps / hf_tps:5.2f}x",
+            flush=True,
+        )
         loop.run_until_complete(engine.close())
 
     # weight-update latency
     engine = EmbeddedEngine(model, max_len=max_len, max_batch=8)
     versions = iter(range(1, 1000))
-    t_disk = median_time(lambda: loop.run_until_complete(engine.update_weights(ckpt_b, next(versions))),
-                         FLAGS.iters)
+    t_disk = median_time(lambda: loop.run_until_complete(engine.update_weights(ckpt_b, next(versions))), FLAGS.iters)
     other = from_pretrained(ckpt_b)
     t_swap = median_time(lambda: engine.set_params_from_model(other, next(versions)), FLAGS.iters)
     loop.run_until_complete(engine.close())
@@ -137,10 +187,16 @@ def main(_):
     t_http = median_time(lambda: loop.run_until_complete(sync_once(client, next(versions))), FLAGS.iters)
     loop.run_until_complete(client.close())
     server.shutdown()
-    results["weight_update_s"] = {"embedded_update_weights_from_disk": t_disk, "embedded_set_params_from_model": t_swap,
-                                  "sglang_client_sync_one_dev_server": t_http}
-    print(f"weight update: from disk {t_disk * 1e3:.1f} ms, in-process swap {t_swap * 1e3:.3f} ms, "
-          f"SGLangEngine sync via dev server {t_http * 1e3:.1f} ms", flush=True)
+    results["weight_update_s"] = {
+        "embedded_update_weights_from_disk": t_disk,
+        "embedded_set_params_from_model": t_swap,
+        "sglang_client_sync_one_dev_server": t_http,
+    }
+    print(
+        f"weight update: from disk {t_disk * 1e3:.1f} ms, in-process swap {t_swap * 1e3:.3f} ms, "
+        f"SGLangEngine sync via dev server {t_http * 1e3:.1f} ms",
+        flush=True,
+    )
     loop.close()
     print(json.dumps(results, indent=2))
     if FLAGS.out:

@@ -48,11 +48,19 @@ flags.DEFINE_enum("remat", "none", REMAT_POLICIES, "ipa_jax rematerialisation pe
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of both sides (weights stay float32)")
 flags.DEFINE_string("torch_device", "cpu", "where the PyTorch step runs: cpu, cuda, or none (time ipa_jax alone)")
 flags.DEFINE_integer("heads", 8, "attention heads (KV heads: half of them)")
-flags.DEFINE_bool("update_bound", True, "ipa_jax shows each update finite by AdamW's bound before computing it "
-                  "(False: computes and checks it, as for a custom optax transformation; docs/design.md)")
+flags.DEFINE_bool(
+    "update_bound",
+    True,
+    "ipa_jax shows each update finite by AdamW's bound before computing it "
+    "(False: computes and checks it, as for a custom optax transformation; docs/design.md)",
+)
 flags.DEFINE_integer("microbatches", 1, "ipa_jax gradient-accumulation microbatches (torch: one pass)")
-flags.DEFINE_bool("nll_step", True, "also time ipa_jax with a plain NLL loss (a second copy of the weights and "
-                  "optimizer state: turn off for configs that fill the device)")
+flags.DEFINE_bool(
+    "nll_step",
+    True,
+    "also time ipa_jax with a plain NLL loss (a second copy of the weights and "
+    "optimizer state: turn off for configs that fill the device)",
+)
 flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
 flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
@@ -70,12 +78,21 @@ def _synthetic_batch(rng, batch: int, seq_len: int, vocab: int):
     for i in range(batch):
         tokens = rng.randint(0, vocab, seq_len)
         action = np.zeros(seq_len, bool)
-        action[seq_len // 4:] = True
+        action[seq_len // 4 :] = True
         ends = np.linspace(seq_len // 4, seq_len - 1, 9).astype(int)[1:]
         behavior = np.where(action, -np.log(vocab) + rng.normal(0, 0.01, seq_len), 0.0)
-        trajs.append(Trajectory(uid=str(i), tokens=tokens, action_mask=action, behavior_logprobs=behavior,
-                                chunk_ids=build_chunk_ids(action, ends), expert_mask=np.zeros(seq_len, bool),
-                                reward=float(i % 2), policy_version=0))
+        trajs.append(
+            Trajectory(
+                uid=str(i),
+                tokens=tokens,
+                action_mask=action,
+                behavior_logprobs=behavior,
+                chunk_ids=build_chunk_ids(action, ends),
+                expert_mask=np.zeros(seq_len, bool),
+                reward=float(i % 2),
+                policy_version=0,
+            )
+        )
     return pad_batch(trajs, (seq_len,))
 
 
@@ -93,8 +110,9 @@ def _torch_step(hf, batch, device: str, dtype: str):
     behavior = put(batch.behavior_logprobs)
     rewards = put(batch.rewards)
     attention = put(batch.attention_mask, torch.long)
-    autocast = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16"
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+    )
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def step():
@@ -146,14 +164,28 @@ def main(_):
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     hf_config = transformers.Qwen3MoeConfig(
-        vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=4 * FLAGS.hidden,
-        moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=FLAGS.heads,
-        num_key_value_heads=FLAGS.heads // 2, head_dim=FLAGS.hidden // FLAGS.heads, num_experts=FLAGS.experts,
-        num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True, max_position_embeddings=4 * FLAGS.seq_len)
+        vocab_size=FLAGS.vocab,
+        hidden_size=FLAGS.hidden,
+        intermediate_size=4 * FLAGS.hidden,
+        moe_intermediate_size=FLAGS.moe_width,
+        num_hidden_layers=FLAGS.layers,
+        num_attention_heads=FLAGS.heads,
+        num_key_value_heads=FLAGS.heads // 2,
+        head_dim=FLAGS.hidden // FLAGS.heads,
+        num_experts=FLAGS.experts,
+        num_experts_per_tok=FLAGS.top_k,
+        norm_topk_prob=True,
+        max_position_embeddings=4 * FLAGS.seq_len,
+    )
     batch = _synthetic_batch(np.random.RandomState(0), FLAGS.batch, FLAGS.seq_len, FLAGS.vocab)
     tokens_per_step = FLAGS.batch * FLAGS.seq_len
-    learner_side = dict(moe_impl=FLAGS.moe_impl, moe_block_rows=FLAGS.moe_block_rows,
-                        attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat_policy=FLAGS.remat)
+    learner_side = dict(
+        moe_impl=FLAGS.moe_impl,
+        moe_block_rows=FLAGS.moe_block_rows,
+        attention_impl=FLAGS.attention_impl,
+        scan_layers=FLAGS.scan_layers,
+        remat_policy=FLAGS.remat,
+    )
     if FLAGS.torch_device == "none":
         hf = None
         model = init_model(Qwen3Config.from_hf_dict(hf_config.to_dict(), **learner_side), seed=0)
@@ -168,9 +200,14 @@ def main(_):
     tx = make_optimizer(optimizer)
     objective = flash_reinforce_config(DELTA)
     compute_dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
-    options = StepOptions(objective=objective, logprob_block_size=128, entropy=False, compute_dtype=compute_dtype,
-                          microbatches=FLAGS.microbatches,
-                          optimizer=optimizer if FLAGS.update_bound else None)
+    options = StepOptions(
+        objective=objective,
+        logprob_block_size=128,
+        entropy=False,
+        compute_dtype=compute_dtype,
+        microbatches=FLAGS.microbatches,
+        optimizer=optimizer if FLAGS.update_bound else None,
+    )
     state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
     step = TrainStep(state, mesh, options, make_schedule(optimizer, total_steps=1000))
     device_batch = step.put_batch(batch)
@@ -193,9 +230,11 @@ def main(_):
 
     nll_jit = jax.jit(nll_update, donate_argnums=0)
     # Its own copy of the weights: the objective step donates (and so frees) the buffers of its state.
-    nll_holder = {"state": jax.tree.map(lambda x: x.copy(), place_state(TrainState.create(model, tx, seed=0,
-                                                                                         mesh=mesh), mesh))
-                  if FLAGS.nll_step else None}
+    nll_holder = {
+        "state": jax.tree.map(lambda x: x.copy(), place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh))
+        if FLAGS.nll_step
+        else None
+    }
 
     def nll_step():
         nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
@@ -206,31 +245,52 @@ def main(_):
 
     def objective_only(logp, batch):  # the batch is an argument, not a constant XLA could fold
         adv = compute_advantages(batch.rewards, objective.baseline)
-        terms, _ = objective_terms(logp, batch.behavior_logprobs, adv, batch.action_mask, batch.chunk_ids,
-                                   batch.expert_mask, objective)
+        terms, _ = objective_terms(
+            logp, batch.behavior_logprobs, adv, batch.action_mask, batch.chunk_ids, batch.expert_mask, objective
+        )
         return combine_terms(terms, objective)
 
     objective_grad = jax.jit(jax.grad(objective_only))
 
-    results = {"config": dict(layers=FLAGS.layers, hidden=FLAGS.hidden, experts=FLAGS.experts, top_k=FLAGS.top_k,
-                              moe_width=FLAGS.moe_width, vocab=FLAGS.vocab, batch=FLAGS.batch,
-                              seq_len=FLAGS.seq_len, heads=FLAGS.heads, dtype=FLAGS.dtype,
-                              microbatches=FLAGS.microbatches, moe_impl=FLAGS.moe_impl,
-                              update_bound=FLAGS.update_bound,
-                              keep_host_memory=host_memory_kept(),
-                              moe_block_rows=FLAGS.moe_block_rows,
-                              attention_impl=FLAGS.attention_impl, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
-                              device=jax.devices()[0].device_kind, torch_device=FLAGS.torch_device,
-                              threads=len(os.sched_getaffinity(0)), load_average=os.getloadavg()[0])}
-    steps = {"ipa_jax_step": jax_step,
-             "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready()}
+    results = {
+        "config": dict(
+            layers=FLAGS.layers,
+            hidden=FLAGS.hidden,
+            experts=FLAGS.experts,
+            top_k=FLAGS.top_k,
+            moe_width=FLAGS.moe_width,
+            vocab=FLAGS.vocab,
+            batch=FLAGS.batch,
+            seq_len=FLAGS.seq_len,
+            heads=FLAGS.heads,
+            dtype=FLAGS.dtype,
+            microbatches=FLAGS.microbatches,
+            moe_impl=FLAGS.moe_impl,
+            update_bound=FLAGS.update_bound,
+            keep_host_memory=host_memory_kept(),
+            moe_block_rows=FLAGS.moe_block_rows,
+            attention_impl=FLAGS.attention_impl,
+            scan_layers=FLAGS.scan_layers,
+            remat=FLAGS.remat,
+            device=jax.devices()[0].device_kind,
+            torch_device=FLAGS.torch_device,
+            threads=len(os.sched_getaffinity(0)),
+            load_average=os.getloadavg()[0],
+        )
+    }
+    steps = {
+        "ipa_jax_step": jax_step,
+        "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready(),
+    }
     if FLAGS.nll_step:
         steps["ipa_jax_nll_step"] = nll_step
     if FLAGS.torch_device != "none":
         steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
     del hf  # the torch step holds its own reference (on its device)
-    timed = {name: {"min": min(t), "median": statistics.median(t)}
-             for name, t in time_round_robin(steps, FLAGS.iters).items()}
+    timed = {
+        name: {"min": min(t), "median": statistics.median(t)}
+        for name, t in time_round_robin(steps, FLAGS.iters).items()
+    }
     times = {name: t["min"] for name, t in timed.items()}
     flops = train_flops_per_token(config, FLAGS.seq_len) * tokens_per_step
     peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])
@@ -245,7 +305,8 @@ def main(_):
         results["ratios"]["torch_time_over_ipa_jax_time"] = times["torch_step"] / times["ipa_jax_step"]
     if "ipa_jax_nll_step" in times:
         results["ratios"]["objective_share_of_step"] = (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times[
-            "ipa_jax_step"]
+            "ipa_jax_step"
+        ]
     results["flops_per_step"] = flops
     results["peak_flops_per_device"] = peak
     print(json.dumps(results, indent=2))

@@ -33,8 +33,9 @@ flags.DEFINE_integer("vocab", 2048, "vocabulary size")
 flags.DEFINE_integer("batch", 4, "batch size")
 flags.DEFINE_integer("seq_len", 512, "sequence length")
 flags.DEFINE_integer("iters", 5, "timed rounds (each variant once per round)")
-flags.DEFINE_list("variants", ["auto/auto", "dense/reference", "ragged/auto"],
-                  "ipa_jax variants MOE_IMPL/ATTENTION_IMPL")
+flags.DEFINE_list(
+    "variants", ["auto/auto", "dense/reference", "ragged/auto"], "ipa_jax variants MOE_IMPL/ATTENTION_IMPL"
+)
 flags.DEFINE_integer("threads", 0, "torch intra-op threads (0 = torch default)")
 FLAGS = flags.FLAGS
 
@@ -53,10 +54,19 @@ def main(_):
         torch.set_num_threads(FLAGS.threads)
     torch.manual_seed(0)
     hf_config = transformers.Qwen3MoeConfig(
-        vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=4 * FLAGS.hidden,
-        moe_intermediate_size=FLAGS.moe_width, num_hidden_layers=FLAGS.layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=FLAGS.hidden // 4, num_experts=FLAGS.experts,
-        num_experts_per_tok=FLAGS.top_k, norm_topk_prob=True, max_position_embeddings=4 * FLAGS.seq_len)
+        vocab_size=FLAGS.vocab,
+        hidden_size=FLAGS.hidden,
+        intermediate_size=4 * FLAGS.hidden,
+        moe_intermediate_size=FLAGS.moe_width,
+        num_hidden_layers=FLAGS.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=FLAGS.hidden // 4,
+        num_experts=FLAGS.experts,
+        num_experts_per_tok=FLAGS.top_k,
+        norm_topk_prob=True,
+        max_position_embeddings=4 * FLAGS.seq_len,
+    )
     hf = transformers.Qwen3MoeForCausalLM(hf_config).float()
     # Spread the router (init std 0.02 routes almost uniformly at random; real routers are confident).
     with torch.no_grad():
@@ -101,17 +111,21 @@ def main(_):
     losses = {name: step() for name, step in steps.items()}
     load_before = os.getloadavg()[0]
     times = time_round_robin(steps, FLAGS.iters)
-    print(f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, "
-          f"torch threads {torch.get_num_threads()}, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}): "
-          f"{FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.experts} experts top-{FLAGS.top_k} "
-          f"(width {FLAGS.moe_width}), vocab {FLAGS.vocab}, batch {FLAGS.batch} x {FLAGS.seq_len}; "
-          f"{FLAGS.iters} interleaved rounds")
+    print(
+        f"\nQwen3-MoE fwd+bwd, float32 CPU ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, "
+        f"torch threads {torch.get_num_threads()}, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}): "
+        f"{FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.experts} experts top-{FLAGS.top_k} "
+        f"(width {FLAGS.moe_width}), vocab {FLAGS.vocab}, batch {FLAGS.batch} x {FLAGS.seq_len}; "
+        f"{FLAGS.iters} interleaved rounds"
+    )
     hf_time = min(times["transformers"])
     for name, t in times.items():
         variant = name.removeprefix("ipa_jax ")
         compiled = f"  compile+first {compile_s[variant]:5.1f}s" if variant in compile_s else ""
-        print(f"  {name:28s} loss {losses[name]:.6f}  min {min(t) * 1e3:8.1f} ms  median "
-              f"{statistics.median(t) * 1e3:8.1f} ms  time / transformers {min(t) / hf_time:5.2f}{compiled}")
+        print(
+            f"  {name:28s} loss {losses[name]:.6f}  min {min(t) * 1e3:8.1f} ms  median "
+            f"{statistics.median(t) * 1e3:8.1f} ms  time / transformers {min(t) / hf_time:5.2f}{compiled}"
+        )
     spread = max(losses.values()) - min(losses.values())
     if spread > 1e-4 * abs(losses["transformers"]):
         raise SystemExit(f"losses disagree: {losses}")

@@ -48,11 +48,14 @@ def quickstart_lengths(exp) -> list[int]:
     from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
     from ipa_jax.rollout.agent import expert_episode
 
-    chat = ChatFormat(build_corpus_tokenizer(int(exp.model.arch["vocab_size"]), exp.env),
-                      enable_thinking=exp.rollout.enable_thinking)
+    chat = ChatFormat(
+        build_corpus_tokenizer(int(exp.model.arch["vocab_size"]), exp.env), enable_thinking=exp.rollout.enable_thinking
+    )
     env = exp.env.make()
-    return [expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i)).length
-            for i, task in enumerate(env.tasks("train", 64, 0))]
+    return [
+        expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i)).length
+        for i, task in enumerate(env.tasks("train", 64, 0))
+    ]
 
 
 def synthetic_trajectories(lengths, vocab: int, rng):
@@ -72,10 +75,19 @@ def synthetic_trajectories(lengths, vocab: int, rng):
             ends.append(stop - 1)
             t = stop + int(rng.integers(4, 13))
         behavior = np.where(action, -np.log(vocab) + rng.normal(0, 0.05, n), 0.0)
-        out.append(Trajectory(uid=str(i), tokens=rng.integers(0, vocab, n), action_mask=action,
-                              behavior_logprobs=np.minimum(behavior, -1e-3) * action,
-                              chunk_ids=build_chunk_ids(action, ends), expert_mask=np.zeros(n, bool),
-                              reward=float(rng.random() < 0.5), policy_version=0, info={"task_id": str(i % 4)}))
+        out.append(
+            Trajectory(
+                uid=str(i),
+                tokens=rng.integers(0, vocab, n),
+                action_mask=action,
+                behavior_logprobs=np.minimum(behavior, -1e-3) * action,
+                chunk_ids=build_chunk_ids(action, ends),
+                expert_mask=np.zeros(n, bool),
+                reward=float(rng.random() < 0.5),
+                policy_version=0,
+                info={"task_id": str(i % 4)},
+            )
+        )
     return out
 
 
@@ -94,10 +106,20 @@ def main(_):
     step, _ = build_steps(exp, state, mesh)
     vocab = int(exp.model.arch["vocab_size"])
     rng = np.random.default_rng(FLAGS.seed)
-    results = {"config": dict(batch=FLAGS.batch, batches=FLAGS.batches, rounds=FLAGS.rounds, median=FLAGS.median,
-                              sigma=FLAGS.sigma, max_len=FLAGS.max_len, moe_impl=exp.model.moe_impl,
-                              device=jax.devices()[0].device_kind, threads=len(os.sched_getaffinity(0)),
-                              load_average_start=os.getloadavg()[0])}
+    results = {
+        "config": dict(
+            batch=FLAGS.batch,
+            batches=FLAGS.batches,
+            rounds=FLAGS.rounds,
+            median=FLAGS.median,
+            sigma=FLAGS.sigma,
+            max_len=FLAGS.max_len,
+            moe_impl=exp.model.moe_impl,
+            device=jax.devices()[0].device_kind,
+            threads=len(os.sched_getaffinity(0)),
+            load_average_start=os.getloadavg()[0],
+        )
+    }
     # Each layout keeps its own copy of the state: the step donates it.
     holders = {layout: jax.tree.map(lambda x: x.copy(), state) for layout in ("padded", "packed")}
 
@@ -110,9 +132,11 @@ def main(_):
             pool, buckets = quickstart_lengths(exp), exp.train.buckets
             draws = [rng.choice(pool, FLAGS.batch) for _ in range(FLAGS.batches)]
         elif dist == "lognormal":
-            buckets = tuple(2 ** k for k in range(6, 20) if 2 ** k <= FLAGS.max_len)
-            draws = [np.clip(rng.lognormal(np.log(FLAGS.median), FLAGS.sigma, FLAGS.batch), 32, FLAGS.max_len)
-                     .astype(int) for _ in range(FLAGS.batches)]
+            buckets = tuple(2**k for k in range(6, 20) if 2**k <= FLAGS.max_len)
+            draws = [
+                np.clip(rng.lognormal(np.log(FLAGS.median), FLAGS.sigma, FLAGS.batch), 32, FLAGS.max_len).astype(int)
+                for _ in range(FLAGS.batches)
+            ]
         else:
             raise ValueError(f"--dists: unknown distribution {dist!r}")
         host = {"padded": [], "packed": []}
@@ -143,8 +167,9 @@ def main(_):
                 "seconds": times[layout],
                 "useful_tokens_per_s": useful / times[layout],
             }
-        out["packed_over_padded_useful_tokens_per_s"] = out["packed"]["useful_tokens_per_s"] / \
-            out["padded"]["useful_tokens_per_s"]
+        out["packed_over_padded_useful_tokens_per_s"] = (
+            out["packed"]["useful_tokens_per_s"] / out["padded"]["useful_tokens_per_s"]
+        )
         results[dist] = out
     results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))

@@ -41,17 +41,29 @@ def main(_):
     from ipa_jax.engines.embedded import EmbeddedEngine
     from ipa_jax.models import Qwen3Config, init_model
 
-    config = Qwen3Config(vocab_size=640, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=128, max_position_embeddings=1024,
-                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+    config = Qwen3Config(
+        vocab_size=640,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=1024,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+    )
     model = init_model(config)
     max_len = FLAGS.prompt_len + FLAGS.turns * (FLAGS.turn_tokens + FLAGS.observation_tokens)
     rng = np.random.default_rng(0)
     first = rng.integers(0, config.vocab_size, (FLAGS.episodes, FLAGS.prompt_len)).tolist()
     observations = rng.integers(0, config.vocab_size, (FLAGS.episodes, FLAGS.turns, FLAGS.observation_tokens)).tolist()
     loop = asyncio.new_event_loop()
-    engines = {setting: EmbeddedEngine(model, max_len=max_len, max_batch=FLAGS.concurrency, prefix_cache=setting)
-               for setting in (True, False)}
+    engines = {
+        setting: EmbeddedEngine(model, max_len=max_len, max_batch=FLAGS.concurrency, prefix_cache=setting)
+        for setting in (True, False)
+    }
 
     async def episode(engine, i, slots):
         async with slots:
@@ -76,16 +88,27 @@ def main(_):
             after = engine.prefix_counts()
             counts[setting] = (after.prefilled - before.prefilled, after.reused - before.reused)
     generated = FLAGS.episodes * FLAGS.turns * FLAGS.turn_tokens
-    results = {"config": {k: FLAGS[k].value for k in ("episodes", "concurrency", "turns", "prompt_len", "turn_tokens",
-                                                        "observation_tokens", "rounds")},
-               "load_average_at_start": os.getloadavg()[0]}
+    results = {
+        "config": {
+            k: FLAGS[k].value
+            for k in ("episodes", "concurrency", "turns", "prompt_len", "turn_tokens", "observation_tokens", "rounds")
+        },
+        "load_average_at_start": os.getloadavg()[0],
+    }
     for setting, name in ((True, "prefix_cache"), (False, "no_prefix_cache")):
         best = min(times[setting])
         prefilled, reused = counts[setting]
-        results[name] = {"seconds_min": best, "generated_tokens_per_s": generated / best,
-                         "prefilled_tokens_per_round": prefilled, "reused_tokens_per_round": reused}
-        print(f"{name:16s} {best:7.2f} s per round   {generated / best:8.1f} generated tok/s   "
-              f"prefilled {prefilled:7d}   reused from the cache {reused:7d}", flush=True)
+        results[name] = {
+            "seconds_min": best,
+            "generated_tokens_per_s": generated / best,
+            "prefilled_tokens_per_round": prefilled,
+            "reused_tokens_per_round": reused,
+        }
+        print(
+            f"{name:16s} {best:7.2f} s per round   {generated / best:8.1f} generated tok/s   "
+            f"prefilled {prefilled:7d}   reused from the cache {reused:7d}",
+            flush=True,
+        )
     results["speedup"] = min(times[False]) / min(times[True])
     print(f"speedup (no prefix cache time / prefix cache time): {results['speedup']:.2f}x")
     for engine in engines.values():

@@ -50,8 +50,13 @@ class Plain:
 
     def run(self, folder, command):
         # The sandbox's PATH and a clean environment: the same programs run on both sides.
-        return subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, timeout=30,
-                              env={"PATH": SANDBOX_PATH, "HOME": folder}).returncode
+        return subprocess.run(
+            ["bash", "-c", command],
+            cwd=folder,
+            capture_output=True,
+            timeout=30,
+            env={"PATH": SANDBOX_PATH, "HOME": folder},
+        ).returncode
 
     def close(self, folder):
         shutil.rmtree(folder)
@@ -105,18 +110,21 @@ def main(_):
             start[name] = min(start[name], start_latency(kind, FLAGS.starts))
             for c in FLAGS.concurrency:
                 rate[name, int(c)] = max(rate[name, int(c)], throughput(kind, int(c), FLAGS.commands))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"best of {FLAGS.rounds} interleaved rounds")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"best of {FLAGS.rounds} interleaved rounds"
+    )
     print(f"{'':28s} {'bubblewrap':>12s} {'plain':>12s} {'cost':>8s}  (cost: bubblewrap time / plain time)")
-    print(f"{'start + first command (ms)':28s} {start['bubblewrap'] * 1e3:12.1f} {start['plain'] * 1e3:12.1f} "
-          f"{start['bubblewrap'] / start['plain']:7.2f}x")
+    print(
+        f"{'start + first command (ms)':28s} {start['bubblewrap'] * 1e3:12.1f} {start['plain'] * 1e3:12.1f} "
+        f"{start['bubblewrap'] / start['plain']:7.2f}x"
+    )
     for c in FLAGS.concurrency:
         b, p = rate["bubblewrap", int(c)], rate["plain", int(c)]
         print(f"{f'commands/s, {c} in flight':28s} {b:12.1f} {p:12.1f} {p / b:7.2f}x")
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
-            json.dump({"start_s": start, "commands_per_s": {f"{k}@{c}": v for (k, c), v in rate.items()}}, f,
-                      indent=2)
+            json.dump({"start_s": start, "commands_per_s": {f"{k}@{c}": v for (k, c), v in rate.items()}}, f, indent=2)
 
 
 if __name__ == "__main__":

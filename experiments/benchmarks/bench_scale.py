@@ -53,22 +53,61 @@ FLAGS = flags.FLAGS
 # config.json of the Hugging Face checkpoints (fields that matter for the computation).
 HF_CONFIGS = {
     "qwen3_30b_a3b": dict(
-        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-        moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-        head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
-        tie_word_embeddings=False),
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
     "qwen3_235b_a22b": dict(
-        model_type="qwen3_moe", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-        moe_intermediate_size=1536, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
-        head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
-        tie_word_embeddings=False),
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        moe_intermediate_size=1536,
+        num_hidden_layers=94,
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
 }
 # The README benchmark model (bench_model.py / bench_learner.py), for --compile_time.
-SMALL_MOE = dict(model_type="qwen3_moe", vocab_size=8192, hidden_size=256, intermediate_size=1024,
-                 moe_intermediate_size=128, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                 head_dim=32, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True)
+SMALL_MOE = dict(
+    model_type="qwen3_moe",
+    vocab_size=8192,
+    hidden_size=256,
+    intermediate_size=1024,
+    moe_intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    num_experts=16,
+    num_experts_per_tok=4,
+    norm_topk_prob=True,
+)
 GIB = 1024**3
 
 
@@ -89,19 +128,32 @@ def abstract_state(config, mesh, tx, param_dtype):
     model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=param_dtype, rngs=nnx.Rngs(0), mesh=mesh))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-    params = jax.tree.map(lambda v, s: v.replace(value=jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s)),
-                          params, param_shardings(params, mesh), is_leaf=is_var)
+    params = jax.tree.map(
+        lambda v, s: v.replace(value=jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s)),
+        params,
+        param_shardings(params, mesh),
+        is_leaf=is_var,
+    )
     replicated = NamedSharding(mesh, P())
     # As TrainState.create: each parameter's Adam moments in its sharding, the rest replicated.
     opt_shapes = jax.eval_shape(tx.init, params)
-    opt_shardings = optax.tree_map_params(tx, lambda _, p: p.sharding, opt_shapes, params,
-                                          transform_non_params=lambda _: replicated)
-    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_shapes,
-                             opt_shardings)
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, p: p.sharding, opt_shapes, params, transform_non_params=lambda _: replicated
+    )
+    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_shapes, opt_shardings)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
-    return TrainState(graphdef=graphdef, tx=tx, params=params, rest=rest, opt_state=opt_state, step=scalar,
-                      skipped=scalar, rng=rng, rl_start=scalar)
+    return TrainState(
+        graphdef=graphdef,
+        tx=tx,
+        params=params,
+        rest=rest,
+        opt_state=opt_state,
+        step=scalar,
+        skipped=scalar,
+        rng=rng,
+        rl_start=scalar,
+    )
 
 
 def abstract_batch(batch: int, seq_len: int, sharding_of):
@@ -115,11 +167,18 @@ def abstract_batch(batch: int, seq_len: int, sharding_of):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding_of(len(shape)))
 
     rows, per_row = (batch, seq_len), (batch,)
-    return TrajectoryBatch(tokens=sds(rows, jnp.int32), attention_mask=sds(rows, bool), positions=sds(rows, jnp.int32),
-                           action_mask=sds(rows, bool), behavior_logprobs=sds(rows, jnp.float32),
-                           chunk_ids=sds(rows, jnp.int32), expert_mask=sds(rows, bool),
-                           rewards=sds(per_row, jnp.float32), group_ids=sds(per_row, jnp.int32),
-                           policy_versions=sds(per_row, jnp.int32))
+    return TrajectoryBatch(
+        tokens=sds(rows, jnp.int32),
+        attention_mask=sds(rows, bool),
+        positions=sds(rows, jnp.int32),
+        action_mask=sds(rows, bool),
+        behavior_logprobs=sds(rows, jnp.float32),
+        chunk_ids=sds(rows, jnp.int32),
+        expert_mask=sds(rows, bool),
+        rewards=sds(per_row, jnp.float32),
+        group_ids=sds(per_row, jnp.int32),
+        policy_versions=sds(per_row, jnp.int32),
+    )
 
 
 def compile_train_step(config, mesh, *, batch: int, seq_len: int, microbatches: int, dtype: str, param_dtype: str):
@@ -137,15 +196,23 @@ def compile_train_step(config, mesh, *, batch: int, seq_len: int, microbatches: 
 
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0)
     state = abstract_state(config, mesh, make_optimizer(optimizer), jnp.dtype(param_dtype))
-    options = StepOptions(objective=flash_reinforce_config(3e-3), microbatches=microbatches,
-                          compute_dtype=None if dtype == param_dtype else dtype, optimizer=optimizer)
+    options = StepOptions(
+        objective=flash_reinforce_config(3e-3),
+        microbatches=microbatches,
+        compute_dtype=None if dtype == param_dtype else dtype,
+        optimizer=optimizer,
+    )
     step_batch = abstract_batch(batch, seq_len, lambda ndim: batch_sharding(mesh, ndim=ndim))
     # TrainStep's jit: explicit shardings, the state donated.
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    step = jax.jit(functools.partial(train_step, advantages=None, options=options,
-                                     schedule=make_schedule(optimizer, total_steps=1000)),
-                   in_shardings=(state_shardings, jax.tree.map(lambda x: x.sharding, step_batch)),
-                   out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
+    step = jax.jit(
+        functools.partial(
+            train_step, advantages=None, options=options, schedule=make_schedule(optimizer, total_steps=1000)
+        ),
+        in_shardings=(state_shardings, jax.tree.map(lambda x: x.sharding, step_batch)),
+        out_shardings=(state_shardings, NamedSharding(mesh, P())),
+        donate_argnums=(0,),
+    )
     t0 = time.perf_counter()
     lowered = step.lower(state, step_batch)
     t1 = time.perf_counter()
@@ -174,8 +241,12 @@ def compiled_flops(compiled) -> float:
 def flops_per_device(config, mesh, **step_kwargs) -> float:
     """Compiled FLOPs per device of the full-depth step. XLA's cost analysis counts a scanned body once, so this
     compiles the unrolled step at 1 and 2 layers and extrapolates (FLOPs are linear in depth)."""
-    one, two = (compiled_flops(compile_train_step(config.replace(num_hidden_layers=n, scan_layers=False), mesh,
-                                                  **step_kwargs)[0]) for n in (1, 2))
+    one, two = (
+        compiled_flops(
+            compile_train_step(config.replace(num_hidden_layers=n, scan_layers=False), mesh, **step_kwargs)[0]
+        )
+        for n in (1, 2)
+    )
     return one + (two - one) * (config.num_hidden_layers - 1)
 
 
@@ -185,33 +256,52 @@ def scale_report(mesh) -> dict:
     from ipa_jax.models import Qwen3Config
     from ipa_jax.train.metrics import active_params_per_token, train_flops_per_token
 
-    config = Qwen3Config.from_hf_dict(HF_CONFIGS[FLAGS.model], moe_impl=FLAGS.moe_impl, remat_policy=FLAGS.remat,
-                                      scan_layers=True)
-    step_kwargs = dict(batch=FLAGS.batch, seq_len=FLAGS.seq_len, microbatches=FLAGS.microbatches,
-                       dtype=FLAGS.dtype, param_dtype=FLAGS.param_dtype)
+    config = Qwen3Config.from_hf_dict(
+        HF_CONFIGS[FLAGS.model], moe_impl=FLAGS.moe_impl, remat_policy=FLAGS.remat, scan_layers=True
+    )
+    step_kwargs = dict(
+        batch=FLAGS.batch,
+        seq_len=FLAGS.seq_len,
+        microbatches=FLAGS.microbatches,
+        dtype=FLAGS.dtype,
+        param_dtype=FLAGS.param_dtype,
+    )
     compiled, state, lower_s, compile_s = compile_train_step(config, mesh, **step_kwargs)
     memory = compiled.memory_analysis()
     device_flops = flops_per_device(config, mesh, **step_kwargs)
     analytic = train_flops_per_token(config, FLAGS.seq_len) * FLAGS.batch * FLAGS.seq_len
     total_params = sum(x.size for x in jax.tree.leaves(state.params))
     return {
-        "model": FLAGS.model, "mesh": dict(mesh.shape), "batch": FLAGS.batch, "seq_len": FLAGS.seq_len,
-        "microbatches": FLAGS.microbatches, "moe_impl": FLAGS.moe_impl, "remat": FLAGS.remat, "dtype": FLAGS.dtype,
-        "param_dtype": FLAGS.param_dtype, "params_total_billion": total_params / 1e9,
+        "model": FLAGS.model,
+        "mesh": dict(mesh.shape),
+        "batch": FLAGS.batch,
+        "seq_len": FLAGS.seq_len,
+        "microbatches": FLAGS.microbatches,
+        "moe_impl": FLAGS.moe_impl,
+        "remat": FLAGS.remat,
+        "dtype": FLAGS.dtype,
+        "param_dtype": FLAGS.param_dtype,
+        "params_total_billion": total_params / 1e9,
         "active_params_per_token_billion": active_params_per_token(config) / 1e9,
         "per_device_gib": {
             "params": per_device_bytes(state.params) / GIB,
             "optimizer_state": per_device_bytes(state.opt_state) / GIB,
             "arguments (state + batch)": memory.argument_size_in_bytes / GIB,
             "temp (activations, gradients, workspace)": memory.temp_size_in_bytes / GIB,
-            "outputs not aliased to donated inputs": (memory.output_size_in_bytes
-                                                       - memory.alias_size_in_bytes) / GIB,
+            "outputs not aliased to donated inputs": (memory.output_size_in_bytes - memory.alias_size_in_bytes) / GIB,
             "peak estimate (arguments + temp + unaliased outputs)": (
-                memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
-                - memory.alias_size_in_bytes) / GIB,
+                memory.argument_size_in_bytes
+                + memory.temp_size_in_bytes
+                + memory.output_size_in_bytes
+                - memory.alias_size_in_bytes
+            )
+            / GIB,
         },
-        "flops_per_step": {"compiled_per_device": device_flops, "compiled_all_devices": device_flops * mesh.size,
-                           "analytic_6N_plus_attention_all_devices": analytic},
+        "flops_per_step": {
+            "compiled_per_device": device_flops,
+            "compiled_all_devices": device_flops * mesh.size,
+            "analytic_6N_plus_attention_all_devices": analytic,
+        },
         "seconds": {"lower": lower_s, "compile": compile_s},
     }
 
@@ -223,10 +313,12 @@ def compile_time_report(mesh) -> dict:
     out = {}
     for layers in (int(x) for x in FLAGS.layers):
         for scan in (False, True):
-            config = Qwen3Config.from_hf_dict(dict(SMALL_MOE, num_hidden_layers=layers), scan_layers=scan,
-                                              remat_policy=FLAGS.remat)
-            _, _, lower_s, compile_s = compile_train_step(config, mesh, batch=4, seq_len=512, microbatches=1,
-                                                          dtype="float32", param_dtype="float32")
+            config = Qwen3Config.from_hf_dict(
+                dict(SMALL_MOE, num_hidden_layers=layers), scan_layers=scan, remat_policy=FLAGS.remat
+            )
+            _, _, lower_s, compile_s = compile_train_step(
+                config, mesh, batch=4, seq_len=512, microbatches=1, dtype="float32", param_dtype="float32"
+            )
             key = f"{layers} layers, {'scanned' if scan else 'unrolled'}"
             out[key] = {"lower_s": lower_s, "compile_s": compile_s}
             print(f"{key:24s} lower {lower_s:6.1f}s  compile {compile_s:6.1f}s", flush=True)
@@ -236,8 +328,7 @@ def compile_time_report(mesh) -> dict:
 def main(_):
     if FLAGS.platform == "cpu":
         devices = 1 if FLAGS.compile_time else FLAGS.devices
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + f" --xla_force_host_platform_device_count={devices}")
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
@@ -245,8 +336,7 @@ def main(_):
 
     if FLAGS.compile_time:
         mesh = make_mesh(MeshConfig(1, 1, 1, 1), devices=jax.devices()[:1])
-        results = {"compile_time": compile_time_report(mesh), "remat": FLAGS.remat,
-                   "load_average": os.getloadavg()[0]}
+        results = {"compile_time": compile_time_report(mesh), "remat": FLAGS.remat, "load_average": os.getloadavg()[0]}
     else:
         mesh = make_mesh(MeshConfig(data=-1, fsdp=FLAGS.fsdp, expert=FLAGS.expert, tensor=FLAGS.tensor))
         results = scale_report(mesh)

@@ -51,9 +51,25 @@ def start_dev_server(model_path: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "ipa_jax.engines.devserver", "--model", model_path, "--port",
-                             str(port), "--max-len", "64", "--max-batch", "1", "--dist-timeout", "600"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ipa_jax.engines.devserver",
+            "--model",
+            model_path,
+            "--port",
+            str(port),
+            "--max-len",
+            "64",
+            "--max-batch",
+            "1",
+            "--dist-timeout",
+            "600",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while True:
@@ -81,15 +97,24 @@ def main(_):
     from ipa_jax.models.hf_io import iter_hf_tensors
 
     heads = FLAGS.hidden // 64
-    config = Qwen3Config(vocab_size=FLAGS.vocab, hidden_size=FLAGS.hidden, intermediate_size=FLAGS.intermediate,
-                         num_hidden_layers=FLAGS.layers, num_attention_heads=heads,
-                         num_key_value_heads=max(1, heads // 3), head_dim=64, max_position_embeddings=4096,
-                         tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=FLAGS.vocab,
+        hidden_size=FLAGS.hidden,
+        intermediate_size=FLAGS.intermediate,
+        num_hidden_layers=FLAGS.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 3),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     model = init_model(config, seed=0)
     params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    print(f"model: {FLAGS.layers} layers, hidden {FLAGS.hidden}, MLP {FLAGS.intermediate}, vocabulary {FLAGS.vocab}: "
-          f"{params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB float32, {params * 2 / 2**20:.0f} MiB "
-          f"bfloat16); jax {jax.__version__}, {os.cpu_count()} CPUs")
+    print(
+        f"model: {FLAGS.layers} layers, hidden {FLAGS.hidden}, MLP {FLAGS.intermediate}, vocabulary {FLAGS.vocab}: "
+        f"{params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB float32, {params * 2 / 2**20:.0f} MiB "
+        f"bfloat16); jax {jax.__version__}, {os.cpu_count()} CPUs"
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench_weight_sync_") as tmp:
         paths = {name: os.path.join(tmp, name) for name in ("base", "fp32", "bf16")}
@@ -99,22 +124,32 @@ def main(_):
         engine = SGLangEngine([url], control_timeout_s=600.0, request_timeout_s=600.0)
         version = iter(range(1, 1_000_000))
         try:
+
             def disk(dtype, path):
                 save_pretrained(model, path, dtype=dtype)
                 loop.run(engine.update_weights(path, next(version)))
 
             def distributed():
                 tensors = lambda: iter_hf_tensors(model, "bfloat16", on_host=False)  # noqa: E731
-                loop.run(engine.update_weights_from_tensors(tensors, next(version),
-                                                            bucket_bytes=FLAGS.bucket_mb * 2**20))
+                loop.run(
+                    engine.update_weights_from_tensors(tensors, next(version), bucket_bytes=FLAGS.bucket_mb * 2**20)
+                )
 
-            times = time_round_robin({"disk_fp32": lambda: disk(None, paths["fp32"]),
-                                      "disk_bf16": lambda: disk("bfloat16", paths["bf16"]),
-                                      "distributed": distributed}, FLAGS.rounds)
+            times = time_round_robin(
+                {
+                    "disk_fp32": lambda: disk(None, paths["fp32"]),
+                    "disk_bf16": lambda: disk("bfloat16", paths["bf16"]),
+                    "distributed": distributed,
+                },
+                FLAGS.rounds,
+            )
             # the server holds the pushed weights: a check that the timed path moved them
             name, value = next(iter_hf_tensors(model))
-            req = urllib.request.Request(url + "/get_weights_by_name", headers={"Content-Type": "application/json"},
-                                         data=json.dumps({"name": name, "truncate_size": 4}).encode())
+            req = urllib.request.Request(
+                url + "/get_weights_by_name",
+                headers={"Content-Type": "application/json"},
+                data=json.dumps({"name": name, "truncate_size": 4}).encode(),
+            )
             with urllib.request.urlopen(req, timeout=600) as resp:
                 served = np.array(json.loads(resp.read()))
             assert np.array_equal(served, value[:4].astype(ml_dtypes.bfloat16).astype(np.float32)), name
@@ -126,9 +161,11 @@ def main(_):
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         print(f"{k:12s} {med[k]:7.2f} s per sync (rounds: {', '.join(f'{t:.2f}' for t in v)})")
-    print(f"distributed is {med['disk_fp32'] / med['distributed']:.2f}x faster than disk fp32 and "
-          f"{med['disk_bf16'] / med['distributed']:.2f}x faster than disk bf16; "
-          f"pushed {params * 2 / 2**20 / med['distributed']:.0f} MiB/s of bfloat16")
+    print(
+        f"distributed is {med['disk_fp32'] / med['distributed']:.2f}x faster than disk fp32 and "
+        f"{med['disk_bf16'] / med['distributed']:.2f}x faster than disk bf16; "
+        f"pushed {params * 2 / 2**20 / med['distributed']:.0f} MiB/s of bfloat16"
+    )
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"parameters": params, "seconds": times, "median": med}, f, indent=2)

@@ -9,8 +9,9 @@ from collections.abc import Callable
 PAUSE_S = 0.2
 
 
-def time_round_robin(fns: dict[str, Callable[[], object]], rounds: int,
-                     pause_s: float = PAUSE_S) -> dict[str, list[float]]:
+def time_round_robin(
+    fns: dict[str, Callable[[], object]], rounds: int, pause_s: float = PAUSE_S
+) -> dict[str, list[float]]:
     """{name: seconds of each round}: one warm-up (compiling) call of every fn, then `rounds` rounds that time each
     fn once, interleaved so that a shared machine's load spreads over all of them; each timed call starts after
     `pause_s` of sleep, so it does not compete with the previous one's idle threads. Each fn must block until its

@@ -56,7 +56,7 @@ def render_episode_html(traj: Trajectory, tokenizer, title: str | None = None, c
         '<div style="white-space:pre-wrap;border:1px solid #ccc;padding:4px">',
     ]
     for seg in episode_segments(traj):
-        text = html.escape(tokenizer.decode(traj.tokens[seg.start:seg.end].tolist(), skip_special_tokens=False))
+        text = html.escape(tokenizer.decode(traj.tokens[seg.start : seg.end].tolist(), skip_special_tokens=False))
         where = f"tokens {seg.start}-{seg.end - 1}"
         if seg.kind == "action":
             style = f"background:{_PALETTE[seg.chunk_id % len(_PALETTE)]}"

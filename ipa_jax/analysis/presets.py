@@ -37,8 +37,9 @@ class Preset:
             raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
         reference = self.reference or self.configs[0]
         if any(c not in self.configs or c == reference for c in self.controls):
-            raise ValueError(f"controls {self.controls} must be configs {self.configs} other than the reference "
-                             f"{reference!r}")
+            raise ValueError(
+                f"controls {self.controls} must be configs {self.configs} other than the reference {reference!r}"
+            )
         if not 0.0 < self.effect <= 1.0:
             raise ValueError(f"effect must be a success-rate difference in (0, 1], got {self.effect}")
         if self.claim not in CLAIMS:
@@ -57,8 +58,11 @@ def load_preset(path: str | os.PathLike) -> Preset:
     preset = getattr(module, "get_preset", lambda: None)()
     if not isinstance(preset, Preset):
         raise ValueError(f"preset file {path}: get_preset() must return a Preset, got {preset!r}")
-    return preset if preset.description else dataclasses.replace(preset, description=" ".join(
-        (module.__doc__ or "").split()))
+    return (
+        preset
+        if preset.description
+        else dataclasses.replace(preset, description=" ".join((module.__doc__ or "").split()))
+    )
 
 
 def preset_files(sweep_dir: str) -> dict[str, str]:
@@ -83,10 +87,12 @@ def listing(sweep_dir: str, config_dir: str) -> str:
     width = max(map(len, presets), default=0)
     lines = [f"presets (--preset=NAME; files in {os.path.relpath(sweep_dir)}):"]
     for name, preset in presets.items():
-        lines += [f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
-                  f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}"
-                  + (f", positive controls {', '.join(preset.controls)}" if preset.controls else ""),
-                  f"  {'':<{width}} {preset.description}"]
+        lines += [
+            f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
+            f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}"
+            + (f", positive controls {', '.join(preset.controls)}" if preset.controls else ""),
+            f"  {'':<{width}} {preset.description}",
+        ]
     lines.append(f"configs (--configs=NAME,...; files in {os.path.relpath(config_dir)}):")
     names = sorted(filename[:-3] for filename in os.listdir(config_dir) if filename.endswith(".py"))
     width = max(map(len, names), default=0)

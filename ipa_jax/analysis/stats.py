@@ -58,8 +58,10 @@ class TaskOutcomes:
         successes = np.asarray(self.successes, dtype=np.float64)
         samples = np.asarray(self.samples, dtype=np.float64)
         if not len(self.task_ids) or successes.shape != (len(self.task_ids),) or samples.shape != successes.shape:
-            raise ValueError(f"TaskOutcomes: need T >= 1 task ids with successes and samples of shape [T], got "
-                             f"{len(self.task_ids)} ids, {successes.shape}, {samples.shape}")
+            raise ValueError(
+                f"TaskOutcomes: need T >= 1 task ids with successes and samples of shape [T], got "
+                f"{len(self.task_ids)} ids, {successes.shape}, {samples.shape}"
+            )
         if len(set(self.task_ids)) != len(self.task_ids):
             raise ValueError("TaskOutcomes: task ids must be distinct (merge repeated tasks with from_records)")
         if not (samples > 0).all() or not ((successes >= 0) & (successes <= samples)).all():
@@ -214,8 +216,9 @@ def student_t_quantile(probability: float, dof: int) -> float:
     return 0.5 * (low + high)
 
 
-def paired_t(differences: Sequence[float] | np.ndarray, level: float = DEFAULT_LEVEL
-             ) -> tuple[float, float, float, float]:
+def paired_t(
+    differences: Sequence[float] | np.ndarray, level: float = DEFAULT_LEVEL
+) -> tuple[float, float, float, float]:
     """(low, high, sd, p) of n per-seed differences d: the t-interval mean(d) -+ t_{(1+level)/2, n-1} sd / sqrt(n)
     with sd the sample std (ddof 1), and the two-sided p-value 2 (1 - F_{n-1}(|mean(d)| sqrt(n) / sd)). All nan for
     n < 2; sd = 0 gives the zero-width interval at mean(d) and p = 1 when mean(d) = 0, else 0."""
@@ -255,8 +258,12 @@ def paired_t_power(noncentrality: float, dof: int, level: float = DEFAULT_LEVEL)
     W = sqrt(V), density 2 w^(dof-1) exp(-w^2 / 2) / (2^(dof/2) Gamma(dof/2)), integrated by the trapezoid rule."""
     critical = student_t_quantile((1.0 + level) / 2.0, dof) / math.sqrt(dof)
     w = np.linspace(0.0, math.sqrt(dof) + 14.0, 4001)
-    log_density = ((dof - 1) * np.log(np.maximum(w, 1e-300)) - w * w / 2  # w^0 = 1 at w = 0 for one dof
-                   - (dof / 2 - 1) * math.log(2) - math.lgamma(dof / 2))
+    log_density = (
+        (dof - 1) * np.log(np.maximum(w, 1e-300))
+        - w * w / 2  # w^0 = 1 at w = 0 for one dof
+        - (dof / 2 - 1) * math.log(2)
+        - math.lgamma(dof / 2)
+    )
     normal_sf = np.frompyfunc(lambda x: 0.5 * math.erfc(x / math.sqrt(2.0)), 1, 1)
     rejected = (normal_sf(critical * w - noncentrality) + normal_sf(critical * w + noncentrality)).astype(np.float64)
     values = np.exp(log_density) * rejected
@@ -275,8 +282,9 @@ def _detectable_noncentrality(dof: int, level: float, power: float) -> float:
     return 0.5 * (low + high)
 
 
-def minimum_detectable_effect(sd: float, seeds: int, *, level: float = DEFAULT_LEVEL,
-                              power: float = DEFAULT_POWER) -> float:
+def minimum_detectable_effect(
+    sd: float, seeds: int, *, level: float = DEFAULT_LEVEL, power: float = DEFAULT_POWER
+) -> float:
     """The smallest true mean difference that a two-sided paired t-test at 1 - level over n = `seeds` seeds
     detects with probability `power` when the seeds' differences spread with std `sd`: delta sd / sqrt(n), delta
     the noncentrality with paired_t_power(delta, n - 1) = power (about (t_{(1+level)/2, n-1} + t_{power, n-1})
@@ -289,8 +297,9 @@ def minimum_detectable_effect(sd: float, seeds: int, *, level: float = DEFAULT_L
     return _detectable_noncentrality(seeds - 1, level, power) * sd / math.sqrt(seeds)
 
 
-def seeds_needed(effect: float, sd: float, *, level: float = DEFAULT_LEVEL, power: float = DEFAULT_POWER,
-                 most: int = 10_000) -> int | None:
+def seeds_needed(
+    effect: float, sd: float, *, level: float = DEFAULT_LEVEL, power: float = DEFAULT_POWER, most: int = 10_000
+) -> int | None:
     """The fewest seeds n >= 2 whose minimum_detectable_effect(sd, n) is at most |effect|; None for a nan sd or
     more than `most` seeds."""
     if not math.isfinite(sd) or effect == 0.0:
@@ -311,8 +320,13 @@ def seeds_needed(effect: float, sd: float, *, level: float = DEFAULT_LEVEL, powe
     return high
 
 
-def hierarchical_bootstrap(counts: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], *,
-                           resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
+def hierarchical_bootstrap(
+    counts: Sequence[np.ndarray],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> np.ndarray:
     """Bootstrap distribution float64 [R] of mean_s statistic(sum_t counts[s][:, t]).
 
     counts[s]: float64 [K, T_s], seed s's per-task counts (K kinds, e.g. successes and samples); statistic maps
@@ -336,7 +350,7 @@ def hierarchical_bootstrap(counts: Sequence[np.ndarray], statistic: Callable[[np
         for start in range(0, values.size, block):
             size = min(block, values.size - start)
             tasks = rng.integers(0, num_tasks, size=(size, num_tasks))  # [m, T_s]
-            values[start:start + size] = statistic(table[:, tasks].sum(axis=2).T)  # [K, m, T_s] -> [m, K] -> [m]
+            values[start : start + size] = statistic(table[:, tasks].sum(axis=2).T)  # [K, m, T_s] -> [m, K] -> [m]
         slot_values[where] = values
     return slot_values.mean(axis=1)
 
@@ -376,8 +390,14 @@ def _rate_difference(sums: np.ndarray) -> np.ndarray:
     return _rate(sums[..., 2:]) - _rate(sums[..., :2])
 
 
-def _interval(counts: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], per_task: bool,
-              level: float, resamples: int, seed: int) -> tuple[float, float]:
+def _interval(
+    counts: Sequence[np.ndarray],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    per_task: bool,
+    level: float,
+    resamples: int,
+    seed: int,
+) -> tuple[float, float]:
     """The percentile interval of `hierarchical_bootstrap(counts, statistic)`; (nan, nan) for one seed without
     per-task records (nothing varies)."""
     _check_level(level)
@@ -391,14 +411,15 @@ def _note(seeds: int, tasks_not_resampled: str) -> str:
     training variance of a single seed."""
     notes = [f"{tasks_not_resampled}: seeds resampled, tasks not"] if tasks_not_resampled else []
     if seeds == 1:
-        notes.append("one seed: no interval" if tasks_not_resampled
-                     else "one seed: no training variance in the interval")
+        notes.append(
+            "one seed: no interval" if tasks_not_resampled else "one seed: no training variance in the interval"
+        )
     return "; ".join(notes)
 
 
-
-def arm_estimate(runs: Sequence[TaskOutcomes], *, level: float = DEFAULT_LEVEL,
-                 resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Estimate:
+def arm_estimate(
+    runs: Sequence[TaskOutcomes], *, level: float = DEFAULT_LEVEL, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> Estimate:
     """An arm's mean success over its runs (one per seed), mean_s rate_s, with the hierarchical-bootstrap interval
     (seeds, then tasks within seed). When some run has no per-task records every run counts as its rate alone
     (seeds resampled only); one such seed has no interval (nan, said in the note)."""
@@ -409,9 +430,16 @@ def arm_estimate(runs: Sequence[TaskOutcomes], *, level: float = DEFAULT_LEVEL,
         runs = [TaskOutcomes.from_rate(r.rate) for r in runs]
     counts = [np.stack([r.successes, r.samples]) for r in runs]
     low, high = _interval(counts, _rate, per_task, level, resamples, seed)
-    return Estimate(float(np.mean([r.rate for r in runs])), low, high, level, len(runs),
-                    min(len(r.task_ids) for r in runs) if per_task else 0, SEEDS_AND_TASKS if per_task else SEEDS_ONLY,
-                    _note(len(runs), "" if per_task else NO_RECORDS))
+    return Estimate(
+        float(np.mean([r.rate for r in runs])),
+        low,
+        high,
+        level,
+        len(runs),
+        min(len(r.task_ids) for r in runs) if per_task else 0,
+        SEEDS_AND_TASKS if per_task else SEEDS_ONLY,
+        _note(len(runs), "" if per_task else NO_RECORDS),
+    )
 
 
 def _paired_counts(reference: TaskOutcomes, arm: TaskOutcomes) -> np.ndarray:
@@ -421,12 +449,14 @@ def _paired_counts(reference: TaskOutcomes, arm: TaskOutcomes) -> np.ndarray:
     common = [(i, index[task]) for i, task in enumerate(reference.task_ids) if task in index]
     ref_idx = np.array([i for i, _ in common], dtype=np.int64)
     arm_idx = np.array([j for _, j in common], dtype=np.int64)
-    return np.stack([reference.successes[ref_idx], reference.samples[ref_idx],
-                     arm.successes[arm_idx], arm.samples[arm_idx]])
+    return np.stack(
+        [reference.successes[ref_idx], reference.samples[ref_idx], arm.successes[arm_idx], arm.samples[arm_idx]]
+    )
 
 
-def paired_difference(reference: Mapping[int, TaskOutcomes], arm: Mapping[int, TaskOutcomes], *,
-                      level: float = DEFAULT_LEVEL) -> PairedDifference:
+def paired_difference(
+    reference: Mapping[int, TaskOutcomes], arm: Mapping[int, TaskOutcomes], *, level: float = DEFAULT_LEVEL
+) -> PairedDifference:
     """arm - reference over the seeds both have ({seed: outcomes} each): the seeds' differences d_s = rate_arm,s -
     rate_ref,s on the tasks both runs of seed s played, their mean, t-interval, std and paired t-test (`paired_t`:
     the interval the verdict uses), the sign test over (seed, task) pairs of per-task rates and the one over seeds.
@@ -444,12 +474,27 @@ def paired_difference(reference: Mapping[int, TaskOutcomes], arm: Mapping[int, T
     low, high, sd, p_value = paired_t(seed_differences, level)
     tasks_sign = sign_test(np.concatenate([c[2] / c[3] - c[0] / c[1] for c in counts])) if per_task else None
     common_tasks = min(c.shape[1] for c in counts) if per_task else 0
-    notes = [] if per_task else [f"{NO_RECORDS if not records else 'no held-out task in common in some seed'}: "
-                                 "no task sign test"]
+    notes = (
+        []
+        if per_task
+        else [f"{NO_RECORDS if not records else 'no held-out task in common in some seed'}: no task sign test"]
+    )
     if len(seeds) == 1:
         notes.append("one seed: no interval")
-    if per_task and any(c.shape[1] < min(len(reference[s].task_ids), len(arm[s].task_ids))
-                        for s, c in zip(seeds, counts)):
+    if per_task and any(
+        c.shape[1] < min(len(reference[s].task_ids), len(arm[s].task_ids)) for s, c in zip(seeds, counts)
+    ):
         notes.append(f"paired on the tasks both arms played ({common_tasks} in the smallest seed)")
-    return PairedDifference(float(seed_differences.mean()), low, high, level, len(seeds), common_tasks, sd, p_value,
-                            tasks_sign, sign_test(seed_differences), "; ".join(notes))
+    return PairedDifference(
+        float(seed_differences.mean()),
+        low,
+        high,
+        level,
+        len(seeds),
+        common_tasks,
+        sd,
+        p_value,
+        tasks_sign,
+        sign_test(seed_differences),
+        "; ".join(notes),
+    )

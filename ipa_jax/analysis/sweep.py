@@ -46,10 +46,23 @@ from ipa_jax.pipeline.run import changes_since, describe_changes
 log = logging.getLogger(__name__)
 
 # Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
-RL_PHASE_KEYS = ("objective.", "queue.", "optimizer.lr", "rollout.temperature", "rollout.top_p", "rollout.top_k",
-                 "rollout.group_size", "rollout.concurrency", "rollout.weight_sync_every", "rollout.seed_offset",
-                 "train.reward_flip_fraction", "train.steps",
-                 "train.eval_every", "train.name", "train.run_dir")
+RL_PHASE_KEYS = (
+    "objective.",
+    "queue.",
+    "optimizer.lr",
+    "rollout.temperature",
+    "rollout.top_p",
+    "rollout.top_k",
+    "rollout.group_size",
+    "rollout.concurrency",
+    "rollout.weight_sync_every",
+    "rollout.seed_offset",
+    "train.reward_flip_fraction",
+    "train.steps",
+    "train.eval_every",
+    "train.name",
+    "train.run_dir",
+)
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 
 
@@ -65,8 +78,9 @@ def resolve_config(spec: str, config_dir: str) -> tuple[str, str]:
     return os.path.splitext(os.path.basename(path))[0], path
 
 
-def run_overrides(run_dir: str, seed: int, overrides: Mapping[str, Any] = (), steps: int | None = None
-                  ) -> dict[str, Any]:
+def run_overrides(
+    run_dir: str, seed: int, overrides: Mapping[str, Any] = (), steps: int | None = None
+) -> dict[str, Any]:
     """The dotted config overrides of one (config, seed) run of a sweep (`steps`: a warm start's train.steps)."""
     out = {**dict(overrides), "train.seed": seed, "train.run_dir": run_dir}
     if steps is not None:
@@ -106,8 +120,13 @@ def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
             shutil.copy2(src, dst)
 
 
-def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
-              train_command: Sequence[str] | None = None, xla_cache_dir: str | None = None) -> None:
+def train_one(
+    config_path: str,
+    overrides: Mapping[str, Any],
+    log_path: str,
+    train_command: Sequence[str] | None = None,
+    xla_cache_dir: str | None = None,
+) -> None:
     """One run: `train_command --config=PATH --config.KEY=VALUE ...` as a subprocess (its output to `log_path`;
     with JAX_COMPILATION_CACHE_DIR=`xla_cache_dir` unless the environment sets it), or in this process without a
     command. Raises RuntimeError when the subprocess fails."""
@@ -126,10 +145,21 @@ def train_one(config_path: str, overrides: Mapping[str, Any], log_path: str,
         raise RuntimeError(f"exit status {rc}")
 
 
-def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
-          overrides: Mapping[str, Any] = (), threshold: float = 0.5, train_command: Sequence[str] | None = None,
-          rerun: bool = False, share_warm_start: bool = True, reference: str | None = None,
-          claim: str = "higher", controls: Sequence[str] = (), effect: float = DEFAULT_EFFECT) -> dict[str, Any]:
+def sweep(
+    configs: Sequence[tuple[str, str]],
+    seeds: Sequence[int],
+    out: str,
+    *,
+    overrides: Mapping[str, Any] = (),
+    threshold: float = 0.5,
+    train_command: Sequence[str] | None = None,
+    rerun: bool = False,
+    share_warm_start: bool = True,
+    reference: str | None = None,
+    claim: str = "higher",
+    controls: Sequence[str] = (),
+    effect: float = DEFAULT_EFFECT,
+) -> dict[str, Any]:
     """Trains every (config, seed) in order with `overrides` on every arm (a line per run as it starts), then writes
     the tables (and prints the Markdown one) and the plots into `out`: differences against `reference` (default the
     first config), verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats
@@ -149,9 +179,18 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     manifest: dict[str, Any] = {
-        "configs": dict(configs), "seeds": list(seeds), "overrides": overrides, "threshold": threshold,
-        "reference": reference, "claim": claim, "controls": list(controls), "effect": effect,
-        "isolation": "subprocess" if train_command else "inprocess", "runs": {}, "failed": [], "wall_time_s": {},
+        "configs": dict(configs),
+        "seeds": list(seeds),
+        "overrides": overrides,
+        "threshold": threshold,
+        "reference": reference,
+        "claim": claim,
+        "controls": list(controls),
+        "effect": effect,
+        "isolation": "subprocess" if train_command else "inprocess",
+        "runs": {},
+        "failed": [],
+        "wall_time_s": {},
         "warm_starts": {},
     }
     # Configs with the same warm start (module doc): the first of each group trains it for all.
@@ -181,31 +220,49 @@ def sweep(configs: Sequence[tuple[str, str]], seeds: Sequence[int], out: str, *,
                 else:
                     trained = True
                     try:
-                        _train_run(name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun,
-                                   train_command)
+                        _train_run(
+                            name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun, train_command
+                        )
                     finally:
                         manifest["wall_time_s"][rel] = time.perf_counter() - t0
                 manifest["runs"].setdefault(name, []).append(rel)
                 outcome = run_outcome(RunFolder(run_dir).read_summary(), reused=not trained)
             except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
                 log.debug("%s seed %d failed", name, seed, exc_info=True)
-                manifest["failed"].append({"config": name, "seed": seed, "run_dir": rel, "error": repr(e),
-                                           "traceback": traceback.format_exc()})
+                manifest["failed"].append(
+                    {
+                        "config": name,
+                        "seed": seed,
+                        "run_dir": rel,
+                        "error": repr(e),
+                        "traceback": traceback.format_exc(),
+                    }
+                )
                 outcome = f"FAILED: {e} (log: {run_dir}/ablate.log)"
             progress.finished(name, seed, outcome, time.perf_counter() - t0 if trained else None)
             _write_manifest(out, manifest)
     manifest["runs"] = {name: manifest["runs"][name] for name, _ in configs if name in manifest["runs"]}
     _write_manifest(out, manifest)
-    print(f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
-          f"{minutes(progress.elapsed())}; table, plots and runs in {out}", flush=True)
+    print(
+        f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
+        f"{minutes(progress.elapsed())}; table, plots and runs in {out}",
+        flush=True,
+    )
     if not manifest["runs"]:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
     loaded = load_ablation(out)
     runs = loaded["runs"]
     if ablation_reference(loaded) != reference:
         log.warning("%s has no finished run: differences are taken against %s", reference, ablation_reference(loaded))
-    write_tables(out, runs, threshold, reference=ablation_reference(loaded), claim=claim,
-                 controls=[c for c in controls if c in runs and c != ablation_reference(loaded)], effect=effect)
+    write_tables(
+        out,
+        runs,
+        threshold,
+        reference=ablation_reference(loaded),
+        claim=claim,
+        controls=[c for c in controls if c in runs and c != ablation_reference(loaded)],
+        effect=effect,
+    )
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
     try:
@@ -221,6 +278,7 @@ def minutes(seconds: float) -> str:
 
 def run_outcome(summary: dict[str, Any], reused: bool) -> str:
     """A finished run in a few words: its held-out success before RL and at the end."""
+
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -243,14 +301,18 @@ class SweepProgress:
         if seconds is not None:
             self._trained_s.append(seconds)
         took = f" in {minutes(seconds)}" if seconds is not None else ""
-        left = (f", about {minutes(sum(self._trained_s) / len(self._trained_s) * (self.total - self.done))} left"
-                if self._trained_s and self.done < self.total else "")
-        print(f"[{self.done}/{self.total}] {name} seed {seed}: {outcome}{took} ({minutes(self.elapsed())} "
-              f"elapsed{left})", flush=True)
+        left = (
+            f", about {minutes(sum(self._trained_s) / len(self._trained_s) * (self.total - self.done))} left"
+            if self._trained_s and self.done < self.total
+            else ""
+        )
+        print(
+            f"[{self.done}/{self.total}] {name} seed {seed}: {outcome}{took} ({minutes(self.elapsed())} elapsed{left})",
+            flush=True,
+        )
 
 
-def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str, il_phase_only: bool = False
-                   ) -> None:
+def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str, il_phase_only: bool = False) -> None:
     """Raises ConfigError when the finished run in `run_dir` was trained with another config than `config_path`
     with `overrides` (a config file edited since, or another file of the same name): reusing it would put a
     different experiment in the table under this name. `il_phase_only`: a warm start, compared on the keys its
@@ -261,13 +323,25 @@ def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str,
         read = il_phase_view(flatten(exp.to_dict()))
         changes = {k: v for k, v in changes.items() if k in read}
     if changes:
-        raise ConfigError(next(iter(changes)), f"{run_dir} finished with a different config than {config_path} "
-                          f"({describe_changes(changes)}); retrain it with --rerun or remove the folder")
+        raise ConfigError(
+            next(iter(changes)),
+            f"{run_dir} finished with a different config than {config_path} "
+            f"({describe_changes(changes)}); retrain it with --rerun or remove the folder",
+        )
 
 
-def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, overrides: Mapping[str, Any],
-               warm_start: tuple[str, str, int] | None, manifest: dict[str, Any], rerun: bool,
-               train_command: Sequence[str] | None) -> None:
+def _train_run(
+    name: str,
+    path: str,
+    seed: int,
+    run_dir: str,
+    out: str,
+    overrides: Mapping[str, Any],
+    warm_start: tuple[str, str, int] | None,
+    manifest: dict[str, Any],
+    rerun: bool,
+    train_command: Sequence[str] | None,
+) -> None:
     """Trains one (config, seed) of a sweep into `run_dir`; with `warm_start` = (donor config name, its path, IL
     steps), from that shared warm start (trained here first when missing, recorded in manifest["warm_starts"])."""
     os.makedirs(run_dir, exist_ok=True)
@@ -287,8 +361,9 @@ def _train_run(name: str, path: str, seed: int, run_dir: str, out: str, override
             train_one(donor_path, warm_overrides, os.path.join(warm_dir, "ablate.log"), train_command, xla_cache)
         seed_from_warm_start(warm_dir, run_dir)
         manifest["warm_starts"][os.path.relpath(run_dir, out)] = os.path.relpath(warm_dir, out)
-    train_one(path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command,
-              xla_cache)
+    train_one(
+        path, run_overrides(run_dir, seed, overrides), os.path.join(run_dir, "ablate.log"), train_command, xla_cache
+    )
 
 
 def _write_manifest(out: str, manifest: dict[str, Any]) -> None:

@@ -86,9 +86,15 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(finite.mean()), float(finite.std(ddof=1)) if finite.size > 1 else math.nan
 
 
-def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = None, claim: str = "higher",
-                       resamples: int = DEFAULT_RESAMPLES, controls: Sequence[str] = (),
-                       effect: float = DEFAULT_EFFECT) -> dict[str, dict[str, Any]]:
+def comparison_columns(
+    runs: dict[str, list[str]],
+    *,
+    reference: str | None = None,
+    claim: str = "higher",
+    resamples: int = DEFAULT_RESAMPLES,
+    controls: Sequence[str] = (),
+    effect: float = DEFAULT_EFFECT,
+) -> dict[str, dict[str, Any]]:
     """Per config, the statistics of its final held-out success (`final_outcomes` of each run, paired by train seed):
 
     success_after_ci_low / _high, ci_resampled: the 95% hierarchical-bootstrap interval of the mean over seeds
@@ -110,8 +116,10 @@ def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = No
         raise ValueError(f"reference {reference!r} has no finished run (configs with runs: {', '.join(runs)})")
     unknown = [name for name in controls if name == reference or name not in runs]
     if unknown:
-        raise ValueError(f"positive controls {unknown} must be configs with runs other than the reference "
-                         f"{reference!r} (configs with runs: {', '.join(runs)})")
+        raise ValueError(
+            f"positive controls {unknown} must be configs with runs other than the reference "
+            f"{reference!r} (configs with runs: {', '.join(runs)})"
+        )
     outcomes = {}
     for name, run_dirs in runs.items():
         by_seed = dict(final_outcomes(d) for d in run_dirs)
@@ -121,8 +129,13 @@ def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = No
     columns, differences = {}, {}
     for name, by_seed in outcomes.items():
         arm = arm_estimate(list(by_seed.values()), resamples=resamples)
-        row: dict[str, Any] = {"success_after_ci_low": arm.low, "success_after_ci_high": arm.high,
-                               "ci_resampled": arm.resampled, "reference": reference, "claim": claim}
+        row: dict[str, Any] = {
+            "success_after_ci_low": arm.low,
+            "success_after_ci_high": arm.high,
+            "ci_resampled": arm.resampled,
+            "reference": reference,
+            "claim": claim,
+        }
         notes = [arm.note]
         if name == reference or not set(by_seed) & set(outcomes[reference]):
             row.update(_no_difference())
@@ -130,11 +143,21 @@ def comparison_columns(runs: dict[str, list[str]], *, reference: str | None = No
                 notes.append(f"no seed in common with {reference}")
         else:
             diff = differences[name] = paired_difference(outcomes[reference], by_seed)
-            row.update(diff_mean=diff.mean, diff_ci_low=diff.low, diff_ci_high=diff.high, diff_sd=diff.sd,
-                       diff_p=diff.p_value, diff_mde=diff.minimum_detectable_effect(),
-                       seeds_needed=seeds_needed(effect, diff.sd), diff_seeds=diff.seeds, diff_tasks=diff.tasks,
-                       **_sign_columns("tasks", diff.tasks_sign), **_sign_columns("seeds", diff.seeds_sign),
-                       diff_p_holm=math.nan, verdict="")  # both filled once every comparison is known
+            row.update(
+                diff_mean=diff.mean,
+                diff_ci_low=diff.low,
+                diff_ci_high=diff.high,
+                diff_sd=diff.sd,
+                diff_p=diff.p_value,
+                diff_mde=diff.minimum_detectable_effect(),
+                seeds_needed=seeds_needed(effect, diff.sd),
+                diff_seeds=diff.seeds,
+                diff_tasks=diff.tasks,
+                **_sign_columns("tasks", diff.tasks_sign),
+                **_sign_columns("seeds", diff.seeds_sign),
+                diff_p_holm=math.nan,
+                verdict="",
+            )  # both filled once every comparison is known
             notes.append(diff.note)
         parts = [part for note in notes if note for part in note.split("; ")]
         row["note"] = "; ".join(dict.fromkeys(parts))  # the arm's and the difference's notes, each said once
@@ -160,27 +183,55 @@ def _sign_columns(unit: str, test: SignTest | None) -> dict[str, Any]:
     """<unit>_better / _worse / _tied and sign_p_<unit> of a sign test (None / nan without one)."""
     if test is None:
         return {f"{unit}_better": None, f"{unit}_worse": None, f"{unit}_tied": None, f"sign_p_{unit}": math.nan}
-    return {f"{unit}_better": test.positive, f"{unit}_worse": test.negative, f"{unit}_tied": test.ties,
-            f"sign_p_{unit}": test.p_value}
+    return {
+        f"{unit}_better": test.positive,
+        f"{unit}_worse": test.negative,
+        f"{unit}_tied": test.ties,
+        f"sign_p_{unit}": test.p_value,
+    }
 
 
 def _no_difference() -> dict[str, Any]:
     """The paired-difference columns of a config not compared (the reference, or no common seed)."""
-    return {"diff_mean": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "diff_sd": math.nan,
-            "diff_p": math.nan, "diff_mde": math.nan, "seeds_needed": None, "diff_seeds": 0, "diff_tasks": 0,
-            **_sign_columns("tasks", None), **_sign_columns("seeds", None), "diff_p_holm": math.nan, "verdict": ""}
+    return {
+        "diff_mean": math.nan,
+        "diff_ci_low": math.nan,
+        "diff_ci_high": math.nan,
+        "diff_sd": math.nan,
+        "diff_p": math.nan,
+        "diff_mde": math.nan,
+        "seeds_needed": None,
+        "diff_seeds": 0,
+        "diff_tasks": 0,
+        **_sign_columns("tasks", None),
+        **_sign_columns("seeds", None),
+        "diff_p_holm": math.nan,
+        "verdict": "",
+    }
 
 
-def ablation_rows(runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
-                  claim: str = "higher", resamples: int = DEFAULT_RESAMPLES, controls: Sequence[str] = (),
-                  effect: float = DEFAULT_EFFECT) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def ablation_rows(
+    runs: dict[str, list[str]],
+    threshold: float,
+    *,
+    reference: str | None = None,
+    claim: str = "higher",
+    resamples: int = DEFAULT_RESAMPLES,
+    controls: Sequence[str] = (),
+    effect: float = DEFAULT_EFFECT,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows). A per-config row holds n_seeds, <scalar>_mean and <scalar>_std for each
     of SCALARS (over seeds), threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
     averaged over those only), collapsed = how many seeds collapsed (run_scalars), and the `comparison_columns` of
     its final success against `reference` (with the positive `controls` and the `effect` of interest)."""
     config_rows, run_rows = [], []
-    comparison = comparison_columns(runs, reference=reference, claim=claim, resamples=resamples, controls=controls,
-                                    effect=effect) if runs else {}
+    comparison = (
+        comparison_columns(
+            runs, reference=reference, claim=claim, resamples=resamples, controls=controls, effect=effect
+        )
+        if runs
+        else {}
+    )
     for name, run_dirs in runs.items():
         per_run = [run_scalars(d, threshold) for d in run_dirs]
         for d, scalars in zip(run_dirs, per_run):
@@ -225,56 +276,94 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     t-test p raw and Holm-adjusted, detectable effect, seeds the effect of interest needs, descriptive sign tests,
     verdict), a line when a positive control was not detected, then notes on what the intervals cover."""
     level = f"{DEFAULT_LEVEL:.0%}"
-    header = ["config", "seeds", "success before", "success after", f"{level} CI", "AUC success",
-              f"RL steps to {threshold:g}", "collapsed", "wall time (s)", "admitted"]
+    header = [
+        "config",
+        "seeds",
+        "success before",
+        "success after",
+        f"{level} CI",
+        "AUC success",
+        f"RL steps to {threshold:g}",
+        "collapsed",
+        "wall time (s)",
+        "admitted",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        reached = f"{_fmt(r['steps_to_threshold_mean'], r['steps_to_threshold_std'], 0)} " \
-                  f"({r['threshold_reached']}/{r['n_seeds']})"
-        cells = [r["config"], str(r["n_seeds"]),
-                 _fmt(r["success_before_mean"], r["success_before_std"], 3),
-                 _fmt(r["success_after_mean"], r["success_after_std"], 3),
-                 _interval(r["success_after_ci_low"], r["success_after_ci_high"], r["ci_resampled"]),
-                 _fmt(r["auc_mean"], r["auc_std"], 3), reached, f"{r['collapsed']}/{r['n_seeds']}",
-                 _fmt(r["wall_time_s_mean"], r["wall_time_s_std"], 0),
-                 _fmt(r["admitted_fraction_mean"], r["admitted_fraction_std"], 3)]
+        reached = (
+            f"{_fmt(r['steps_to_threshold_mean'], r['steps_to_threshold_std'], 0)} "
+            f"({r['threshold_reached']}/{r['n_seeds']})"
+        )
+        cells = [
+            r["config"],
+            str(r["n_seeds"]),
+            _fmt(r["success_before_mean"], r["success_before_std"], 3),
+            _fmt(r["success_after_mean"], r["success_after_std"], 3),
+            _interval(r["success_after_ci_low"], r["success_after_ci_high"], r["ci_resampled"]),
+            _fmt(r["auc_mean"], r["auc_std"], 3),
+            reached,
+            f"{r['collapsed']}/{r['n_seeds']}",
+            _fmt(r["wall_time_s_mean"], r["wall_time_s_std"], 0),
+            _fmt(r["admitted_fraction_mean"], r["admitted_fraction_std"], 3),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     if not rows:
         return "\n".join(lines) + "\n"
     reference, claim, effect = rows[0]["reference"], rows[0]["claim"], rows[0]["effect"]
     sign = ">" if claim == "higher" else "<"
     power = f"{DEFAULT_POWER:.0%}"
-    lines += ["", f"Paired difference in final held-out success, config - {reference} (same seeds, same tasks); "
-                  f"verdict on the claim: config {sign} {reference}", "",
-              f"| config | seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | detectable at {power} | "
-              f"seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
-              "sign test p (tasks) | verdict |", "|" + "---|" * 14]
+    lines += [
+        "",
+        f"Paired difference in final held-out success, config - {reference} (same seeds, same tasks); "
+        f"verdict on the claim: config {sign} {reference}",
+        "",
+        f"| config | seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | detectable at {power} | "
+        f"seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
+        "sign test p (tasks) | verdict |",
+        "|" + "---|" * 14,
+    ]
     for r in rows:
         if r["config"] == reference:
             continue
-        cells = [r["config"], str(r["diff_seeds"]), str(r["diff_tasks"]),
-                 "-" if not math.isfinite(r["diff_mean"]) else f"{r['diff_mean']:+.3f}",
-                 _interval(r["diff_ci_low"], r["diff_ci_high"], "", signed=True), _p(r["diff_p"]),
-                 _p(r["diff_p_holm"]), "-" if not math.isfinite(r["diff_mde"]) else f"{r['diff_mde']:.3f}",
-                 "-" if r["seeds_needed"] is None else str(r["seeds_needed"]), _counts(r, "seeds"),
-                 _p(r["sign_p_seeds"]), _counts(r, "tasks"), _p(r["sign_p_tasks"]), r["verdict"] or "-"]
+        cells = [
+            r["config"],
+            str(r["diff_seeds"]),
+            str(r["diff_tasks"]),
+            "-" if not math.isfinite(r["diff_mean"]) else f"{r['diff_mean']:+.3f}",
+            _interval(r["diff_ci_low"], r["diff_ci_high"], "", signed=True),
+            _p(r["diff_p"]),
+            _p(r["diff_p_holm"]),
+            "-" if not math.isfinite(r["diff_mde"]) else f"{r['diff_mde']:.3f}",
+            "-" if r["seeds_needed"] is None else str(r["seeds_needed"]),
+            _counts(r, "seeds"),
+            _p(r["sign_p_seeds"]),
+            _counts(r, "tasks"),
+            _p(r["sign_p_tasks"]),
+            r["verdict"] or "-",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     missed = [r["config"] for r in rows if r["verdict"] == CONTROL_MISSED]
     if missed:
-        lines += ["", f"**Positive control {', '.join(missed)} not detected**: this table cannot detect effects of "
-                      "that size; read its inconclusive verdicts as \"too few seeds\", not \"no effect\"."]
-    lines += ["", f"{level} CI (success): percentile interval of a hierarchical bootstrap (seeds, then held-out tasks "
-                  "within each seed), so it includes seed-to-seed training variance; \"(seeds only)\": no per-task "
-                  f"records, seeds resampled only. {level} CI (Δ): t-interval over the seeds' paired differences "
-                  "(mean ± t_{0.975, n-1} sd / sqrt(n)); p (t): the paired t-test; p (Holm): adjusted across the "
-                  f"table's comparisons. Verdict: supported / contradicted when p (Holm) < {1 - DEFAULT_LEVEL:.2g} "
-                  "with Δ on the claimed / the other side of 0, else inconclusive; a positive control is detected "
-                  f"when p (Holm) < {1 - DEFAULT_LEVEL:.2g} with Δ < 0. Detectable at {power}: the true Δ a "
-                  f"two-sided paired t-test at {1 - DEFAULT_LEVEL:.2g} over these seeds finds with {power} "
-                  f"probability, given the seeds' spread; seeds for ±{effect:g}: the seeds that effect would need. "
-                  "The sign tests are descriptive (the task one treats tasks within seeds as independent), not part "
-                  f"of the verdict. Collapsed: seeds whose final success fell below {COLLAPSE_FRACTION:g} x their "
-                  "warm start's. See docs/statistics.md."]
+        lines += [
+            "",
+            f"**Positive control {', '.join(missed)} not detected**: this table cannot detect effects of "
+            'that size; read its inconclusive verdicts as "too few seeds", not "no effect".',
+        ]
+    lines += [
+        "",
+        f"{level} CI (success): percentile interval of a hierarchical bootstrap (seeds, then held-out tasks "
+        'within each seed), so it includes seed-to-seed training variance; "(seeds only)": no per-task '
+        f"records, seeds resampled only. {level} CI (Δ): t-interval over the seeds' paired differences "
+        "(mean ± t_{0.975, n-1} sd / sqrt(n)); p (t): the paired t-test; p (Holm): adjusted across the "
+        f"table's comparisons. Verdict: supported / contradicted when p (Holm) < {1 - DEFAULT_LEVEL:.2g} "
+        "with Δ on the claimed / the other side of 0, else inconclusive; a positive control is detected "
+        f"when p (Holm) < {1 - DEFAULT_LEVEL:.2g} with Δ < 0. Detectable at {power}: the true Δ a "
+        f"two-sided paired t-test at {1 - DEFAULT_LEVEL:.2g} over these seeds finds with {power} "
+        f"probability, given the seeds' spread; seeds for ±{effect:g}: the seeds that effect would need. "
+        "The sign tests are descriptive (the task one treats tasks within seeds as independent), not part "
+        f"of the verdict. Collapsed: seeds whose final success fell below {COLLAPSE_FRACTION:g} x their "
+        "warm start's. See docs/statistics.md.",
+    ]
     lines += [f"- {r['config']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines) + "\n"
 
@@ -290,24 +379,41 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
             writer.writerow({k: "" if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()})
 
 
-def write_tables(ablation_dir: str, runs: dict[str, list[str]], threshold: float, *, reference: str | None = None,
-                 claim: str = "higher", controls: Sequence[str] = (), effect: float = DEFAULT_EFFECT
-                 ) -> list[dict[str, Any]]:
+def write_tables(
+    ablation_dir: str,
+    runs: dict[str, list[str]],
+    threshold: float,
+    *,
+    reference: str | None = None,
+    claim: str = "higher",
+    controls: Sequence[str] = (),
+    effect: float = DEFAULT_EFFECT,
+) -> list[dict[str, Any]]:
     """table.md, table.csv (per config; differences against `reference`, default the first config, verdicts on
     `claim`, the positive `controls` checked, seeds stated for the `effect` of interest) and runs.csv (per run) in
     `ablation_dir`; returns the per-config rows."""
-    config_rows, run_rows = ablation_rows(runs, threshold, reference=reference, claim=claim, controls=controls,
-                                          effect=effect)
+    config_rows, run_rows = ablation_rows(
+        runs, threshold, reference=reference, claim=claim, controls=controls, effect=effect
+    )
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))
     write_csv(os.path.join(ablation_dir, "table.csv"), config_rows)
-    write_csv(os.path.join(ablation_dir, "runs.csv"),
-              [{**r, "run_dir": os.path.relpath(r["run_dir"], ablation_dir)} for r in run_rows])
+    write_csv(
+        os.path.join(ablation_dir, "runs.csv"),
+        [{**r, "run_dir": os.path.relpath(r["run_dir"], ablation_dir)} for r in run_rows],
+    )
     return config_rows
 
 
-def plot_band(ax, runs: dict[str, list[str]], key: str, *, window: int = 1, ylabel: str | None = None,
-              include_rl_start: bool = False) -> None:
+def plot_band(
+    ax,
+    runs: dict[str, list[str]],
+    key: str,
+    *,
+    window: int = 1,
+    ylabel: str | None = None,
+    include_rl_start: bool = False,
+) -> None:
     """One line per config (mean over its seeds of metrics[key], smoothed over `window` points) with a ±1 std
     band, over RL steps: x = step - rl_start, so that seeds whose warm starts ended at different steps line up;
     include_rl_start keeps x = 0 (an evaluation at the end of the warm start). Configs that never logged `key`

@@ -57,31 +57,36 @@ class ChatFormat:
         self.endoftext_id = vocab[ENDOFTEXT]
         self.stop_token_ids = (self.im_end_id, self.endoftext_id)
         prompt = self.render([{"role": "user", "content": "."}], None, add_generation_prompt=True)
-        opened = prompt[prompt.rfind(IM_START):]
+        opened = prompt[prompt.rfind(IM_START) :]
         self.reasoning_forced = THINK_OPEN in opened and THINK_CLOSE not in opened
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool = False
+    ) -> str:
         thinking = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **thinking)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **thinking
+        )
 
     def split_turn(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of a generated assistant turn, as the serving stack's Qwen3 reasoning parser splits
         it; tool calls and the final answer are read from the content only."""
         return split_reasoning(text, forced=self.reasoning_forced)
 
-    def assistant_turn_ids(self, history: list[dict[str, Any]], message: dict[str, Any],
-                           tools: list[dict[str, Any]] | None) -> list[int]:
+    def assistant_turn_ids(
+        self, history: list[dict[str, Any]], message: dict[str, Any], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         """An assistant message's own tokens after the generation prompt of `history`, through its `<|im_end|>`:
         the template's rendering of the conversation ending in `message`, minus the prompt. This is exactly what
         the policy would generate there (a think block included where the template and mode put one)."""
         prompt = self.render(history, tools, add_generation_prompt=True)
         full = self.render(history + [message], tools)
         if not full.startswith(prompt):
-            raise ValueError("the chat template's rendering of an assistant turn does not extend its generation "
-                             "prompt: token bookkeeping needs a template whose history is stable")
-        return self.encode(full[len(prompt): full.index(IM_END, len(prompt)) + len(IM_END)])
+            raise ValueError(
+                "the chat template's rendering of an assistant turn does not extend its generation "
+                "prompt: token bookkeeping needs a template whose history is stable"
+            )
+        return self.encode(full[len(prompt) : full.index(IM_END, len(prompt)) + len(IM_END)])
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -95,10 +100,13 @@ class ChatFormat:
         `\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`.
         The cut is found inside one rendering (after a sentinel assistant turn), so templates that render
         the last assistant turn differently from earlier ones (Qwen3's think block) work too."""
-        rendered = self.render([{"role": "user", "content": "."}, {"role": "assistant", "content": _SENTINEL}]
-                               + tool_messages, tools, add_generation_prompt=True)
+        rendered = self.render(
+            [{"role": "user", "content": "."}, {"role": "assistant", "content": _SENTINEL}] + tool_messages,
+            tools,
+            add_generation_prompt=True,
+        )
         at = rendered.find(_SENTINEL)
         cut = rendered.find(IM_END, at)
         if at < 0 or rendered.find(_SENTINEL, at + 1) >= 0 or cut < 0:
             raise ValueError("cannot locate the end of the assistant turn in the chat template's rendering")
-        return self.encode(rendered[cut + len(IM_END):])
+        return self.encode(rendered[cut + len(IM_END) :])

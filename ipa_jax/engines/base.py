@@ -112,17 +112,17 @@ class GenerationResult:
         if self.token_versions is None:
             self.token_versions = [self.weight_version] * len(self.token_ids)
         if len(self.token_versions) != len(self.token_ids):
-            raise ValueError(f"GenerationResult.token_versions has {len(self.token_versions)} entries for "
-                             f"{len(self.token_ids)} token_ids")
+            raise ValueError(
+                f"GenerationResult.token_versions has {len(self.token_versions)} entries for "
+                f"{len(self.token_ids)} token_ids"
+            )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
                 f"GenerationResult.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
             )
 
 
-def broadcast_params(
-    params: SamplingParams | Sequence[SamplingParams], num_prompts: int
-) -> list[SamplingParams]:
+def broadcast_params(params: SamplingParams | Sequence[SamplingParams], num_prompts: int) -> list[SamplingParams]:
     """One SamplingParams per prompt (a single one is shared); raises ValueError on a length mismatch."""
     if isinstance(params, SamplingParams):
         return [params] * num_prompts

@@ -191,8 +191,9 @@ def parse_weight_version(value: Any) -> int:
     [0, MAX_WEIGHT_VERSION]; raises RequestError."""
     digits = str(value) if _is_int(value) else value if isinstance(value, str) else ""
     if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_WEIGHT_VERSION):
-        raise RequestError(f"weight_version must be an integer in [0, {MAX_WEIGHT_VERSION}] (as a string), got "
-                           f"{value!r}", schema=False)
+        raise RequestError(
+            f"weight_version must be an integer in [0, {MAX_WEIGHT_VERSION}] (as a string), got {value!r}", schema=False
+        )
     return int(digits)
 
 
@@ -468,14 +469,16 @@ class DevServer:
     # ------------------------------------------------------------------ weight-update groups
     def _check_tensor_engine(self) -> None:
         if not hasattr(self.engine, "update_weights_from_hf_tensors"):
-            raise RequestError(f"{type(self.engine).__name__} cannot load tensors (the dev server needs the "
-                               "embedded engine for distributed weight updates)", schema=False)
+            raise RequestError(
+                f"{type(self.engine).__name__} cannot load tensors (the dev server needs the "
+                "embedded engine for distributed weight updates)",
+                schema=False,
+            )
 
     def _group(self, body: dict[str, Any]) -> tuple[str, Any]:
         name = body.get("group_name", "weight_update_group")
         if name not in self._weight_groups:
-            raise RequestError(f"no weight update group {name!r} (POST /init_weights_update_group first)",
-                               schema=False)
+            raise RequestError(f"no weight update group {name!r} (POST /init_weights_update_group first)", schema=False)
         return name, self._weight_groups[name]
 
     async def handle_init_weights_group(self, request: web.Request) -> web.Response:
@@ -484,15 +487,21 @@ class DevServer:
             self._check_tensor_engine()
             address, name = body.get("master_address"), body.get("group_name", "weight_update_group")
             port, offset, world = body.get("master_port"), body.get("rank_offset"), body.get("world_size")
-            if not isinstance(address, str) or not isinstance(name, str) or not all(
-                    _is_int(x) for x in (port, offset, world)):
-                raise RequestError("expected master_address (str), master_port, rank_offset, world_size (ints), "
-                                   "group_name (str)", schema=True)
+            if (
+                not isinstance(address, str)
+                or not isinstance(name, str)
+                or not all(_is_int(x) for x in (port, offset, world))
+            ):
+                raise RequestError(
+                    "expected master_address (str), master_port, rank_offset, world_size (ints), group_name (str)",
+                    schema=True,
+                )
             if not 1 <= offset < world:
                 raise RequestError(f"rank_offset {offset} must be in [1, world_size {world})", schema=False)
             if body.get("backend", "nccl") != "gloo":
-                raise RequestError(f"backend {body.get('backend', 'nccl')!r}: the dev server speaks gloo only",
-                                   schema=False)
+                raise RequestError(
+                    f"backend {body.get('backend', 'nccl')!r}: the dev server speaks gloo only", schema=False
+                )
             if name in self._weight_groups:
                 raise RequestError(f"weight update group {name!r} exists", schema=False)
         except RequestError as e:
@@ -500,13 +509,20 @@ class DevServer:
         from ipa_jax.engines.weight_transfer import in_daemon_thread, init_custom_process_group
 
         try:
-            group = await in_daemon_thread(lambda: init_custom_process_group(
-                backend="gloo", master_address=address, master_port=port, world_size=world, rank=offset,
-                group_name=name, timeout_s=self.dist_timeout_s))
+            group = await in_daemon_thread(
+                lambda: init_custom_process_group(
+                    backend="gloo",
+                    master_address=address,
+                    master_port=port,
+                    world_size=world,
+                    rank=offset,
+                    group_name=name,
+                    timeout_s=self.dist_timeout_s,
+                )
+            )
         except Exception as e:  # noqa: BLE001 - reported to the caller
             log.warning("init_weights_update_group %s failed: %s", name, e)
-            return web.json_response({"success": False, "message": f"Failed to init process group: {e}"},
-                                     status=400)
+            return web.json_response({"success": False, "message": f"Failed to init process group: {e}"}, status=400)
         self._weight_groups[name] = group
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
@@ -518,11 +534,17 @@ class DevServer:
             self._check_tensor_engine()
             name, group = self._group(body)
             names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-            if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
-                    and len(names) == len(dtypes) == len(shapes) and all(isinstance(n, str) for n in names)
-                    and all(isinstance(sh, list) and all(_is_int(d) and d >= 0 for d in sh) for sh in shapes)):
-                raise RequestError("names, dtypes, shapes must be lists of one length (str, str, list of ints)",
-                                   schema=True)
+            if not (
+                isinstance(names, list)
+                and isinstance(dtypes, list)
+                and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes)
+                and all(isinstance(n, str) for n in names)
+                and all(isinstance(sh, list) and all(_is_int(d) and d >= 0 for d in sh) for sh in shapes)
+            ):
+                raise RequestError(
+                    "names, dtypes, shapes must be lists of one length (str, str, list of ints)", schema=True
+                )
             bad = [d for d in dtypes if d not in DTYPES]
             if bad:
                 raise RequestError(f"dtypes {bad[:3]} not supported (only {DTYPES})", schema=False)
@@ -745,10 +767,16 @@ def _read_eos_token_ids(model_path: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", "--model-path", dest="model", required=True,
-                        help="HF folder (config.json + safetensors)")
-    parser.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default="",
-                        help="tokenizer folder (default: the model folder, if it has tokenizer files)")
+    parser.add_argument(
+        "--model", "--model-path", dest="model", required=True, help="HF folder (config.json + safetensors)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        "--tokenizer-path",
+        dest="tokenizer",
+        default="",
+        help="tokenizer folder (default: the model folder, if it has tokenizer files)",
+    )
     parser.add_argument("--skip-tokenizer-init", action="store_true", help="token ids only, even with a tokenizer")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
@@ -759,8 +787,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-return-routed-experts", action="store_true")
     parser.add_argument("--api-key", default="", help="require `Authorization: Bearer KEY` (SGLang's --api-key)")
-    parser.add_argument("--dist-timeout", type=float, default=300.0,
-                        help="seconds a weight-update group's rendezvous or transfer may wait (SGLang's flag)")
+    parser.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a weight-update group's rendezvous or transfer may wait (SGLang's flag)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 

@@ -256,8 +256,15 @@ class _Request:
     def aborted_result(self, version: int) -> GenerationResult:
         """The result of an abort while the request waits in the queue: the tokens of its earlier segments."""
         last = self.done_versions[-1] if self.done_versions else version
-        return GenerationResult(list(self.done_tokens), list(self.done_logprobs), "abort", None, last,
-                                token_versions=list(self.done_versions), cached_tokens=self.cached)
+        return GenerationResult(
+            list(self.done_tokens),
+            list(self.done_logprobs),
+            "abort",
+            None,
+            last,
+            token_versions=list(self.done_versions),
+            cached_tokens=self.cached,
+        )
 
 
 @dataclasses.dataclass
@@ -307,8 +314,11 @@ def _own_copy(new: jax.Array | np.ndarray, old: jax.Array) -> jax.Array:
 
 def _nonfinite_leaves(params: Any) -> list[str]:
     """The paths of the parameters that hold a NaN or an infinity."""
-    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(params)
-            if not bool(jnp.isfinite(x).all())]
+    return [
+        jax.tree_util.keystr(path)
+        for path, x in jax.tree_util.tree_leaves_with_path(params)
+        if not bool(jnp.isfinite(x).all())
+    ]
 
 
 class EmbeddedEngine(Engine):
@@ -338,8 +348,9 @@ class EmbeddedEngine(Engine):
         prefix_cache: bool = True,
     ):
         if max_len < 2 or max_batch < 1 or decode_chunk < 1:
-            raise ValueError(f"need max_len >= 2, max_batch >= 1, decode_chunk >= 1 (got {max_len}, {max_batch}, "
-                             f"{decode_chunk})")
+            raise ValueError(
+                f"need max_len >= 2, max_batch >= 1, decode_chunk >= 1 (got {max_len}, {max_batch}, {decode_chunk})"
+            )
         if batch_buckets is not None and (not batch_buckets or max(batch_buckets) < max_batch):
             raise ValueError(f"batch_buckets {batch_buckets} must include a size >= max_batch {max_batch}")
         self.config = model.config
@@ -445,8 +456,14 @@ class EmbeddedEngine(Engine):
         (ValueError; the old weights stay): every sample from it would be invalid."""
         self._setup()
         # The engine's computation paths and sharding: only the checkpoint's architecture may differ (and is refused).
-        model = await asyncio.to_thread(from_pretrained, path, dtype=self.dtype, mesh=self._mesh,
-                                        sharding_rules=self._rules, **self.config.learner_side())
+        model = await asyncio.to_thread(
+            from_pretrained,
+            path,
+            dtype=self.dtype,
+            mesh=self._mesh,
+            sharding_rules=self._rules,
+            **self.config.learner_side(),
+        )
         graphdef, params = nnx.split(model)
         if graphdef != self._graphdef:
             raise ValueError(f"checkpoint {path} has a different architecture than the engine's model")
@@ -456,8 +473,9 @@ class EmbeddedEngine(Engine):
             raise ValueError(f"checkpoint {path} has non-finite values in {', '.join(nonfinite[:5])}")
         await asyncio.wrap_future(self._swap(params, int(version)))
 
-    async def update_weights_from_hf_tensors(self, tensors: Mapping[str, np.ndarray],
-                                             version: int | None) -> dict[str, np.ndarray]:
+    async def update_weights_from_hf_tensors(
+        self, tensors: Mapping[str, np.ndarray], version: int | None
+    ) -> dict[str, np.ndarray]:
         """Serve the newest weights with every parameter whose HF tensors are all in `tensors` replaced (SGLang's
         `load_weights` of one `/update_weights_from_distributed` call), as `version` (None: the version stays), like
         update_weights. Returns the tensors of parameters only partly given (the caller keeps them for the next
@@ -471,8 +489,10 @@ class EmbeddedEngine(Engine):
         params, used = await asyncio.to_thread(merge_hf_tensors, base, tensors)
         leftover = {k: v for k, v in tensors.items() if k not in used}
         if version is not None and leftover:
-            raise ValueError(f"weights of version {version} are incomplete: parameters lack tensors, given only "
-                             f"{sorted(leftover)[:5]} of them")
+            raise ValueError(
+                f"weights of version {version} are incomplete: parameters lack tensors, given only "
+                f"{sorted(leftover)[:5]} of them"
+            )
         if used or version is not None:
             await asyncio.wrap_future(self._swap(params, current_version if version is None else int(version)))
         return leftover
@@ -502,8 +522,10 @@ class EmbeddedEngine(Engine):
 
     def _validate(self, prompt: list[int], p: SamplingParams, i: int) -> None:
         if len(prompt) + p.max_new_tokens > self.max_len:
-            raise ValueError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_new_tokens {p.max_new_tokens} "
-                             f"exceed the engine's max_len {self.max_len}")
+            raise ValueError(
+                f"prompts[{i}]: {len(prompt)} prompt tokens + max_new_tokens {p.max_new_tokens} "
+                f"exceed the engine's max_len {self.max_len}"
+            )
         if max(prompt) >= self.config.vocab_size:
             raise ValueError(f"prompts[{i}] has a token id >= vocab_size {self.config.vocab_size}")
         if p.stop and self.tokenizer is None:
@@ -623,8 +645,11 @@ class EmbeddedEngine(Engine):
 
     def _run_batch(self, first: list[_Request]) -> None:
         # Full width whatever arrived first: requests arriving later join this batch.
-        b = (bucket(self.max_batch) if self.batch_buckets is None
-             else next(x for x in self.batch_buckets if x >= self.max_batch))
+        b = (
+            bucket(self.max_batch)
+            if self.batch_buckets is None
+            else next(x for x in self.batch_buckets if x >= self.max_batch)
+        )
         # The cache spans the engine's whole context: a multi-turn agent's next, longer turn joins the running
         # batch instead of waiting for every row to finish.
         cache_len = self.max_len
@@ -632,13 +657,20 @@ class EmbeddedEngine(Engine):
         with_routed = any(r.params.return_routed_experts for r in first)
 
         def fits(r: _Request) -> bool:
-            return (len(r.prompt) + r.params.max_new_tokens <= cache_len and len(r.params.stop_token_ids) <= num_stop
-                    and (with_routed or not r.params.return_routed_experts))
+            return (
+                len(r.prompt) + r.params.max_new_tokens <= cache_len
+                and len(r.params.stop_token_ids) <= num_stop
+                and (with_routed or not r.params.return_routed_experts)
+            )
 
         st = self._batch_state(b, cache_len, with_routed)
-        host_rp = RowParams(temperature=np.ones(b, np.float32), top_p=np.ones(b, np.float32),
-                            top_k=np.full(b, -1, np.int32), stop_ids=np.full((b, num_stop), -1, np.int32),
-                            max_new=np.ones(b, np.int32))
+        host_rp = RowParams(
+            temperature=np.ones(b, np.float32),
+            top_p=np.ones(b, np.float32),
+            top_k=np.full(b, -1, np.int32),
+            stop_ids=np.full((b, num_stop), -1, np.int32),
+            max_new=np.ones(b, np.int32),
+        )
         slots: list[_Slot | None] = [None] * b
         decode = _decode_fn()
         pending = first
@@ -694,8 +726,9 @@ class EmbeddedEngine(Engine):
         the weights now served; at most all but the last, whose logits sample the first token): the longest
         reusable prefixes first, then rows freed longest ago or holding nothing reusable (module docstring)."""
         free = [i for i, slot in enumerate(slots) if slot is None]
-        usable = {i: c for i in free if self.prefix_cache and (c := self._caches[i]) is not None
-                  and c.served == self._served}
+        usable = {
+            i: c for i in free if self.prefix_cache and (c := self._caches[i]) is not None and c.served == self._served
+        }
         if not usable:  # nothing to reuse (cache off, or the first admission after a swap): rows in order
             return free[: len(reqs)], [0] * len(reqs)
         contexts = [np.asarray(r.context, np.int32) for r in reqs]
@@ -751,8 +784,9 @@ class EmbeddedEngine(Engine):
             self._queue[:0] = continuations
         return st._replace(done=st.done.at[jnp.asarray(rows)].set(True))
 
-    def _admit(self, st: DecodeState, slots: list[_Slot | None], reqs: list[_Request],
-               host_rp: RowParams) -> tuple[DecodeState, RowParams]:
+    def _admit(
+        self, st: DecodeState, slots: list[_Slot | None], reqs: list[_Request], host_rp: RowParams
+    ) -> tuple[DecodeState, RowParams]:
         """Prefill reqs (prompt + tokens of earlier segments) into free rows (host_rp updated in place) -> (state,
         device row params). The prefill batch is the admitted requests only, padded to a power of four (few
         compiles, little padding)."""
@@ -766,7 +800,7 @@ class EmbeddedEngine(Engine):
         start_ids = np.zeros(n, np.int32)
         for j, (i, r) in enumerate(zip(rows, reqs)):
             p, context = r.params, np.asarray(r.context, np.int32)
-            prompts[j, : new[j]], lengths[j], start_ids[j], row_ids[j] = context[starts[j]:], new[j], starts[j], i
+            prompts[j, : new[j]], lengths[j], start_ids[j], row_ids[j] = context[starts[j] :], new[j], starts[j], i
             host_rp.temperature[i], host_rp.top_p[i], host_rp.top_k[i] = p.temperature, p.top_p, p.top_k
             host_rp.stop_ids[i] = -1
             host_rp.stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
@@ -780,8 +814,16 @@ class EmbeddedEngine(Engine):
         # same tokens whether it starts a batch or joins a running one (which depends on timing).
         self._key, key = jax.random.split(self._key)
         st = self._with_slots(st._replace(key=key), int(np.max(start_ids + lengths)))
-        st, prompt_routed = _admit(self._graphdef, params, st, jnp.asarray(prompts), jnp.asarray(lengths),
-                                   jnp.asarray(start_ids), jnp.asarray(row_ids), rp)
+        st, prompt_routed = _admit(
+            self._graphdef,
+            params,
+            st,
+            jnp.asarray(prompts),
+            jnp.asarray(lengths),
+            jnp.asarray(start_ids),
+            jnp.asarray(row_ids),
+            rp,
+        )
         self.num_batches += 1
         self._prefix.prefilled += sum(new)
         self._prefix.reused += sum(starts)
@@ -810,9 +852,16 @@ class EmbeddedEngine(Engine):
             # The row's cache: the context and the tokens fed while decoding (all but the last sampled one).
             fed = tokens[i, : max(k - 1, 0)]
             experts = None if routed is None else np.concatenate([slot.prompt_routed, routed[i, : len(fed)]], axis=0)
-            result = GenerationResult(ids, req.done_logprobs + logprobs[i, :k].astype(float).tolist(), reason, matched,
-                                      slot.version, experts if req.params.return_routed_experts else None,
-                                      req.done_versions + [slot.version] * k, req.cached)
+            result = GenerationResult(
+                ids,
+                req.done_logprobs + logprobs[i, :k].astype(float).tolist(),
+                reason,
+                matched,
+                slot.version,
+                experts if req.params.return_routed_experts else None,
+                req.done_versions + [slot.version] * k,
+                req.cached,
+            )
             slots[i] = None
             self._freed += 1
             self._caches[i] = _RowCache(np.concatenate([slot.context, fed]), slot.served, experts, self._freed)
@@ -844,8 +893,9 @@ class EmbeddedEngine(Engine):
             earlier = len(slot.req.done_tokens)
             if earlier + k <= slot.checked or finish[i] == ABORT:
                 continue
-            hit = self._find_stop_string(slot.req.done_tokens + tokens[i, :k].tolist(), slot.req.params.stop,
-                                         slot.checked)
+            hit = self._find_stop_string(
+                slot.req.done_tokens + tokens[i, :k].tolist(), slot.req.params.stop, slot.checked
+            )
             slot.checked = earlier + k
             if hit is not None:
                 n_gen[i], done[i], finish[i], changed = hit[0] - earlier, True, STOP, True

@@ -56,7 +56,7 @@ def sample_categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
     a token within it ~ softmax(logp[block j]). P(token) = (M_j / sum M) (p_token / M_j) = p_token.
     """
     rows, vocab = logp.shape
-    size = 1 << max(0, (int(vocab ** 0.5 + 0.5) - 1).bit_length())
+    size = 1 << max(0, (int(vocab**0.5 + 0.5) - 1).bit_length())
     blocks = jnp.pad(logp, ((0, 0), (0, -vocab % size)), constant_values=-jnp.inf).reshape(rows, -1, size)
     block_key, token_key = jax.random.split(key)
     block = jax.random.categorical(block_key, jax.nn.logsumexp(blocks, axis=-1), axis=-1)
@@ -76,6 +76,7 @@ def sample_tokens(
     drawn = sample_categorical(key, logp)
     greedy = temperature <= 0.0
     # The argmax over the vocabulary only when a row is greedy: on CPU it costs as much as the draw.
-    tokens = jax.lax.cond(jnp.any(greedy), lambda: jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn),
-                          lambda: drawn).astype(jnp.int32)
+    tokens = jax.lax.cond(
+        jnp.any(greedy), lambda: jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn), lambda: drawn
+    ).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

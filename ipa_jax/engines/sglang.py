@@ -141,9 +141,10 @@ def weights_folder(weights_dir: str, version: int) -> str:
 def prune_weight_folders(weights_dir: str, keep: int, current: int) -> None:
     """Deletes the v* folders of `weights_dir` but `current` and the `keep - 1` newest older ones (a version newer
     than `current` is what a killed run synced after its last checkpoint)."""
-    versions = sorted((int(m.group(1)) for d in os.listdir(weights_dir) if (m := re.fullmatch(r"v(\d+)", d))),
-                      reverse=True)
-    kept = [current] + [v for v in versions if v < current][:keep - 1]
+    versions = sorted(
+        (int(m.group(1)) for d in os.listdir(weights_dir) if (m := re.fullmatch(r"v(\d+)", d))), reverse=True
+    )
+    kept = [current] + [v for v in versions if v < current][: keep - 1]
     for version in set(versions) - set(kept):
         shutil.rmtree(weights_folder(weights_dir, version), ignore_errors=True)
 
@@ -278,13 +279,18 @@ class SGLangEngine(Engine):
             raise ValueError("max_attempts and down_after_failures must be >= 1")
         if not 1 <= min_sync_servers <= len(urls):
             raise ValueError(f"min_sync_servers must be in [1, {len(urls)}] (the pool), got {min_sync_servers}")
-        for name, value in (("request_timeout_s", request_timeout_s), ("connect_timeout_s", connect_timeout_s),
-                            ("control_timeout_s", control_timeout_s), ("probe_interval_s", probe_interval_s)):
+        for name, value in (
+            ("request_timeout_s", request_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("control_timeout_s", control_timeout_s),
+            ("probe_interval_s", probe_interval_s),
+        ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         if weight_sync_backend not in (None, *BACKENDS):
-            raise ValueError(f"weight_sync_backend must be one of {BACKENDS} (None: by device), got "
-                             f"{weight_sync_backend!r}")
+            raise ValueError(
+                f"weight_sync_backend must be one of {BACKENDS} (None: by device), got {weight_sync_backend!r}"
+            )
         if outage_budget_s < 0:
             raise ValueError(f"outage_budget_s must be >= 0, got {outage_budget_s}")
         if keep_weight_folders < 1:
@@ -459,8 +465,9 @@ class SGLangEngine(Engine):
         start = time.monotonic()
         while all(s.down for s in self.servers):
             if time.monotonic() - start > self.outage_budget_s:
-                raise PoolUnavailable(f"no server up for {self.outage_budget_s:g}s (outage budget): "
-                                      f"{[s.url for s in self.servers]}")
+                raise PoolUnavailable(
+                    f"no server up for {self.outage_budget_s:g}s (outage budget): {[s.url for s in self.servers]}"
+                )
             await asyncio.sleep(min(self.probe_interval_s, 1.0))
 
     async def health(self) -> bool:
@@ -562,13 +569,18 @@ class SGLangEngine(Engine):
     def _decode_routed(self, meta: dict[str, Any], num_tokens: int, url: str) -> np.ndarray:
         assert self.routed_experts_layout is not None
         if "routed_experts" not in meta:
-            raise SGLangHTTPError(url, 200, "routed experts requested but meta_info has none "
-                                  "(is the server started with --enable-return-routed-experts?)")
+            raise SGLangHTTPError(
+                url,
+                200,
+                "routed experts requested but meta_info has none "
+                "(is the server started with --enable-return-routed-experts?)",
+            )
         flat = np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype=np.int32)
         layers, topk = self.routed_experts_layout
         if flat.size != (num_tokens - 1) * layers * topk:
-            raise SGLangHTTPError(url, 200, f"routed_experts has {flat.size} ints, expected "
-                                  f"({num_tokens} - 1) * {layers} * {topk}")
+            raise SGLangHTTPError(
+                url, 200, f"routed_experts has {flat.size} ints, expected ({num_tokens} - 1) * {layers} * {topk}"
+            )
         return flat.reshape(num_tokens - 1, layers, topk).copy()
 
     async def _generate_one(
@@ -622,8 +634,11 @@ class SGLangEngine(Engine):
                     if kind != "abort":
                         raise SGLangHTTPError(server.url, 200, "meta_info lacks output_token_logprobs")
                     pairs = []
-                version = (parse_weight_version(meta["weight_version"], server.url) if "weight_version" in meta
-                           else posted_version)
+                version = (
+                    parse_weight_version(meta["weight_version"], server.url)
+                    if "weight_version" in meta
+                    else posted_version
+                )
                 tokens += [int(x[1]) for x in pairs]
                 logprobs += [float(x[0]) for x in pairs]
                 versions += [version] * len(pairs)
@@ -657,8 +672,12 @@ class SGLangEngine(Engine):
                     submissions.append(req.submission)
         # Exact rids: SGLang's TokenizerManager ignores an abort whose rid it does not hold (its scheduler's
         # prefix match is not reachable over HTTP). The server holding a request is unknown during retries.
-        calls = [self._control(s, "POST", "/abort_request", {"rid": r})
-                 for s in self.servers if not s.down for r in submissions]
+        calls = [
+            self._control(s, "POST", "/abort_request", {"rid": r})
+            for s in self.servers
+            if not s.down
+            for r in submissions
+        ]
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, Exception):
                 log.warning("abort_request failed: %s", r)
@@ -721,15 +740,24 @@ class SGLangEngine(Engine):
                 return
             if rejections and not took:
                 raise EngineError(f"weight update to version {version} failed: " + "; ".join(rejections))
-            wait = min(self.backoff_s * 2 ** attempt, self.max_backoff_s)
+            wait = min(self.backoff_s * 2**attempt, self.max_backoff_s)
             left = deadline - time.monotonic()
             down = [s.url for s in self.servers if s.down]
             if wait > left:
                 raise PoolUnavailable(
                     f"weight update to version {version}: {len(took)} server(s) took it, {self.min_sync_servers} "
-                    f"needed, for {self.outage_budget_s:g}s (outage budget); down: {down}")
-            log.warning("weight update to version %d: %d server(s) took it, %d needed (down: %s); retrying in %.1fs, "
-                        "%.0fs of the outage budget left", version, len(took), self.min_sync_servers, down, wait, left)
+                    f"needed, for {self.outage_budget_s:g}s (outage budget); down: {down}"
+                )
+            log.warning(
+                "weight update to version %d: %d server(s) took it, %d needed (down: %s); retrying in %.1fs, "
+                "%.0fs of the outage budget left",
+                version,
+                len(took),
+                self.min_sync_servers,
+                down,
+                wait,
+                left,
+            )
             await asyncio.sleep(wait)
 
     @property
@@ -770,16 +798,25 @@ class SGLangEngine(Engine):
                 if self.partial == "finish":  # this client's requests finish on the weights they started with
                     await self._none_posting.wait()
                 targets = [s for s in self.servers if not s.down]
-                rejections = await self._on_each(targets, lambda s: self._control(s, "POST", "/pause_generation", {}),
-                                                 f"pause for version {version}", paused)
+                rejections = await self._on_each(
+                    targets,
+                    lambda s: self._control(s, "POST", "/pause_generation", {}),
+                    f"pause for version {version}",
+                    paused,
+                )
                 rejections += await self._load([s for s in paused if not s.down], source, version, took)
             finally:
                 try:
                     if len(took) >= self.min_sync_servers:
                         self._weight_version, self._weight_source = version, source
                         self._counts.updates += 1
-                        log.info("weights %s (version %d) on %d servers in %.2fs", source, version, len(took),
-                                 time.perf_counter() - start)
+                        log.info(
+                            "weights %s (version %d) on %d servers in %.2fs",
+                            source,
+                            version,
+                            len(took),
+                            time.perf_counter() - start,
+                        )
                     else:
                         for s in took:
                             self._mark_down(s, f"serves version {version}, which too few servers took")
@@ -790,8 +827,9 @@ class SGLangEngine(Engine):
                     self._gate.set()
             return took, rejections
 
-    async def _on_each(self, servers: list[_Server], call: Callable[[_Server], Awaitable[Any]], what: str,
-                       done: list[_Server]) -> list[str]:
+    async def _on_each(
+        self, servers: list[_Server], call: Callable[[_Server], Awaitable[Any]], what: str, done: list[_Server]
+    ) -> list[str]:
         """`call` on every server at once; those it succeeds on are appended to `done` as they finish, the others
         are marked down (their state is unknown: their probes resync them), cancellation included. Returns the
         errors of the servers that answered (not unreachable)."""
@@ -807,8 +845,9 @@ class SGLangEngine(Engine):
         results = await asyncio.gather(*(one(s) for s in servers), return_exceptions=True)
         return [str(r) for r in results if isinstance(r, BaseException) and not _unreachable(r)]
 
-    async def _load(self, servers: list[_Server], source: _FromDisk | _FromTensors, version: int,
-                    took: list[_Server]) -> list[str]:
+    async def _load(
+        self, servers: list[_Server], source: _FromDisk | _FromTensors, version: int, took: list[_Server]
+    ) -> list[str]:
         """Loads `source` as `version` on `servers` and checks the version they report; the servers that serve it
         are appended to `took`, the others marked down. Returns the errors of those that answered they cannot."""
         what = f"weight update to version {version}"
@@ -837,8 +876,9 @@ class SGLangEngine(Engine):
         await self._check_version(server, version)
 
     # ------------------------------------------------------------------ distributed weight updates
-    async def _push_tensors(self, servers: list[_Server], source: _FromTensors,
-                            version: int) -> tuple[list[_Server], list[str]]:
+    async def _push_tensors(
+        self, servers: list[_Server], source: _FromTensors, version: int
+    ) -> tuple[list[_Server], list[str]]:
         """Broadcasts `source` to `servers` over a weight-update group -> (the servers that received every bucket,
         the errors of those that answered they cannot). When a transfer fails, the servers that did not answer (a
         dropped connection, a timeout) are marked down, else those that answered with an error, and the transfer
@@ -857,8 +897,12 @@ class SGLangEngine(Engine):
                 await self._drop_group()  # the servers marked down are not waited for
                 servers = [s for s in servers if s not in failed]
                 if servers:
-                    log.warning("weight transfer to version %d failed on %s; restarting it on %s", version,
-                                [s.url for s in failed], [s.url for s in servers])
+                    log.warning(
+                        "weight transfer to version %d failed on %s; restarting it on %s",
+                        version,
+                        [s.url for s in failed],
+                        [s.url for s in servers],
+                    )
         return [], rejections
 
     async def _broadcast(self, servers: list[_Server], source: _FromTensors, version: int) -> None:
@@ -874,8 +918,10 @@ class SGLangEngine(Engine):
                     body.update(flush_cache=True, weight_version=str(version))
                 else:
                     body["flush_cache"] = False
-                calls = [asyncio.ensure_future(self._control(s, "POST", "/update_weights_from_distributed", body))
-                         for s in servers]
+                calls = [
+                    asyncio.ensure_future(self._control(s, "POST", "/update_weights_from_distributed", body))
+                    for s in servers
+                ]
                 send_error = None
                 try:
                     await in_daemon_thread(group.sender.broadcast, pending)
@@ -888,9 +934,11 @@ class SGLangEngine(Engine):
                 if send_error is not None:  # free our side of the group: ranks still receiving fail at once
                     await in_daemon_thread(group.sender.close)
                 results = await asyncio.gather(*calls, return_exceptions=True)
-                errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
-                          for s, r in zip(servers, results)
-                          if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))}
+                errors = {
+                    s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
+                    for s, r in zip(servers, results)
+                    if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))
+                }
                 if send_error is not None and not errors:
                     errors = {s: SGLangHTTPError(s.url, None, f"broadcast failed: {send_error}") for s in servers}
                 if errors:
@@ -911,16 +959,33 @@ class SGLangEngine(Engine):
         name = f"ipa_jax_weights_{uuid.uuid4().hex[:12]}"
         world = 1 + sum(sizes)
         offsets = [1 + sum(sizes[:i]) for i in range(len(servers))]
-        joining = in_daemon_thread(lambda: WeightSender(backend=backend, store=store, world_size=world,
-                                                        group_name=name, timeout_s=self.control_timeout_s))
-        calls = [self._control(s, "POST", "/init_weights_update_group",
-                               {"master_address": address, "master_port": store.port, "rank_offset": offset,
-                                "world_size": world, "group_name": name, "backend": backend})
-                 for s, offset in zip(servers, offsets)]
+        joining = in_daemon_thread(
+            lambda: WeightSender(
+                backend=backend, store=store, world_size=world, group_name=name, timeout_s=self.control_timeout_s
+            )
+        )
+        calls = [
+            self._control(
+                s,
+                "POST",
+                "/init_weights_update_group",
+                {
+                    "master_address": address,
+                    "master_port": store.port,
+                    "rank_offset": offset,
+                    "world_size": world,
+                    "group_name": name,
+                    "backend": backend,
+                },
+            )
+            for s, offset in zip(servers, offsets)
+        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        errors = {s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"init failed: {r}")
-                  for s, r in zip(servers, results)
-                  if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))}
+        errors = {
+            s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"init failed: {r}")
+            for s, r in zip(servers, results)
+            if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))
+        }
         if errors:  # the rendezvous cannot complete: the trainer's side gives up after control_timeout_s
             joining.add_done_callback(_close_sender)
             raise _TransferFailed(errors)
@@ -954,15 +1019,17 @@ class SGLangEngine(Engine):
         members = [self._by_url[u] for u in group.urls if not self._by_url[u].down]
         results = await asyncio.gather(
             *(self._control(s, "POST", "/destroy_weights_update_group", {"group_name": group.name}) for s in members),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         for s, r in zip(members, results):
             if isinstance(r, Exception):
                 log.info("destroy_weights_update_group on %s: %s", s.url, r)
 
     async def _continue(self, servers: list[_Server]) -> None:
         """/continue_generation on `servers`; a server that fails it is marked down (its probe resumes it)."""
-        results = await asyncio.gather(*(self._control(s, "POST", "/continue_generation", {}) for s in servers),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._control(s, "POST", "/continue_generation", {}) for s in servers), return_exceptions=True
+        )
         for s, r in zip(servers, results):
             if isinstance(r, Exception):
                 self._mark_down(s, f"continue_generation failed: {r}")
@@ -974,8 +1041,9 @@ class SGLangEngine(Engine):
         assert self._gate is not None
         self._gate.clear()
         up = [s for s in self.servers if not s.down]
-        results = await asyncio.gather(*(self._control(s, "POST", "/pause_generation", {}) for s in up),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._control(s, "POST", "/pause_generation", {}) for s in up), return_exceptions=True
+        )
         for s, r in zip(up, results):
             if isinstance(r, Exception):
                 self._mark_down(s, f"pause_generation failed: {r}")

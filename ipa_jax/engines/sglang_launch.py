@@ -42,7 +42,7 @@ class LaunchConfig:
 
 
 def parse_url(url: str) -> tuple[str, int]:
-    """"http://host:port" -> (host, port); raises ValueError naming the URL."""
+    """ "http://host:port" -> (host, port); raises ValueError naming the URL."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
         raise ValueError(f"server URL must look like http://host:port, got {url!r}")
@@ -66,15 +66,25 @@ def build_commands(cfg: LaunchConfig, python: str = sys.executable) -> list[list
         host, port = parse_url(url)
         i = per_host[host] = per_host.get(host, -1) + 1
         cmd = [
-            python, "-m", "sglang.launch_server",
-            "--model-path", cfg.model_path,
-            "--host", host,
-            "--port", str(port),
-            "--weight-version", str(cfg.weight_version),
-            "--mem-fraction-static", str(cfg.mem_fraction_static),
-            "--tp-size", str(cfg.tp_size),
-            "--base-gpu-id", str(i * cfg.tp_size),
-            "--dtype", cfg.dtype,
+            python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            cfg.model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--weight-version",
+            str(cfg.weight_version),
+            "--mem-fraction-static",
+            str(cfg.mem_fraction_static),
+            "--tp-size",
+            str(cfg.tp_size),
+            "--base-gpu-id",
+            str(i * cfg.tp_size),
+            "--dtype",
+            cfg.dtype,
             "--skip-server-warmup",  # readiness is our /health_generate poll
         ]
         if cfg.routed_experts:
@@ -110,13 +120,14 @@ def missing_requirements() -> str | None:
         problems.append("no CUDA GPU is visible (SGLang publishes no CPU kernels)")
     if not problems:
         return None
-    return ("launch_sglang: cannot start SGLang servers: " + "; ".join(problems) + ".\n"
-            "On a CPU machine use the SGLang-compatible dev server instead:\n"
-            "  python -m ipa_jax.engines.devserver --model PATH --port 30000")
+    return (
+        "launch_sglang: cannot start SGLang servers: " + "; ".join(problems) + ".\n"
+        "On a CPU machine use the SGLang-compatible dev server instead:\n"
+        "  python -m ipa_jax.engines.devserver --model PATH --port 30000"
+    )
 
 
-def wait_healthy(urls: Sequence[str], procs: Sequence[subprocess.Popen], timeout_s: float,
-                 logs: Sequence[str]) -> None:
+def wait_healthy(urls: Sequence[str], procs: Sequence[subprocess.Popen], timeout_s: float, logs: Sequence[str]) -> None:
     """Poll GET /health_generate on every server until 200; raises RuntimeError if a server exits or times out."""
     pending = dict(zip(urls, zip(procs, logs)))
     deadline = time.time() + timeout_s
@@ -158,8 +169,12 @@ def serve(cfg: LaunchConfig, commands: Sequence[Sequence[str]], log_dir: str, wa
         print("SGLang servers ready:")
         for url in cfg.urls:
             print(f"  {url}")
-        print("config override: --config.rollout.engine=sglang --config.rollout.sglang_urls='("
-              + ", ".join(f'"{u}"' for u in cfg.urls) + ",)'", flush=True)
+        print(
+            "config override: --config.rollout.engine=sglang --config.rollout.sglang_urls='("
+            + ", ".join(f'"{u}"' for u in cfg.urls)
+            + ",)'",
+            flush=True,
+        )
         signal.signal(signal.SIGTERM, _interrupt)
         while all(p.poll() is None for p in procs):
             time.sleep(5.0)
@@ -179,4 +194,3 @@ def serve(cfg: LaunchConfig, commands: Sequence[Sequence[str]], log_dir: str, wa
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-

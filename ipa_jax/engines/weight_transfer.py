@@ -25,8 +25,11 @@ import numpy as np
 
 BACKENDS = ("gloo", "nccl")
 # What a sync may send, by the names SGLang's requests carry.
-NUMPY_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
-                "float32": np.dtype(np.float32)}
+NUMPY_DTYPES = {
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+}
 DTYPES = tuple(NUMPY_DTYPES)
 
 
@@ -35,8 +38,10 @@ def import_torch():
         import torch
         import torch.distributed  # noqa: F401
     except ImportError as e:
-        raise ImportError("weight sync over torch.distributed needs torch: pip install 'ipa_jax[weight-sync]' "
-                          "(on a CPU machine, torch's CPU build)") from e
+        raise ImportError(
+            "weight sync over torch.distributed needs torch: pip install 'ipa_jax[weight-sync]' "
+            "(on a CPU machine, torch's CPU build)"
+        ) from e
     return torch
 
 
@@ -48,12 +53,22 @@ def default_backend() -> str:
 def host_store(address: str, timeout_s: float):
     """Rank 0's rendezvous store, listening on a free port of `address` (its `.port`) before any rank joins."""
     torch = import_torch()
-    return torch.distributed.TCPStore(address, 0, is_master=True, wait_for_workers=False,
-                                      timeout=datetime.timedelta(seconds=timeout_s))
+    return torch.distributed.TCPStore(
+        address, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
 
 
-def init_custom_process_group(*, backend: str, world_size: int, rank: int, group_name: str, timeout_s: float,
-                              master_address: str = "", master_port: int = 0, store=None):
+def init_custom_process_group(
+    *,
+    backend: str,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout_s: float,
+    master_address: str = "",
+    master_port: int = 0,
+    store=None,
+):
     """A process group of its own (not torch's default group), as SGLang's servers create theirs: a TCP rendezvous
     on master_address:master_port (or rank 0's `store`, see host_store), the store prefixed with group_name. Blocks
     until every rank joined; raises after timeout_s. Every collective on the group is bounded by timeout_s too."""
@@ -64,12 +79,14 @@ def init_custom_process_group(*, backend: str, world_size: int, rank: int, group
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
-        store, rank, world_size = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                                       timeout=timeout))
+        store, rank, world_size = next(
+            c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+        )
     store.set_timeout(timeout)
     store = c10d.PrefixStore(group_name, store)
-    group, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
-                                              group_name=group_name, timeout=timeout)
+    group, _ = c10d._new_process_group_helper(
+        world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=timeout
+    )
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
 
@@ -126,8 +143,12 @@ class Bucket:
 
     def request(self, group_name: str) -> dict[str, Any]:
         """The call's body, without flush_cache / weight_version."""
-        return {"names": self.names, "dtypes": [self.dtype] * len(self.names),
-                "shapes": [list(a.shape) for a in self.arrays], "group_name": group_name}
+        return {
+            "names": self.names,
+            "dtypes": [self.dtype] * len(self.names),
+            "shapes": [list(a.shape) for a in self.arrays],
+            "group_name": group_name,
+        }
 
 
 def buckets(named_arrays: Iterable[tuple[str, Any]], bucket_bytes: int, dtype: str) -> Iterator[Bucket]:
@@ -157,8 +178,9 @@ class WeightSender:
 
     def __init__(self, *, backend: str, store, world_size: int, group_name: str, timeout_s: float):
         self.backend, self.group_name = backend, group_name
-        self.group = init_custom_process_group(backend=backend, store=store, world_size=world_size, rank=0,
-                                               group_name=group_name, timeout_s=timeout_s)
+        self.group = init_custom_process_group(
+            backend=backend, store=store, world_size=world_size, rank=0, group_name=group_name, timeout_s=timeout_s
+        )
 
     def broadcast(self, bucket: Bucket) -> None:
         """Raises RuntimeError when a rank fails. The error carries no traceback: the frames of the failed

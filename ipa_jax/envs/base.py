@@ -33,8 +33,10 @@ class TaskSpaceTooSmall(ValueError):
 
     def __init__(self, env: str, split: str, needed: int, found: int, draws: int):
         self.split, self.needed, self.found, self.draws = split, needed, found, draws
-        super().__init__(f"{env}: could not draw {needed} distinct {split} tasks (task space too small: {found} "
-                         f"distinct in {draws} draws)")
+        super().__init__(
+            f"{env}: could not draw {needed} distinct {split} tasks (task space too small: {found} "
+            f"distinct in {draws} draws)"
+        )
 
 
 @dataclass

@@ -79,9 +79,15 @@ class QuestionEnv(SandboxedEnv):
     eval_fraction: the share of questions in the eval split.
     """
 
-    def __init__(self, tools: Sequence[str] = (), max_turns: int = 4, observation_chars: int = 1000,
-                 limits: dict[str, Any] | None = None, backend: str = "bubblewrap",
-                 eval_fraction: float = 0.2) -> None:
+    def __init__(
+        self,
+        tools: Sequence[str] = (),
+        max_turns: int = 4,
+        observation_chars: int = 1000,
+        limits: dict[str, Any] | None = None,
+        backend: str = "bubblewrap",
+        eval_fraction: float = 0.2,
+    ) -> None:
         super().__init__()
         self.tool_names = tuple(tools)
         self.default_tools = sandbox_tool_specs(self.tool_names)
@@ -247,9 +253,17 @@ def _parse_line(record: Any, key: str, grader: str, tools: tuple[str, ...]) -> D
     task_id = record.get("id", key)
     if not isinstance(task_id, str | int) or isinstance(task_id, bool) or task_id == "":
         raise ValueError(f"'id' must be a non-empty string or an integer, got {task_id!r}")
-    return DatasetLine(key=str(task_id), prompt=record["prompt"], answer=answer, grader=grader,
-                       tools=tuple(line_tools), split=split, system=record.get("system"),
-                       solution=record.get("solution", answer), record=record)
+    return DatasetLine(
+        key=str(task_id),
+        prompt=record["prompt"],
+        answer=answer,
+        grader=grader,
+        tools=tuple(line_tools),
+        split=split,
+        system=record.get("system"),
+        solution=record.get("solution", answer),
+        record=record,
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -305,11 +319,25 @@ class DatasetEnv(QuestionEnv):
 
     name = "dataset"
 
-    def __init__(self, path: str = "", tools: Sequence[str] = (), grader: str = "exact", eval_fraction: float = 0.2,
-                 max_turns: int = 4, observation_chars: int = 1000, limits: dict[str, Any] | None = None,
-                 backend: str = "bubblewrap") -> None:
-        super().__init__(tools=tools, max_turns=max_turns, observation_chars=observation_chars, limits=limits,
-                         backend=backend, eval_fraction=eval_fraction)
+    def __init__(
+        self,
+        path: str = "",
+        tools: Sequence[str] = (),
+        grader: str = "exact",
+        eval_fraction: float = 0.2,
+        max_turns: int = 4,
+        observation_chars: int = 1000,
+        limits: dict[str, Any] | None = None,
+        backend: str = "bubblewrap",
+    ) -> None:
+        super().__init__(
+            tools=tools,
+            max_turns=max_turns,
+            observation_chars=observation_chars,
+            limits=limits,
+            backend=backend,
+            eval_fraction=eval_fraction,
+        )
         check_grader(grader)
         self.path = os.path.abspath(path) if path else ""
         self.lines = read_dataset(path, grader, self.tool_names) if path else ()
@@ -322,8 +350,10 @@ class DatasetEnv(QuestionEnv):
     @functools.cached_property
     def _lines_by_split(self) -> dict[str, list[DatasetLine]]:
         # Computed on first use: make_env stamps the registered name, part of the content hash, after __init__.
-        return {split: [line for line in self.lines if (line.split or self._split_of(line.prompt, {})) == split]
-                for split in SPLITS}
+        return {
+            split: [line for line in self.lines if (line.split or self._split_of(line.prompt, {})) == split]
+            for split in SPLITS
+        }
 
     def split_lines(self, split: str) -> list[DatasetLine]:
         """The lines of `split`, in file order."""
@@ -344,10 +374,16 @@ class DatasetEnv(QuestionEnv):
         return [self._task(lines[order[i % len(lines)]], split) for i in range(n)]
 
     def _task(self, line: DatasetLine, split: str) -> Task:
-        return Task(task_id=f"{self.name}/{split}/{line.key}", env=self.name, prompt=line.prompt,
-                    tools=sandbox_tool_specs(line.tools), answer=line.answer,
-                    data={"grader": line.grader, "solution": line.solution, "record": line.record},
-                    max_turns=self.turn_budget(line.tools), system=line.system)
+        return Task(
+            task_id=f"{self.name}/{split}/{line.key}",
+            env=self.name,
+            prompt=line.prompt,
+            tools=sandbox_tool_specs(line.tools),
+            answer=line.answer,
+            data={"grader": line.grader, "solution": line.solution, "record": line.record},
+            max_turns=self.turn_budget(line.tools),
+            system=line.system,
+        )
 
     def _sample(self, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         raise TypeError("a dataset is finite: DatasetEnv.tasks lists its lines instead of sampling")

@@ -52,8 +52,15 @@ class KVChainEnv(Env):
 
     name = "kv_chain"
 
-    def __init__(self, hops: int = 6, min_hops: int = 0, distractors: int = 1, decoys: int = 4,
-                 shuffle_fields: bool = True, extra_turns: int = 2):
+    def __init__(
+        self,
+        hops: int = 6,
+        min_hops: int = 0,
+        distractors: int = 1,
+        decoys: int = 4,
+        shuffle_fields: bool = True,
+        extra_turns: int = 2,
+    ):
         super().__init__()
         if hops < 1:
             raise ValueError(f"hops must be >= 1, got {hops}")
@@ -68,8 +75,9 @@ class KVChainEnv(Env):
         if hops + decoys > len(NAMES):
             raise ValueError(f"hops + decoys must be <= {len(NAMES)} (the key pool), got {hops + decoys}")
         if distractors and decoys < 2:  # a decoy's distractor needs a key besides itself and its next
-            raise ValueError(f"distractors point at decoy records (or back at the start): need decoys >= 2, got "
-                             f"{decoys}")
+            raise ValueError(
+                f"distractors point at decoy records (or back at the start): need decoys >= 2, got {decoys}"
+            )
         if extra_turns < 0:
             raise ValueError(f"extra_turns must be >= 0, got {extra_turns}")
         self.hops, self.min_hops, self.distractors, self.decoys = hops, min_hops or hops, distractors, decoys
@@ -97,8 +105,11 @@ class KVChainEnv(Env):
         # key i - 1 ("next") or i + 1 ("prev"), so a success visits the whole chain, in order (no shortcut).
         off_chain = [*decoys, path[0]]
         for key, wrong_value in zip(decoys, wrong):  # a decoy's value is never the answer
-            store[key] = ({"value": wrong_value} if rng.random() < 0.5
-                          else {"next": rng.choice([k for k in off_chain if k != key])})
+            store[key] = (
+                {"value": wrong_value}
+                if rng.random() < 0.5
+                else {"next": rng.choice([k for k in off_chain if k != key])}
+            )
         for key in keys:
             record = store[key]
             # Distractors never point at the record itself nor at its true next key; on the chain "prev" is the

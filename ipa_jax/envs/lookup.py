@@ -81,7 +81,7 @@ class LookupEnv(Env):
         answer = table[path[-1]][attribute]
         # "the city of the friend of the boss of alice": innermost link is applied first.
         phrase = " of ".join([f"the {attribute}"] + [f"the {link}" for link in reversed(links)] + [f'"{start}"'])
-        prompt = f'What is {phrase}?'
+        prompt = f"What is {phrase}?"
         return prompt, answer, {"table": table, "path": path, "links": links, "attribute": attribute}
 
     def _execute(self, call: ToolCall) -> str:

@@ -73,12 +73,27 @@ class ReasoningGymEnv(QuestionEnv):
 
     name = "reasoning_gym"
 
-    def __init__(self, dataset: str = "chain_sum", config: dict[str, Any] | None = None, size: int = 100_000,
-                 seed: int = 0, tools: Sequence[str] = (), max_turns: int = 4, observation_chars: int = 1000,
-                 limits: dict[str, Any] | None = None, backend: str = "bubblewrap",
-                 eval_fraction: float = 0.2) -> None:
-        super().__init__(tools=tools, max_turns=max_turns, observation_chars=observation_chars, limits=limits,
-                         backend=backend, eval_fraction=eval_fraction)
+    def __init__(
+        self,
+        dataset: str = "chain_sum",
+        config: dict[str, Any] | None = None,
+        size: int = 100_000,
+        seed: int = 0,
+        tools: Sequence[str] = (),
+        max_turns: int = 4,
+        observation_chars: int = 1000,
+        limits: dict[str, Any] | None = None,
+        backend: str = "bubblewrap",
+        eval_fraction: float = 0.2,
+    ) -> None:
+        super().__init__(
+            tools=tools,
+            max_turns=max_turns,
+            observation_chars=observation_chars,
+            limits=limits,
+            backend=backend,
+            eval_fraction=eval_fraction,
+        )
         config = dict(config or {})
         if {"seed", "size"} & set(config):
             raise ValueError("give seed and size as ReasoningGymEnv arguments, not in config")
@@ -100,8 +115,10 @@ class ReasoningGymEnv(QuestionEnv):
     def _instance_of(self, task: Task) -> dict[str, Any]:
         instance = _instance(*_source_key(task.data), task.data["index"])
         if instance["question"] != task.prompt:
-            raise ValueError(f"{task.task_id}: reasoning-gym regenerated another question (a different reasoning-gym "
-                             "version from the one that made the task?)")
+            raise ValueError(
+                f"{task.task_id}: reasoning-gym regenerated another question (a different reasoning-gym "
+                "version from the one that made the task?)"
+            )
         return instance
 
     def score(self, answer: str, task: Task) -> float:

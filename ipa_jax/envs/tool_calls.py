@@ -169,8 +169,11 @@ def _parse_body(body: str) -> ToolCall | ToolCallError:
     if problem is not None:
         return ToolCallError(problem, body)
     if not isinstance(obj, dict):
-        return ToolCallError(f"tool call must be a JSON object with 'name' and 'arguments', got "
-                             f"{type(obj).__name__ if obj is not None else 'null'}", body)
+        return ToolCallError(
+            f"tool call must be a JSON object with 'name' and 'arguments', got "
+            f"{type(obj).__name__ if obj is not None else 'null'}",
+            body,
+        )
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCallError("tool call is missing a string 'name'", body)

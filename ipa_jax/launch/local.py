@@ -13,8 +13,16 @@ from ipa_jax.launch.spec import LaunchSpec
 from ipa_jax.launch.targets import TARGETS
 
 # Variables by which this machine could itself look like a cluster to jax: a dry run starts without them.
-CLUSTER_VARIABLE_PREFIXES = ("JAX_COORDINATOR_", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_", "OMPI_",
-                             "TPU_WORKER_", "TPU_PROCESS_ADDRESSES", "MEGASCALE_")
+CLUSTER_VARIABLE_PREFIXES = (
+    "JAX_COORDINATOR_",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "SLURM_",
+    "OMPI_",
+    "TPU_WORKER_",
+    "TPU_PROCESS_ADDRESSES",
+    "MEGASCALE_",
+)
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,16 @@ def run_local(spec: LaunchSpec, target: str, log_dir: str, timeout_s: float = 60
         env = {**base, **spec.env, "JAX_PLATFORMS": "cpu", **TARGETS[target].process_env("localhost", port, count, i)}
         logs.append(os.path.join(log_dir, f"process_{i}.log"))
         with open(logs[-1], "w", encoding="utf-8") as log:
-            procs.append(subprocess.Popen(spec.train_argv(), cwd=spec.workdir, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    spec.train_argv(),
+                    cwd=spec.workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):

@@ -56,17 +56,22 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.fullmatch(self.name):
-            raise ValueError(f"launch name {self.name!r}: lower-case letters, digits and '-', starting with a letter, "
-                             f"at most 40 characters (job_name() makes one)")
+            raise ValueError(
+                f"launch name {self.name!r}: lower-case letters, digits and '-', starting with a letter, "
+                f"at most 40 characters (job_name() makes one)"
+            )
         for key in ("nodes", "processes_per_node"):
             if getattr(self, key) < 1:
                 raise ValueError(f"launch {key}: must be >= 1, got {getattr(self, key)}")
         if self.accelerators_per_node < 0 or bool(self.accelerator) != (self.accelerators_per_node > 0):
-            raise ValueError(f"launch accelerator {self.accelerator!r} with accelerators_per_node="
-                             f"{self.accelerators_per_node}: give both (a type and a count > 0) or neither")
+            raise ValueError(
+                f"launch accelerator {self.accelerator!r} with accelerators_per_node="
+                f"{self.accelerators_per_node}: give both (a type and a count > 0) or neither"
+            )
         if bool(self.tpu_topology) != self.is_tpu:
-            raise ValueError(f"launch tpu_topology {self.tpu_topology!r}: required with a TPU accelerator, and only "
-                             "then")
+            raise ValueError(
+                f"launch tpu_topology {self.tpu_topology!r}: required with a TPU accelerator, and only then"
+            )
         if not 0 < self.coordinator_port < 65536:
             raise ValueError(f"launch coordinator_port: not a port: {self.coordinator_port}")
         bad = [a for a in self.overrides if not a.startswith("--config.")]

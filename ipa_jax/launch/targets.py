@@ -24,15 +24,24 @@ REPLICATED_JOB = "workers"
 
 def coordinator_env(address: str, num_processes: int, process_id: int | str) -> dict[str, str]:
     """The variables that give ipa_jax.train.distributed.initialize its coordinator and place explicitly."""
-    return {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": str(num_processes),
-            "JAX_PROCESS_ID": str(process_id)}
+    return {
+        "JAX_COORDINATOR_ADDRESS": address,
+        "JAX_NUM_PROCESSES": str(num_processes),
+        "JAX_PROCESS_ID": str(process_id),
+    }
 
 
 def slurm_env(host: str, port: int, num_processes: int, process_id: int) -> dict[str, str]:
     """What srun gives a task of a one-node step, as jax's Slurm detection reads it (JAX_COORDINATOR_PORT: the
     port jax would otherwise derive from the job id)."""
-    return {"SLURM_JOB_ID": "0", "SLURM_STEP_NODELIST": host, "SLURM_NTASKS": str(num_processes),
-            "SLURM_PROCID": str(process_id), "SLURM_LOCALID": str(process_id), "JAX_COORDINATOR_PORT": str(port)}
+    return {
+        "SLURM_JOB_ID": "0",
+        "SLURM_STEP_NODELIST": host,
+        "SLURM_NTASKS": str(num_processes),
+        "SLURM_PROCID": str(process_id),
+        "SLURM_LOCALID": str(process_id),
+        "JAX_COORDINATOR_PORT": str(port),
+    }
 
 
 def explicit_env(host: str, port: int, num_processes: int, process_id: int) -> dict[str, str]:
@@ -41,8 +50,10 @@ def explicit_env(host: str, port: int, num_processes: int, process_id: int) -> d
 
 def _one_process_per_node(spec: LaunchSpec, target: str) -> None:
     if spec.processes_per_node != 1:
-        raise ValueError(f"launch target {target}: one process per node (got processes_per_node="
-                         f"{spec.processes_per_node}); the process drives all accelerators of its node")
+        raise ValueError(
+            f"launch target {target}: one process per node (got processes_per_node="
+            f"{spec.processes_per_node}); the process drives all accelerators of its node"
+        )
 
 
 def render_slurm(spec: LaunchSpec) -> str:
@@ -54,12 +65,16 @@ def render_slurm(spec: LaunchSpec) -> str:
         options.append(f"--gpus-per-node={gpu_type}{spec.accelerators_per_node}")
     options += [f"--{key}={getattr(spec, key)}" for key in ("partition", "account", "time") if getattr(spec, key)]
     options += ["--exclusive", "--output=%x-%j.out"]
-    lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options),
-             f"# {spec.num_processes} processes. jax.distributed.initialize() finds the coordinator (the first node),",
-             "# the process count and each task's id in srun's SLURM_* variables; one failed task ends the step.",
-             "set -euo pipefail", f"cd {shlex.quote(spec.workdir)}",
-             *(f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()),
-             f"srun --kill-on-bad-exit=1 {spec.train_command()}"]
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {option}" for option in options),
+        f"# {spec.num_processes} processes. jax.distributed.initialize() finds the coordinator (the first node),",
+        "# the process count and each task's id in srun's SLURM_* variables; one failed task ends the step.",
+        "set -euo pipefail",
+        f"cd {shlex.quote(spec.workdir)}",
+        *(f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()),
+        f"srun --kill-on-bad-exit=1 {spec.train_command()}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -70,17 +85,32 @@ def render_gke(spec: LaunchSpec) -> str:
     coordinator = f"{spec.name}-{REPLICATED_JOB}-0-0.{spec.name}:{spec.coordinator_port}"
     values = {**spec.env, **coordinator_env(coordinator, spec.nodes, 0)}
     env = [{"name": k, "value": v} for k, v in values.items() if k != "JAX_PROCESS_ID"]
-    env.append({"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {  # the pod's index in its indexed Job
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
-    container = {"name": "train", "image": spec.image, "command": spec.train_argv(), "env": env,
-                 "ports": [{"containerPort": spec.coordinator_port}]}
+    env.append(
+        {
+            "name": "JAX_PROCESS_ID",
+            "valueFrom": {
+                "fieldRef": {  # the pod's index in its indexed Job
+                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                }
+            },
+        }
+    )
+    container = {
+        "name": "train",
+        "image": spec.image,
+        "command": spec.train_argv(),
+        "env": env,
+        "ports": [{"containerPort": spec.coordinator_port}],
+    }
     if spec.workdir != ".":  # else the image's working directory
         container["workingDir"] = spec.workdir
     pod = {"restartPolicy": "Never", "containers": [container]}
     annotations = {}
     if spec.is_tpu:
-        pod["nodeSelector"] = {"cloud.google.com/gke-tpu-accelerator": spec.accelerator,
-                               "cloud.google.com/gke-tpu-topology": spec.tpu_topology}
+        pod["nodeSelector"] = {
+            "cloud.google.com/gke-tpu-accelerator": spec.accelerator,
+            "cloud.google.com/gke-tpu-topology": spec.tpu_topology,
+        }
         container["resources"] = {"limits": {"google.com/tpu": spec.accelerators_per_node}}
         annotations["alpha.jobset.sigs.k8s.io/exclusive-topology"] = "cloud.google.com/gke-nodepool"
     elif spec.accelerator == "gpu":
@@ -88,15 +118,22 @@ def render_gke(spec: LaunchSpec) -> str:
     elif spec.accelerator:
         pod["nodeSelector"] = {"cloud.google.com/gke-accelerator": spec.accelerator}
         container["resources"] = {"limits": {"nvidia.com/gpu": spec.accelerators_per_node}}
-    job = {"parallelism": spec.nodes, "completions": spec.nodes, "completionMode": "Indexed", "backoffLimit": 0,
-           "template": {"spec": pod}}
+    job = {
+        "parallelism": spec.nodes,
+        "completions": spec.nodes,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {"spec": pod},
+    }
     manifest = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {"name": spec.name, **({"annotations": annotations} if annotations else {})},
-        "spec": {"failurePolicy": {"maxRestarts": spec.max_restarts},
-                 "network": {"enableDNSHostnames": True, "subdomain": spec.name},
-                 "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job}}]},
+        "spec": {
+            "failurePolicy": {"maxRestarts": spec.max_restarts},
+            "network": {"enableDNSHostnames": True, "subdomain": spec.name},
+            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job}}],
+        },
     }
     return yaml.safe_dump(manifest, sort_keys=False)
 
@@ -164,8 +201,14 @@ def render_ray(spec: LaunchSpec) -> str:
         raise ValueError(f"launch target ray: GPU or CPU nodes, not {spec.accelerator!r} (TPU slices: gke)")
     if spec.workdir != ".":
         raise ValueError("launch target ray: the job's working directory is the repository (workdir='.')")
-    return RAY_SCRIPT.substitute(name=spec.name, nodes=spec.nodes, gpus=spec.accelerators_per_node,
-                                 argv=repr(spec.train_argv()), env=repr(dict(spec.env)), port=spec.coordinator_port)
+    return RAY_SCRIPT.substitute(
+        name=spec.name,
+        nodes=spec.nodes,
+        gpus=spec.accelerators_per_node,
+        argv=repr(spec.train_argv()),
+        env=repr(dict(spec.env)),
+        port=spec.coordinator_port,
+    )
 
 
 @dataclass(frozen=True)

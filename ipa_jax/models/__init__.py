@@ -16,7 +16,22 @@ from ipa_jax.models.sharding import (
 )
 
 __all__ = [
-    "DEFAULT_RULES", "MESH_AXES", "KVCache", "MeshConfig", "ModelOutput", "Qwen3Config", "Qwen3ForCausalLM",
-    "batch_sharding", "blockwise_logprobs", "extend_kv_cache", "from_pretrained", "init_kv_cache", "init_model",
-    "logical_to_spec", "make_mesh", "param_shardings", "save_pretrained", "token_logprobs",
+    "DEFAULT_RULES",
+    "MESH_AXES",
+    "KVCache",
+    "MeshConfig",
+    "ModelOutput",
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+    "batch_sharding",
+    "blockwise_logprobs",
+    "extend_kv_cache",
+    "from_pretrained",
+    "init_kv_cache",
+    "init_model",
+    "logical_to_spec",
+    "make_mesh",
+    "param_shardings",
+    "save_pretrained",
+    "token_logprobs",
 ]

@@ -65,8 +65,13 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
-def visible_keys(q_pos: jax.Array, k_pos: jax.Array, k_valid: jax.Array, q_segments: jax.Array | None = None,
-                 k_segments: jax.Array | None = None) -> jax.Array:
+def visible_keys(
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    k_valid: jax.Array,
+    q_segments: jax.Array | None = None,
+    k_segments: jax.Array | None = None,
+) -> jax.Array:
     """bool[B, T, S]: key s is visible to query t iff it is valid, k_pos[s] <= q_pos[t] and (with segment ids)
     both lie in one segment. q_pos/q_segments [B, T], k_pos/k_valid/k_segments [B, S]."""
     visible = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
@@ -147,8 +152,9 @@ def blocked_attention(q, k, v, visible, scale: float, query_block: int) -> jax.A
 def _fused_attention(q, k, v, visible, scale, implementation: str, is_causal: bool = False):
     """`jax.nn.dot_product_attention` with `visible` as its boolean mask."""
     b, t, hq, d = q.shape
-    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=scale, is_causal=is_causal,
-                                       implementation=implementation)
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=visible[:, None], scale=scale, is_causal=is_causal, implementation=implementation
+    )
     return out.reshape(b, t, hq * d)
 
 
@@ -195,12 +201,21 @@ def _splash_local(q, k, v, segments, scale: float) -> jax.Array:
     groups = hq // hkv
     padded = -(-t // SPLASH_BLOCK) * SPLASH_BLOCK
     pad = lambda x: jnp.pad(x, ((0, 0), (0, padded - t)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
-    blocks = splash.BlockSizes(block_q=SPLASH_BLOCK, block_kv=SPLASH_BLOCK, block_kv_compute=SPLASH_BLOCK,
-                               block_q_dkv=SPLASH_BLOCK, block_kv_dkv=SPLASH_BLOCK,
-                               block_kv_dkv_compute=SPLASH_BLOCK, block_q_dq=SPLASH_BLOCK, block_kv_dq=SPLASH_BLOCK)
+    blocks = splash.BlockSizes(
+        block_q=SPLASH_BLOCK,
+        block_kv=SPLASH_BLOCK,
+        block_kv_compute=SPLASH_BLOCK,
+        block_q_dkv=SPLASH_BLOCK,
+        block_kv_dkv=SPLASH_BLOCK,
+        block_kv_dkv_compute=SPLASH_BLOCK,
+        block_q_dq=SPLASH_BLOCK,
+        block_kv_dq=SPLASH_BLOCK,
+    )
     kernel = splash.make_splash_mqa_single_device(
-        splash_mask.MultiHeadMask([splash_mask.CausalMask((padded, padded))] * groups), block_sizes=blocks,
-        interpret=jax.devices()[0].platform != "tpu")
+        splash_mask.MultiHeadMask([splash_mask.CausalMask((padded, padded))] * groups),
+        block_sizes=blocks,
+        interpret=jax.devices()[0].platform != "tpu",
+    )
     qh = pad(q * jnp.asarray(scale, q.dtype)).reshape(b, padded, hkv, groups, d).transpose(0, 2, 3, 1, 4)
     kh, vh = pad(k).transpose(0, 2, 1, 3), pad(v).transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
 
@@ -223,8 +238,13 @@ def splash_attention(q, k, v, segments, scale: float, mesh: AttentionMesh | None
     rows = mesh.batch_axes if mesh.batch_axes and q.shape[0] % shards(mesh.batch_axes) == 0 else None
     qkv = P(rows, None, heads, None)
     # check_vma off: the Pallas call declares no per-axis variation of its outputs (each instance is independent).
-    return jax.shard_map(lambda *a: _splash_local(*a, scale), mesh=mesh.mesh, in_specs=(qkv, qkv, qkv, P(rows, None)),
-                         out_specs=P(rows, None, heads), check_vma=False)(q, k, v, segments)
+    return jax.shard_map(
+        lambda *a: _splash_local(*a, scale),
+        mesh=mesh.mesh,
+        in_specs=(qkv, qkv, qkv, P(rows, None)),
+        out_specs=P(rows, None, heads),
+        check_vma=False,
+    )(q, k, v, segments)
 
 
 def resolve_attention_impl(impl: str, dtype, head_dim: int | None = None) -> str:
@@ -241,8 +261,18 @@ def resolve_attention_impl(impl: str, dtype, head_dim: int | None = None) -> str
     return "blocked" if device.platform == "cpu" else "xla"
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: float, *, impl: str,
-           query_block: int, segments: jax.Array | None = None, mesh: AttentionMesh | None = None) -> jax.Array:
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visible: jax.Array,
+    scale: float,
+    *,
+    impl: str,
+    query_block: int,
+    segments: jax.Array | None = None,
+    mesh: AttentionMesh | None = None,
+) -> jax.Array:
     """Self-attention of q [B, T, Hq, D] over k/v [B, T, Hkv, D], the keys of these queries' own tokens in index
     order (so the causal paths may skip later keys), with `visible` bool[B, T, T] -> [B, T, Hq * D].
 
@@ -263,8 +293,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, scale: 
     return causal_block_attention(kernel, q, k, v, visible, scale, query_block)
 
 
-def attend_cache(q: jax.Array, k_columns: jax.Array, v_heads: jax.Array, visible: jax.Array, scale: float, *,
-                 impl: str) -> jax.Array:
+def attend_cache(
+    q: jax.Array, k_columns: jax.Array, v_heads: jax.Array, visible: jax.Array, scale: float, *, impl: str
+) -> jax.Array:
     """Attention of q [B, T, Hq, D] over a KV cache's keys k_columns [B, Hkv, D, S] and values v_heads
     [B, Hkv, S, D] with `visible` bool[B, T, S] -> [B, T, Hq * D]. Every path uses all S slots; blocked (the CPU
     path) multiplies the buffers as stored, the others take them [B, S, Hkv, D] (transposed copies: what
@@ -273,8 +304,9 @@ def attend_cache(q: jax.Array, k_columns: jax.Array, v_heads: jax.Array, visible
     if impl == "blocked":
         t, groups = q.shape[1], q.shape[2] // k_columns.shape[1]
         qh = _queries_head_major(q, k_columns.shape[1])
-        out = _head_major_block(qh, k_columns, v_heads, jnp.repeat(visible, groups, axis=1), scale,
-                                keys_slots_last=True)
+        out = _head_major_block(
+            qh, k_columns, v_heads, jnp.repeat(visible, groups, axis=1), scale, keys_slots_last=True
+        )
         return _from_head_major(out, t, groups)
     k, v = k_columns.transpose(0, 3, 1, 2), v_heads.swapaxes(1, 2)
     if impl == "reference":

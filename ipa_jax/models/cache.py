@@ -38,9 +38,11 @@ class KVCache(NamedTuple):
 def init_kv_cache(config: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` positions (positions must be < max_len)."""
     heads, layers = config.num_key_value_heads, config.num_hidden_layers
-    return KVCache(keys=tuple(jnp.zeros((batch, heads, config.head_dim, max_len), dtype) for _ in range(layers)),
-                   values=tuple(jnp.zeros((batch, heads, max_len, config.head_dim), dtype) for _ in range(layers)),
-                   valid=jnp.zeros((batch, max_len), bool))
+    return KVCache(
+        keys=tuple(jnp.zeros((batch, heads, config.head_dim, max_len), dtype) for _ in range(layers)),
+        values=tuple(jnp.zeros((batch, heads, max_len, config.head_dim), dtype) for _ in range(layers)),
+        valid=jnp.zeros((batch, max_len), bool),
+    )
 
 
 def extend_kv_cache(cache: KVCache, max_len: int) -> KVCache:
@@ -49,8 +51,11 @@ def extend_kv_cache(cache: KVCache, max_len: int) -> KVCache:
     if extra < 0:
         raise ValueError(f"cannot shrink a KV cache of {cache.max_len} slots to {max_len}")
     pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
-    return KVCache(keys=tuple(pad(k, 3) for k in cache.keys), values=tuple(pad(v, 2) for v in cache.values),
-                   valid=pad(cache.valid, 1))
+    return KVCache(
+        keys=tuple(pad(k, 3) for k in cache.keys),
+        values=tuple(pad(v, 2) for v in cache.values),
+        valid=pad(cache.valid, 1),
+    )
 
 
 def write_slots(positions: jax.Array, attention_mask: jax.Array, max_len: int) -> jax.Array:

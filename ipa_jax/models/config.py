@@ -19,20 +19,55 @@ ROPE_TYPES = ("default", "linear", "yarn")
 # HF keys that carry no information for the computation (bookkeeping, generation, inference-only knobs).
 _IGNORED_HF_KEYS = frozenset(
     {
-        "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "initializer_range",
-        "use_cache", "output_router_logits", "router_aux_loss_coef", "max_window_layers", "sliding_window",
-        "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "hidden_act",
-        "use_sliding_window", "layer_types", "rope_theta", "rope_scaling", "rope_parameters", "num_local_experts",
-        "output_attentions", "output_hidden_states", "return_dict",
-        "is_encoder_decoder", "tokenizer_class", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
-        "generation_config", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "torchscript",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "initializer_range",
+        "use_cache",
+        "output_router_logits",
+        "router_aux_loss_coef",
+        "max_window_layers",
+        "sliding_window",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "attention_dropout",
+        "hidden_act",
+        "use_sliding_window",
+        "layer_types",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "num_local_experts",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "is_encoder_decoder",
+        "tokenizer_class",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "chunk_size_feed_forward",
+        "generation_config",
+        "use_bfloat16",
+        "tf_legacy_loss",
+        "pruned_heads",
+        "torchscript",
     }
 )
 
 
 # Qwen3Config fields that choose how the model computes, not what: the learner's choice, not the checkpoint's.
-LEARNER_SIDE_FIELDS = ("moe_impl", "moe_block_rows", "attention_impl", "remat_policy", "attention_query_block",
-                       "scan_layers")
+LEARNER_SIDE_FIELDS = (
+    "moe_impl",
+    "moe_block_rows",
+    "attention_impl",
+    "remat_policy",
+    "attention_query_block",
+    "scan_layers",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,31 +124,45 @@ class Qwen3Config:
     scan_layers: bool = False
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Qwen3Config.{name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"Qwen3Config.num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+            raise ValueError(
+                f"Qwen3Config.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"Qwen3Config.head_dim must be even for RoPE, got {self.head_dim}")
         if self.num_experts < 0:
             raise ValueError(f"Qwen3Config.num_experts must be >= 0, got {self.num_experts}")
         if self.num_experts > 0:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
-                raise ValueError(f"Qwen3Config.num_experts_per_tok={self.num_experts_per_tok} must be in "
-                                 f"[1, num_experts={self.num_experts}]")
+                raise ValueError(
+                    f"Qwen3Config.num_experts_per_tok={self.num_experts_per_tok} must be in "
+                    f"[1, num_experts={self.num_experts}]"
+                )
             if self.moe_intermediate_size <= 0:
-                raise ValueError("Qwen3Config.moe_intermediate_size must be positive, "
-                                 f"got {self.moe_intermediate_size}")
+                raise ValueError(
+                    f"Qwen3Config.moe_intermediate_size must be positive, got {self.moe_intermediate_size}"
+                )
             if self.decoder_sparse_step <= 0:
                 raise ValueError(f"Qwen3Config.decoder_sparse_step must be positive, got {self.decoder_sparse_step}")
         if self.family not in FAMILIES:
             raise ValueError(f"Qwen3Config.family must be one of {FAMILIES}, got {self.family!r}")
         if self.family == "qwen2" and (self.num_experts or self.attention_bias):
-            raise ValueError("Qwen3Config: family 'qwen2' has fixed q/k/v biases and no experts "
-                             f"(num_experts={self.num_experts}, attention_bias={self.attention_bias})")
+            raise ValueError(
+                "Qwen3Config: family 'qwen2' has fixed q/k/v biases and no experts "
+                f"(num_experts={self.num_experts}, attention_bias={self.attention_bias})"
+            )
         if self.attention_query_block < 0:
             raise ValueError(f"Qwen3Config.attention_query_block must be >= 0, got {self.attention_query_block}")
         if self.moe_impl not in MOE_IMPLS:
@@ -121,18 +170,22 @@ class Qwen3Config:
         if self.moe_block_rows < 0:
             raise ValueError(f"Qwen3Config.moe_block_rows must be >= 0 (0 = automatic), got {self.moe_block_rows}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
-                             f"got {self.attention_impl!r}")
+            raise ValueError(
+                f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
+            )
         if self.scan_layers and 0 < len(self.moe_layers) < self.num_hidden_layers:
-            raise ValueError(f"Qwen3Config.scan_layers needs layers of one kind, but layers {self.moe_layers} of "
-                             f"{self.num_hidden_layers} are MoE (mlp_only_layers / decoder_sparse_step)")
+            raise ValueError(
+                f"Qwen3Config.scan_layers needs layers of one kind, but layers {self.moe_layers} of "
+                f"{self.num_hidden_layers} are MoE (mlp_only_layers / decoder_sparse_step)"
+            )
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.rope_scaling is not None:
             rope_type = dict(self.rope_scaling).get("rope_type")
             if rope_type not in ROPE_TYPES:
-                raise ValueError(f"Qwen3Config.rope_scaling rope_type {rope_type!r} unsupported "
-                                 f"(use one of {ROPE_TYPES})")
+                raise ValueError(
+                    f"Qwen3Config.rope_scaling rope_type {rope_type!r} unsupported (use one of {ROPE_TYPES})"
+                )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -148,8 +201,9 @@ class Qwen3Config:
         return any(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
 
     def is_moe_layer(self, layer: int) -> bool:
-        return (self.num_experts > 0 and layer not in self.mlp_only_layers
-                and (layer + 1) % self.decoder_sparse_step == 0)
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -225,14 +279,20 @@ class Qwen3Config:
         rope_scaling = None if rope.get("rope_type", "default") == "default" else tuple(sorted(rope.items()))
         eos = d.get("eos_token_id")
         kw: dict[str, Any] = dict(
-            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"], num_attention_heads=d["num_attention_heads"],
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
             num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(rope_theta), rope_scaling=rope_scaling,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 40960),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            bos_token_id=d.get("bos_token_id"), pad_token_id=d.get("pad_token_id"),
+            bos_token_id=d.get("bos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             family="qwen2" if model_type == "qwen2" else "qwen3",
             attention_bias=bool(d.get("attention_bias", False)) and model_type != "qwen2",
@@ -259,26 +319,41 @@ class Qwen3Config:
         moe = self.num_experts > 0
         model_type = "qwen2" if self.family == "qwen2" else "qwen3_moe" if moe else "qwen3"
         d: dict[str, Any] = {
-            "architectures": [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                               "qwen3_moe": "Qwen3MoeForCausalLM"}[model_type]],
+            "architectures": [
+                {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[
+                    model_type
+                ]
+            ],
             "model_type": model_type,
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
             "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
             "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": "silu",
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
             "attention_bias": self.attention_bias,
-            "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
-            "bos_token_id": self.bos_token_id, "pad_token_id": self.pad_token_id,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "bos_token_id": self.bos_token_id,
+            "pad_token_id": self.pad_token_id,
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
         }
         if moe:
             d.update(
-                num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
-                moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
-                decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=list(self.mlp_only_layers),
             )
         return d
 

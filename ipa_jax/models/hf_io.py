@@ -28,8 +28,18 @@ from ipa_jax.models.config import Qwen3Config
 from ipa_jax.models.qwen3 import Qwen3ForCausalLM
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, param_shardings, place
 
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_ST_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 _ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -70,7 +80,7 @@ class SafetensorsReader:
         if meta["dtype"] not in _ST_DTYPES:
             raise ValueError(f"tensor {key!r} has unsupported safetensors dtype {meta['dtype']}")
         begin, end = meta["data_offsets"]
-        return data[base + begin: base + end].view(_ST_DTYPES[meta["dtype"]]).reshape(meta["shape"])
+        return data[base + begin : base + end].view(_ST_DTYPES[meta["dtype"]]).reshape(meta["shape"])
 
 
 def write_safetensors(fname: str, tensors: dict[str, np.ndarray]) -> None:
@@ -78,8 +88,11 @@ def write_safetensors(fname: str, tensors: dict[str, np.ndarray]) -> None:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, arr in tensors.items():
-        header[key] = {"dtype": _ST_NAMES[arr.dtype], "shape": list(arr.shape),
-                       "data_offsets": [offset, offset + arr.nbytes]}
+        header[key] = {
+            "dtype": _ST_NAMES[arr.dtype],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
         offset += arr.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -97,7 +110,7 @@ def hf_name(path: tuple) -> str:
         return "lm_head.weight"
     dotted = ".".join(str(p) for p in path)
     if dotted.endswith("_bias"):  # q_proj_bias -> q_proj.bias
-        return f"model.{dotted[:-len('_bias')]}.bias"
+        return f"model.{dotted[: -len('_bias')]}.bias"
     return f"model.{dotted}" + ("" if path[-1] == "weight" else ".weight")
 
 
@@ -139,8 +152,14 @@ def _read_param(reader: SafetensorsReader, path: tuple, layout: str, used: set[s
     return np.stack(mats)
 
 
-def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | None = None,
-                    sharding_rules: Rules | None = None, **config_overrides) -> Qwen3ForCausalLM:
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype=jnp.float32,
+    mesh: Mesh | None = None,
+    sharding_rules: Rules | None = None,
+    **config_overrides,
+) -> Qwen3ForCausalLM:
     """Loads a HF Qwen3 / Qwen3-MoE folder tensor by tensor, each placed directly in its sharding on `mesh`.
 
     config_overrides: learner-side Qwen3Config fields (moe_impl, attention_impl, remat_policy, scan_layers; with
@@ -149,8 +168,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | 
     """
     config = Qwen3Config.from_pretrained_dir(path, **config_overrides)
     rules = DEFAULT_RULES if sharding_rules is None else tuple(sharding_rules)
-    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh,
-                                                       rules=rules))
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh, rules=rules))
     graphdef, state = nnx.split(abstract)
     shardings = None if mesh is None else param_shardings(state, mesh, rules)
     reader = SafetensorsReader(path)
@@ -200,8 +218,9 @@ def gather_model(model: Qwen3ForCausalLM, dtype=None, *, to_host: bool = False) 
     if jax.process_count() == 1 and not to_host:
         return model
     graphdef, state = nnx.split(model)
-    state = jax.tree.map(lambda var: var.replace(value=_gather_param(var, dtype)), state,
-                         is_leaf=lambda x: isinstance(x, nnx.Variable))
+    state = jax.tree.map(
+        lambda var: var.replace(value=_gather_param(var, dtype)), state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
     return nnx.merge(graphdef, state) if jax.process_index() == 0 else None
 
 
@@ -311,8 +330,9 @@ def merge_hf_tensors(state: nnx.State, tensors: Mapping[str, np.ndarray]) -> tup
     return state, used
 
 
-def save_pretrained(model: Qwen3ForCausalLM, path: str | os.PathLike, *, dtype=None,
-                    max_shard_bytes: int = 5 * 1024**3) -> None:
+def save_pretrained(
+    model: Qwen3ForCausalLM, path: str | os.PathLike, *, dtype=None, max_shard_bytes: int = 5 * 1024**3
+) -> None:
     """Writes config.json and safetensors (sharded + model.safetensors.index.json above max_shard_bytes) that
     transformers' AutoModelForCausalLM.from_pretrained (and SGLang) load. dtype: cast on the host (default: the
     parameters' own dtype). Multi-host: call on every process; process 0 writes."""
@@ -340,8 +360,11 @@ def save_pretrained(model: Qwen3ForCausalLM, path: str | os.PathLike, *, dtype=N
             write_safetensors(os.path.join(path, fname), shard)
             weight_map.update({k: fname for k in shard})
         with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as f:
-            json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-                       "weight_map": weight_map}, f, indent=2)
+            json.dump(
+                {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map},
+                f,
+                indent=2,
+            )
     config = model.config.to_hf_dict()
     saved_dtype = jnp.dtype(dtype or model.dtype)
     config["torch_dtype"] = config["dtype"] = saved_dtype.name  # old and new transformers key

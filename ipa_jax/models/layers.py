@@ -20,8 +20,14 @@ from ipa_jax.models.config import Qwen3Config
 INIT_STD = 0.02  # transformers' initializer_range default for Qwen3
 
 
-def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], logical_axes: tuple[str | None, ...], dtype,
-               hf_layout: str, init: str = "normal") -> nnx.Param:
+def make_param(
+    rngs: nnx.Rngs | None,
+    shape: tuple[int, ...],
+    logical_axes: tuple[str | None, ...],
+    dtype,
+    hf_layout: str,
+    init: str = "normal",
+) -> nnx.Param:
     """A Param initialised N(0, 0.02) ("normal"), to ones or to zeros, tagged with its sharding and HF layout."""
     if init in ("ones", "zeros"):
         value = (jnp.ones if init == "ones" else jnp.zeros)(shape, dtype)
@@ -85,9 +91,17 @@ class Attention(nnx.Module):
         if self.o_bias:
             self.o_proj_bias = make_param(None, (h,), ("embed",), dtype, "copy", init="zeros")
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, visible: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None, slots: jax.Array | None,
-                 segments: jax.Array | None = None, mesh: AttentionMesh | None = None):
+    def __call__(
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        visible: jax.Array,
+        kv_cache: tuple[jax.Array, jax.Array] | None,
+        slots: jax.Array | None,
+        segments: jax.Array | None = None,
+        mesh: AttentionMesh | None = None,
+    ):
         """x [B, T, H] -> (out [B, T, H], updated (k, v) cache buffers or None). segments int32[B, T] and mesh: what
         the splash path reads (models/attention.py).
 
@@ -108,12 +122,10 @@ class Attention(nnx.Module):
         impl, scale = resolve_attention_impl(self.impl, x.dtype, self.head_dim), self.head_dim**-0.5
         new_cache = None
         if kv_cache is None:
-            out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block, segments=segments,
-                         mesh=mesh)
+            out = attend(q, k, v, visible, scale, impl=impl, query_block=self.query_block, segments=segments, mesh=mesh)
         else:
             new_cache = (write_heads(kv_cache[0], slots, k, slots_last=True), write_heads(kv_cache[1], slots, v))
-            out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale,
-                               impl=impl)
+            out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale, impl=impl)
         out = out @ self.o_proj[...]
         return (out + self.o_proj_bias[...] if self.o_bias else out), new_cache
 

@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 
 
-def reference_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array,
-                       return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+def reference_logprobs(
+    hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, return_entropy: bool = False
+) -> tuple[jax.Array, jax.Array | None]:
     """The reference: full float32 logits, log softmax, gather. Same signature and result as `blockwise_logprobs`
     (without block_size); holds [B, N, V] float32 at once."""
     logp = jax.nn.log_softmax(jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=jnp.float32))
@@ -89,8 +90,11 @@ def _forward(hidden, lm_head, targets, needed, block_size, with_entropy, keep_lo
 
     def one_block(args):
         h_block, t_block, block_needed = args
-        skipped = lambda *_: (jnp.zeros(t_block.shape, jnp.float32),) * 3 + (  # noqa: E731
-            (jnp.zeros((*t_block.shape, lm_head.shape[1]), jnp.float32),) if keep_logits else ())
+
+        def skipped(*_):
+            logits = (jnp.zeros((*t_block.shape, lm_head.shape[1]), jnp.float32),) if keep_logits else ()
+            return (jnp.zeros(t_block.shape, jnp.float32),) * 3 + logits
+
         return jax.lax.cond(block_needed, compute, skipped, h_block, t_block)
 
     def compute(h_block, t_block):
@@ -115,8 +119,7 @@ def _fused_logprobs(hidden, lm_head, targets, needed, block_size, with_entropy, 
 
 
 def _fused_logprobs_fwd(hidden, lm_head, targets, needed, block_size, with_entropy, keep_logits):
-    logprobs, lse, entropy, logits = _forward(hidden, lm_head, targets, needed, block_size, with_entropy,
-                                              keep_logits)
+    logprobs, lse, entropy, logits = _forward(hidden, lm_head, targets, needed, block_size, with_entropy, keep_logits)
     return (logprobs, entropy), (hidden, lm_head, targets, needed, lse, entropy, logits)
 
 
@@ -130,8 +133,9 @@ def _fused_logprobs_bwd(block_size, with_entropy, keep_logits, residuals, cotang
 
     def one_block(g_head, args):
         *block, block_needed = args
-        return jax.lax.cond(block_needed, compute, lambda g_head, h_block, *_: (g_head, jnp.zeros_like(h_block)),
-                            g_head, *block)
+        return jax.lax.cond(
+            block_needed, compute, lambda g_head, h_block, *_: (g_head, jnp.zeros_like(h_block)), g_head, *block
+        )
 
     def compute(g_head, h_block, t_block, lse_block, ent_block, g_lp, g_ent, *logits_block):
         logits = logits_block[0] if keep_logits else _block_logits(h_block, lm_head)
@@ -140,8 +144,9 @@ def _fused_logprobs_bwd(block_size, with_entropy, keep_logits, residuals, cotang
         if with_entropy:
             d_logits += p * g_ent[..., None] * ((lse_block - ent_block)[..., None] - logits)
         d_hidden = jnp.einsum("btv,hv->bth", d_logits.astype(lm_head.dtype), lm_head).astype(hidden.dtype)
-        g_head = g_head + jnp.einsum("bth,btv->hv", h_block, d_logits.astype(h_block.dtype),
-                                     preferred_element_type=jnp.float32)
+        g_head = g_head + jnp.einsum(
+            "bth,btv->hv", h_block, d_logits.astype(h_block.dtype), preferred_element_type=jnp.float32
+        )
         return g_head, d_hidden
 
     blocks = tuple(_to_blocks(x, block_size) for x in (hidden, targets, lse, entropy, g_logprob, g_entropy))
@@ -153,9 +158,16 @@ def _fused_logprobs_bwd(block_size, with_entropy, keep_logits, residuals, cotang
 _fused_logprobs.defvjp(_fused_logprobs_fwd, _fused_logprobs_bwd)
 
 
-def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *, block_size: int = 128,
-                       return_entropy: bool = False, scored: jax.Array | None = None, keep_logits_bytes: int = 0
-                       ) -> tuple[jax.Array, jax.Array | None]:
+def blockwise_logprobs(
+    hidden: jax.Array,
+    lm_head: jax.Array,
+    targets: jax.Array,
+    *,
+    block_size: int = 128,
+    return_entropy: bool = False,
+    scored: jax.Array | None = None,
+    keep_logits_bytes: int = 0,
+) -> tuple[jax.Array, jax.Array | None]:
     """log softmax(h W)[target] and entropy -sum p log p, computed block by block over the sequence.
 
     hidden [B, N, H], lm_head [H, V], targets int32[B, N], scored bool[B, N] | None (the positions read; None = all)
@@ -175,22 +187,40 @@ def blockwise_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array
     num_blocks = (n + pad) // block_size
     keep_logits = b * (n + pad) * lm_head.shape[1] * 4 <= keep_logits_bytes
     if scored is None:
-        logprobs, entropy = _fused_logprobs(hidden, lm_head, targets, jnp.ones((num_blocks,), bool), block_size,
-                                            return_entropy, keep_logits)
+        logprobs, entropy = _fused_logprobs(
+            hidden, lm_head, targets, jnp.ones((num_blocks,), bool), block_size, return_entropy, keep_logits
+        )
         return logprobs[:, :n], (entropy[:, :n] if return_entropy else None)
     scored = jnp.pad(scored.astype(bool), ((0, 0), (0, pad)))
     order, inverse = _scored_first(scored)
     needed = jnp.arange(num_blocks) * block_size < jnp.max(jnp.sum(scored, axis=1))
-    compact = _fused_logprobs(_permute_positions(hidden, order, inverse), lm_head, _take_positions(targets, order),
-                              needed, block_size, return_entropy, keep_logits)
+    compact = _fused_logprobs(
+        _permute_positions(hidden, order, inverse),
+        lm_head,
+        _take_positions(targets, order),
+        needed,
+        block_size,
+        return_entropy,
+        keep_logits,
+    )
     logprobs, entropy = (jnp.where(scored, _permute_positions(x, inverse, order), 0.0)[:, :n] for x in compact)
     return logprobs, (entropy if return_entropy else None)
 
 
-def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = None,
-                   positions: jax.Array | None = None, *, segment_ids: jax.Array | None = None,
-                   return_entropy: bool = False, block_size: int = 128, routed_experts: jax.Array | None = None,
-                   moe_impl: str | None = None, scored: jax.Array | None = None, keep_logits_bytes: int = 0):
+def token_logprobs(
+    model,
+    tokens: jax.Array,
+    attention_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    *,
+    segment_ids: jax.Array | None = None,
+    return_entropy: bool = False,
+    block_size: int = 128,
+    routed_experts: jax.Array | None = None,
+    moe_impl: str | None = None,
+    scored: jax.Array | None = None,
+    keep_logits_bytes: int = 0,
+):
     """Log-prob of every token given its prefix, aligned with `tokens`: out[:, t] = log pi(tokens[t] | tokens[:t]).
 
     tokens int32[B, T], attention_mask bool[B, T], segment_ids int32[B, T] (packed rows: every segment is its
@@ -201,12 +231,18 @@ def token_logprobs(model, tokens: jax.Array, attention_mask: jax.Array | None = 
     all); only they are computed, in as few blocks as they fill, and the others hold 0 (`blockwise_logprobs`).
     keep_logits_bytes: the memory a differentiated call may spend keeping the logits (`blockwise_logprobs`).
     """
-    hidden, aux = model.hidden_states(tokens, positions, attention_mask, segment_ids=segment_ids,
-                                      routed_experts=routed_experts, moe_impl=moe_impl)
-    logprobs, entropy = blockwise_logprobs(hidden[:, :-1], model.lm_head_weight(), tokens[:, 1:],
-                                           block_size=block_size, return_entropy=return_entropy,
-                                           scored=None if scored is None else scored[:, 1:],
-                                           keep_logits_bytes=keep_logits_bytes)
+    hidden, aux = model.hidden_states(
+        tokens, positions, attention_mask, segment_ids=segment_ids, routed_experts=routed_experts, moe_impl=moe_impl
+    )
+    logprobs, entropy = blockwise_logprobs(
+        hidden[:, :-1],
+        model.lm_head_weight(),
+        tokens[:, 1:],
+        block_size=block_size,
+        return_entropy=return_entropy,
+        scored=None if scored is None else scored[:, 1:],
+        keep_logits_bytes=keep_logits_bytes,
+    )
     real = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
     # a token is scored only if it and its predecessor are real (the first token of a row never is) ...
     valid = real & jnp.pad(real[:, :-1], ((0, 0), (1, 0)))

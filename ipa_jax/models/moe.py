@@ -59,8 +59,9 @@ from ipa_jax.models.layers import make_param
 GROUPED_MATMUL = "moe_grouped_matmul"
 
 
-def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool,
-          replay: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def route(
+    x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool, replay: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Router in float32: p = softmax(x W); experts = top-k(p) (or the replayed ones); w = p[experts] (/ sum).
 
     x [N, H], router [H, E], replay int32[N, k] or None (a row with any negative entry keeps its own top-k:
@@ -79,8 +80,9 @@ def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool,
     return top_p, experts.astype(jnp.int32), logits
 
 
-def swiglu_experts_dense(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-                         w_down: jax.Array) -> jax.Array:
+def swiglu_experts_dense(
+    x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array
+) -> jax.Array:
     """Reference: y_e = down_e(silu(gate_e x) * up_e x) for all e; out = sum_e c[n, e] y_e[n], c from (experts,
     weights).
 
@@ -97,8 +99,9 @@ def swiglu_experts_dense(x: jax.Array, experts: jax.Array, weights: jax.Array, w
     return jnp.einsum("ne,enh->nh", combine, y)
 
 
-def swiglu_experts_ragged(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-                          w_down: jax.Array) -> jax.Array:
+def swiglu_experts_ragged(
+    x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array
+) -> jax.Array:
     """Grouped path, same signature and result as `swiglu_experts_dense`.
 
     Sort the N*k assignments by expert (stable), run grouped matmuls with group sizes = tokens per expert,
@@ -153,8 +156,9 @@ def expert_blocks(counts: jax.Array, assignments: int, rows: int, run_start: jax
         run_start = jnp.cumsum(counts) - counts
     start = run_start[expert] + (index - (blocks_end - per_expert)[expert]) * rows
     length = jnp.clip(run_start[expert] + counts[expert] - start, 0, rows)
-    return ExpertBlocks(expert.astype(jnp.int32), start.astype(jnp.int32), length.astype(jnp.int32),
-                        blocks_end[-1].astype(jnp.int32))
+    return ExpertBlocks(
+        expert.astype(jnp.int32), start.astype(jnp.int32), length.astype(jnp.int32), blocks_end[-1].astype(jnp.int32)
+    )
 
 
 def _block_window(start: jax.Array, length: jax.Array, total: int, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -211,26 +215,31 @@ def _grouped_forward(x, row_token, counts, w_gate_up, w_down, rows):
     y, gate_up = _swiglu_rows(x[row_token[window]], w_gate_up, w_down)
     # Rows that are not a block's own hold another expert's results: dropped here, kept below.
     dest = jnp.where(split.own, window, total).reshape(-1)
-    first = lambda new: jnp.zeros((total, new.shape[-1]), x.dtype).at[dest].set(  # noqa: E731
-        new.reshape(-1, new.shape[-1]), mode="drop")
+
+    def first(new):
+        return jnp.zeros((total, new.shape[-1]), x.dtype).at[dest].set(new.reshape(-1, new.shape[-1]), mode="drop")
+
     blocks = split.later
 
     def block(i, carry):
         ys, gate_ups = carry
         start, own = _block_window(blocks.start[i], blocks.length[i], total, rows)
         e = blocks.expert[i]
-        y, gate_up = _swiglu_rows(x[jax.lax.dynamic_slice_in_dim(row_token, start, rows)][None],
-                                  w_gate_up[e][None], w_down[e][None])
+        y, gate_up = _swiglu_rows(
+            x[jax.lax.dynamic_slice_in_dim(row_token, start, rows)][None], w_gate_up[e][None], w_down[e][None]
+        )
         keep = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-            buf, jnp.where(own[:, None], new[0], jax.lax.dynamic_slice_in_dim(buf, start, rows)), start, 0)
+            buf, jnp.where(own[:, None], new[0], jax.lax.dynamic_slice_in_dim(buf, start, rows)), start, 0
+        )
         return keep(ys, y), keep(gate_ups, gate_up)
 
     return jax.lax.fori_loop(0, blocks.num_blocks, block, (first(y), first(gate_up)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def grouped_swiglu(x: jax.Array, row_token: jax.Array, counts: jax.Array, w_gate_up: jax.Array,
-                   w_down: jax.Array, rows: int) -> jax.Array:
+def grouped_swiglu(
+    x: jax.Array, row_token: jax.Array, counts: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, rows: int
+) -> jax.Array:
     """y[r] = down_e(silu(x[t] gate_e) * (x[t] up_e)) for every sorted row r (token t = row_token[r] of expert e's
     run), expert by expert in blocks of `rows` rows, one matmul for gate and up: every expert's first block in one
     batched matmul over the experts (their weights read where they are stored), the further blocks (experts with more
@@ -256,9 +265,9 @@ def _grouped_swiglu_bwd(rows, residuals, d_ys):
     split = _split_blocks(counts, total, rows)
     window = split.window_first[:, None] + jnp.arange(rows)  # [E, rows]
     tokens = row_token[window]
-    d_xs, d_gate_up_w, d_down_w = _swiglu_rows_grad(x[tokens], gate_ups[window],
-                                                    jnp.where(split.own[..., None], d_ys[window], 0), w_gate_up,
-                                                    w_down)
+    d_xs, d_gate_up_w, d_down_w = _swiglu_rows_grad(
+        x[tokens], gate_ups[window], jnp.where(split.own[..., None], d_ys[window], 0), w_gate_up, w_down
+    )
     d_x = jnp.zeros_like(x).at[tokens.reshape(-1)].add(d_xs.reshape(-1, x.shape[-1]))
     blocks = split.later
 
@@ -268,10 +277,18 @@ def _grouped_swiglu_bwd(rows, residuals, d_ys):
         e = blocks.expert[i]
         tokens = jax.lax.dynamic_slice_in_dim(row_token, start, rows)
         dy = jnp.where(own[:, None], jax.lax.dynamic_slice_in_dim(d_ys, start, rows), 0)
-        d_xs, d_gu, d_dn = _swiglu_rows_grad(x[tokens][None], jax.lax.dynamic_slice_in_dim(gate_ups, start, rows)[None],
-                                             dy[None], w_gate_up[e][None], w_down[e][None])
-        return (d_x.at[tokens].add(d_xs[0]), d_gate_up_w.at[e].add(d_gu[0].astype(d_gate_up_w.dtype)),
-                d_down_w.at[e].add(d_dn[0].astype(d_down_w.dtype)))
+        d_xs, d_gu, d_dn = _swiglu_rows_grad(
+            x[tokens][None],
+            jax.lax.dynamic_slice_in_dim(gate_ups, start, rows)[None],
+            dy[None],
+            w_gate_up[e][None],
+            w_down[e][None],
+        )
+        return (
+            d_x.at[tokens].add(d_xs[0]),
+            d_gate_up_w.at[e].add(d_gu[0].astype(d_gate_up_w.dtype)),
+            d_down_w.at[e].add(d_dn[0].astype(d_down_w.dtype)),
+        )
 
     d_x, d_gate_up_w, d_down_w = jax.lax.fori_loop(0, blocks.num_blocks, block, (d_x, d_gate_up_w, d_down_w))
     return d_x, None, None, d_gate_up_w, d_down_w
@@ -280,8 +297,15 @@ def _grouped_swiglu_bwd(rows, residuals, d_ys):
 grouped_swiglu.defvjp(_grouped_swiglu_fwd, _grouped_swiglu_bwd)
 
 
-def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                           w_up: jax.Array, w_down: jax.Array, block_rows: int = 0) -> jax.Array:
+def swiglu_experts_blocked(
+    x: jax.Array,
+    experts: jax.Array,
+    weights: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    block_rows: int = 0,
+) -> jax.Array:
     """Blocked path, same signature and result as `swiglu_experts_dense`.
 
     The N*k assignments sorted by expert (stable), `grouped_swiglu` over the sorted rows (gate and up side by side:
@@ -293,8 +317,9 @@ def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array,
     order = jnp.argsort(flat, stable=True)
     counts = jnp.bincount(flat, length=w_gate.shape[0]).astype(jnp.int32)
     rows = min(block_rows, n * k) if block_rows else expert_block_rows(n * k, w_gate.shape[0])
-    ys = grouped_swiglu(x, (order // k).astype(jnp.int32), counts, jnp.concatenate([w_gate, w_up], axis=-1),
-                        w_down, rows)
+    ys = grouped_swiglu(
+        x, (order // k).astype(jnp.int32), counts, jnp.concatenate([w_gate, w_up], axis=-1), w_down, rows
+    )
     sorted_row = jnp.zeros((n * k,), jnp.int32).at[order].set(jnp.arange(n * k, dtype=jnp.int32))
     return jnp.einsum("nkh,nk->nh", ys[sorted_row].reshape(n, k, -1), weights)
 
@@ -303,8 +328,16 @@ def swiglu_experts_blocked(x: jax.Array, experts: jax.Array, weights: jax.Array,
 MEGABLOX_TILE = 128
 
 
-def _sorted_swiglu(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-                   w_down: jax.Array, grouped_matmul, row_multiple: int = 1) -> jax.Array:
+def _sorted_swiglu(
+    x: jax.Array,
+    experts: jax.Array,
+    weights: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    grouped_matmul,
+    row_multiple: int = 1,
+) -> jax.Array:
     """The kernel paths' common body, same signature and result as `swiglu_experts_dense` given
     grouped_matmul(lhs [M, K] in groups of rows, rhs [E, K, N], group_sizes int32[E]) -> [M, N]: the N*k
     assignments sorted by expert (stable), padded to a multiple of `row_multiple` rows, two grouped matmuls (gate
@@ -330,8 +363,9 @@ def _sorted_swiglu(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate:
     return jnp.einsum("nkh,nk->nh", ys[sorted_row].reshape(n, k, -1), weights)
 
 
-def swiglu_experts_megablox(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                            w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+def swiglu_experts_megablox(
+    x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array
+) -> jax.Array:
     """TPU path, same signature and result as `swiglu_experts_dense`: `_sorted_swiglu` on megablox's grouped
     matmul, the sorted rows padded to whole tiles."""
     tile = min(MEGABLOX_TILE, -(-experts.size // 8) * 8)
@@ -358,8 +392,9 @@ def tokamax_ragged_dot():
     return tokamax.ragged_dot
 
 
-def swiglu_experts_tokamax(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                           w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+def swiglu_experts_tokamax(
+    x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array
+) -> jax.Array:
     """GPU path, same signature and result as `swiglu_experts_dense`: `_sorted_swiglu` on tokamax's ragged_dot,
     which picks its implementation (module doc)."""
     ragged_dot = tokamax_ragged_dot()
@@ -368,8 +403,13 @@ def swiglu_experts_tokamax(x: jax.Array, experts: jax.Array, weights: jax.Array,
     return _sorted_swiglu(x, experts, weights, w_gate, w_up, w_down, ragged_dot)
 
 
-DISPATCH = {"dense": swiglu_experts_dense, "ragged": swiglu_experts_ragged, "blocked": swiglu_experts_blocked,
-            "megablox": swiglu_experts_megablox, "tokamax": swiglu_experts_tokamax}
+DISPATCH = {
+    "dense": swiglu_experts_dense,
+    "ragged": swiglu_experts_ragged,
+    "blocked": swiglu_experts_blocked,
+    "megablox": swiglu_experts_megablox,
+    "tokamax": swiglu_experts_tokamax,
+}
 # Paths whose groups of tokens run under shard_map on a mesh: GSPMD cannot split a Pallas call.
 KERNEL_PATHS = ("megablox", "tokamax")
 
@@ -397,8 +437,14 @@ class MoeDispatch:
         return DISPATCH[self.impl]
 
 
-def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_axes: tuple[str, ...] = (),
-                 expert_axes: tuple[str, ...] = (), block_rows: int = 0) -> MoeDispatch:
+def moe_dispatch(
+    impl: str,
+    batch_shards: int,
+    mesh: Mesh | None = None,
+    batch_axes: tuple[str, ...] = (),
+    expert_axes: tuple[str, ...] = (),
+    block_rows: int = 0,
+) -> MoeDispatch:
     """The dispatch of a forward whose batch is split `batch_shards` ways over the mesh axes `batch_axes` and whose
     experts are split over `expert_axes`: expert parallelism under shard_map on `mesh` when the expert axes have
     more than one device; else one token group per batch shard, except for ragged, whose `jax.lax.ragged_dot` has
@@ -407,8 +453,9 @@ def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_a
     expert_axes = tuple(a for a in expert_axes if mesh is not None and mesh.shape[a] > 1)
     block_rows = block_rows if impl == "blocked" else 0
     if expert_axes:
-        return MoeDispatch(impl, batch_shards, mesh, tuple(batch_axes) if batch_shards > 1 else (), expert_axes,
-                           block_rows)
+        return MoeDispatch(
+            impl, batch_shards, mesh, tuple(batch_axes) if batch_shards > 1 else (), expert_axes, block_rows
+        )
     if impl == "ragged":
         return MoeDispatch(impl, 1)
     if impl in KERNEL_PATHS and batch_shards > 1:
@@ -416,8 +463,15 @@ def moe_dispatch(impl: str, batch_shards: int, mesh: Mesh | None = None, batch_a
     return MoeDispatch(impl, batch_shards, block_rows=block_rows)
 
 
-def _expert_parallel(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                     w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+def _expert_parallel(
+    moe: MoeDispatch,
+    x: jax.Array,
+    experts: jax.Array,
+    weights: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+) -> jax.Array:
     """DISPATCH[moe.impl] with the experts split over moe.expert_axes (module doc), under shard_map: each device
     gets its batch shard's tokens (all tokens when the batch is not split) and its E / S experts' weights; tokens
     split over the expert axes are all-gathered along them, the assignments of other devices' experts skipped, and
@@ -436,13 +490,24 @@ def _expert_parallel(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights
 
     tokens, weights_spec = P(moe.batch_axes or None), P(axes)
     # check_vma off: the paths' loops start from replicated zeros, and the Pallas kernel declares no per-axis variation.
-    return jax.shard_map(local, mesh=moe.mesh, in_specs=(tokens, tokens, tokens, weights_spec, weights_spec,
-                                                         weights_spec), out_specs=tokens,
-                         check_vma=False)(x, experts, weights, w_gate, w_up, w_down)
+    return jax.shard_map(
+        local,
+        mesh=moe.mesh,
+        in_specs=(tokens, tokens, tokens, weights_spec, weights_spec, weights_spec),
+        out_specs=tokens,
+        check_vma=False,
+    )(x, experts, weights, w_gate, w_up, w_down)
 
 
-def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                     w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+def dispatch_experts(
+    moe: MoeDispatch,
+    x: jax.Array,
+    experts: jax.Array,
+    weights: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+) -> jax.Array:
     """DISPATCH[moe.impl] (x [N, H], experts/weights [N, k]): expert-parallel with moe.expert_axes, else over
     moe.groups slices of the N tokens: shard_map instances with moe.mesh (each sees its shard's tokens and every
     expert's weights), else vmapped."""
@@ -454,11 +519,13 @@ def dispatch_experts(moe: MoeDispatch, x: jax.Array, experts: jax.Array, weights
     if moe.mesh is not None:
         tokens = P(moe.batch_axes)
         # check_vma off: the Pallas call declares no per-axis variation of its outputs (each instance is independent).
-        return jax.shard_map(fn, mesh=moe.mesh, in_specs=(tokens, tokens, tokens, P(), P(), P()), out_specs=tokens,
-                             check_vma=False)(x, experts, weights, w_gate, w_up, w_down)
+        return jax.shard_map(
+            fn, mesh=moe.mesh, in_specs=(tokens, tokens, tokens, P(), P(), P()), out_specs=tokens, check_vma=False
+        )(x, experts, weights, w_gate, w_up, w_down)
     split = lambda a: a.reshape(moe.groups, -1, *a.shape[1:])  # noqa: E731
-    out = jax.vmap(fn, in_axes=(0, 0, 0, None, None, None))(split(x), split(experts), split(weights), w_gate, w_up,
-                                                            w_down)
+    out = jax.vmap(fn, in_axes=(0, 0, 0, None, None, None))(
+        split(x), split(experts), split(weights), w_gate, w_up, w_down
+    )
     return out.reshape(x.shape)
 
 
@@ -493,12 +560,15 @@ class Experts(nnx.Module):
     """Stacked expert weights (HF: mlp.experts.{e}.{gate,up,down}_proj.weight)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs):
-        self.gate_proj = make_param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "expert_mlp"),
-                                    dtype, "experts")
-        self.up_proj = make_param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "expert_mlp"),
-                                  dtype, "experts")
-        self.down_proj = make_param(rngs, (num_experts, intermediate, hidden), ("expert", "expert_mlp", "embed"),
-                                    dtype, "experts")
+        self.gate_proj = make_param(
+            rngs, (num_experts, hidden, intermediate), ("expert", "embed", "expert_mlp"), dtype, "experts"
+        )
+        self.up_proj = make_param(
+            rngs, (num_experts, hidden, intermediate), ("expert", "embed", "expert_mlp"), dtype, "experts"
+        )
+        self.down_proj = make_param(
+            rngs, (num_experts, intermediate, hidden), ("expert", "expert_mlp", "embed"), dtype, "experts"
+        )
 
 
 class SparseMoeBlock(nnx.Module):
@@ -506,8 +576,9 @@ class SparseMoeBlock(nnx.Module):
 
     def __init__(self, config: Qwen3Config, dtype, rngs: nnx.Rngs):
         self.top_k, self.norm_topk_prob = config.num_experts_per_tok, config.norm_topk_prob
-        self.gate = make_param(rngs, (config.hidden_size, config.num_experts), ("embed", "router_experts"), dtype,
-                               "linear")
+        self.gate = make_param(
+            rngs, (config.hidden_size, config.num_experts), ("embed", "router_experts"), dtype, "linear"
+        )
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype, rngs)
 
     def __call__(self, x: jax.Array, token_mask: jax.Array, replay: jax.Array | None, moe: MoeDispatch):
@@ -519,11 +590,13 @@ class SparseMoeBlock(nnx.Module):
         """
         b, t, h = x.shape
         flat = x.reshape(b * t, h)
-        weights, experts, logits = route(flat, self.gate[...], self.top_k, self.norm_topk_prob,
-                                         None if replay is None else replay.reshape(b * t, -1))
+        weights, experts, logits = route(
+            flat, self.gate[...], self.top_k, self.norm_topk_prob, None if replay is None else replay.reshape(b * t, -1)
+        )
         e = self.experts
-        out = dispatch_experts(moe, flat, experts, weights.astype(x.dtype), e.gate_proj[...], e.up_proj[...],
-                               e.down_proj[...])
+        out = dispatch_experts(
+            moe, flat, experts, weights.astype(x.dtype), e.gate_proj[...], e.up_proj[...], e.down_proj[...]
+        )
         real = token_mask.reshape(-1).astype(jnp.float32)
         one_hot_counts = jax.nn.one_hot(experts, logits.shape[-1], dtype=jnp.float32).sum(axis=1)  # [N, E]
         stats = {

@@ -34,7 +34,8 @@ REMAT_POLICIES = {
     # elementwise work (norms, activations).
     "matmuls": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names(GROUPED_MATMUL)),
+        jax.checkpoint_policies.save_only_these_names(GROUPED_MATMUL),
+    ),
 }
 
 
@@ -77,12 +78,21 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs)
 
-    def __call__(self, h, inputs: LayerInputs, kv_cache, replay, *, moe: MoeDispatch,
-                 attention_mesh: AttentionMesh | None = None):
+    def __call__(
+        self, h, inputs: LayerInputs, kv_cache, replay, *, moe: MoeDispatch, attention_mesh: AttentionMesh | None = None
+    ):
         """h [B, T, H], kv_cache (k, v) buffers or None, replay int32[B, T, k] or None -> (h, kv_cache, MoE stats
         or None)."""
-        attn_out, kv_cache = self.self_attn(self.input_layernorm(h), inputs.cos, inputs.sin, inputs.visible,
-                                            kv_cache, inputs.slots, inputs.segments, attention_mesh)
+        attn_out, kv_cache = self.self_attn(
+            self.input_layernorm(h),
+            inputs.cos,
+            inputs.sin,
+            inputs.visible,
+            kv_cache,
+            inputs.slots,
+            inputs.segments,
+            attention_mesh,
+        )
         h = h + attn_out
         x = self.post_attention_layernorm(h)
         if self.is_moe:
@@ -113,28 +123,42 @@ class Qwen3ForCausalLM(nnx.Module):
     rule); parameters are placed by `init_model` / `from_pretrained`.
     """
 
-    def __init__(self, config: Qwen3Config, *, dtype=jnp.float32, rngs: nnx.Rngs, mesh: Mesh | None = None,
-                 rules: Rules = DEFAULT_RULES):
+    def __init__(
+        self,
+        config: Qwen3Config,
+        *,
+        dtype=jnp.float32,
+        rngs: nnx.Rngs,
+        mesh: Mesh | None = None,
+        rules: Rules = DEFAULT_RULES,
+    ):
         self.config, self.dtype, self.mesh, self.rules = config, jnp.dtype(dtype), mesh, tuple(rules)
-        self.embed_tokens = make_param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype,
-                                       "copy")
+        self.embed_tokens = make_param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype, "copy")
         if config.scan_layers:
             self.layers = stacked_layers(config, dtype, rngs)
         else:
             self.layers = nnx.List([DecoderLayer(config, i, dtype, rngs) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
-            self.lm_head = make_param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype,
-                                      "linear")
+            self.lm_head = make_param(
+                rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype, "linear"
+            )
 
     def lm_head_weight(self) -> jax.Array:
         """Output projection [H, V] (the embedding transposed when tied)."""
         return self.embed_tokens[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
-    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      attention_mask: jax.Array | None = None, *, segment_ids: jax.Array | None = None,
-                      cache: KVCache | None = None, routed_experts: jax.Array | None = None,
-                      moe_impl: str | None = None):
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+        routed_experts: jax.Array | None = None,
+        moe_impl: str | None = None,
+    ):
         """Final normed hidden states [B, T, H] and aux (aux["cache"] holds the updated cache when one is given).
 
         input_ids int32[B, T]; positions int32[B, T] (default: arange(T) per row, or the index within the
@@ -146,18 +170,32 @@ class Qwen3ForCausalLM(nnx.Module):
         cfg = self.config
         b, t = input_ids.shape
         shards = batch_shards(self.mesh, self.rules, b)
-        moe = moe_dispatch(resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts), shards,
-                           self.mesh, rule_mesh_axes("batch", self.rules), rule_mesh_axes("expert", self.rules),
-                           cfg.moe_block_rows)
-        if routed_experts is not None and routed_experts.shape != (b, t, cfg.num_hidden_layers,
-                                                                   cfg.num_experts_per_tok):
-            raise ValueError(f"routed_experts shape {routed_experts.shape} != "
-                             f"{(b, t, cfg.num_hidden_layers, cfg.num_experts_per_tok)}")
+        moe = moe_dispatch(
+            resolve_moe_impl(moe_impl or cfg.moe_impl, b * t // shards, cfg.num_experts),
+            shards,
+            self.mesh,
+            rule_mesh_axes("batch", self.rules),
+            rule_mesh_axes("expert", self.rules),
+            cfg.moe_block_rows,
+        )
+        if routed_experts is not None and routed_experts.shape != (
+            b,
+            t,
+            cfg.num_hidden_layers,
+            cfg.num_experts_per_tok,
+        ):
+            raise ValueError(
+                f"routed_experts shape {routed_experts.shape} != "
+                f"{(b, t, cfg.num_hidden_layers, cfg.num_experts_per_tok)}"
+            )
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids (packed rows) cannot be combined with a KV cache")
         if positions is None:
-            positions = (jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)) if segment_ids is None
-                         else segment_positions(segment_ids))
+            positions = (
+                jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+                if segment_ids is None
+                else segment_positions(segment_ids)
+            )
         token_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
 
         if cache is None:
@@ -177,8 +215,9 @@ class Qwen3ForCausalLM(nnx.Module):
         real_segment = 1 if segment_ids is None else segment_ids.astype(jnp.int32) + 1
         inputs = LayerInputs(cos, sin, visible, token_mask, slots, jnp.where(token_mask, real_segment, 0))
         batch_axes = rule_mesh_axes("batch", self.rules) if shards > 1 else ()
-        attention_mesh = None if self.mesh is None else AttentionMesh(self.mesh, batch_axes,
-                                                                      rule_mesh_axes("kv_heads", self.rules))
+        attention_mesh = (
+            None if self.mesh is None else AttentionMesh(self.mesh, batch_axes, rule_mesh_axes("kv_heads", self.rules))
+        )
 
         layer_fn = self._layer_fn(moe, attention_mesh)
         if cfg.scan_layers and cache is None:
@@ -205,13 +244,18 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def _scan_layers(self, h, inputs: LayerInputs, routed_experts, layer_fn):
         """The stacked layers under nnx.scan (no cache) -> (h, MoE stats stacked [L, ...] or None)."""
+
         def body(layer, h, replay):
             h, _, stats = layer_fn(layer, h, inputs, None, replay)
             return constrain(h, self.mesh, ("batch", None, None), self.rules), stats
 
         replay = None if routed_experts is None else jnp.moveaxis(routed_experts, 2, 0)  # [L, B, T, k]
-        scan = nnx.scan(body, in_axes=(0, nnx.Carry, None if replay is None else 0), out_axes=(nnx.Carry, 0),
-                        transform_metadata=LAYER_AXIS)
+        scan = nnx.scan(
+            body,
+            in_axes=(0, nnx.Carry, None if replay is None else 0),
+            out_axes=(nnx.Carry, 0),
+            transform_metadata=LAYER_AXIS,
+        )
         return scan(self.layers, h, replay)
 
     def _layer_list(self) -> list[DecoderLayer]:
@@ -219,8 +263,9 @@ class Qwen3ForCausalLM(nnx.Module):
         if not self.config.scan_layers:
             return list(self.layers)
         graphdef, state = nnx.split(self.layers)
-        return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
-                for i in range(self.config.num_hidden_layers)]
+        return [
+            nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(self.config.num_hidden_layers)
+        ]
 
     def _unrolled_layers(self, h, inputs: LayerInputs, cache: KVCache | None, routed_experts, layer_fn):
         """The layers in a Python loop -> (h, MoE stats stacked over the MoE layers or None, routed experts
@@ -240,8 +285,9 @@ class Qwen3ForCausalLM(nnx.Module):
             if stats is not None:
                 moe_stats.append(stats)
             if cfg.num_experts > 0:
-                routed.append(stats["experts"] if stats is not None
-                              else jnp.full((b, t, cfg.num_experts_per_tok), -1, jnp.int32))
+                routed.append(
+                    stats["experts"] if stats is not None else jnp.full((b, t, cfg.num_experts_per_tok), -1, jnp.int32)
+                )
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *moe_stats) if moe_stats else None
         return h, stacked, (jnp.stack(routed, axis=2) if routed else None), (tuple(new_keys), tuple(new_values))
 
@@ -261,30 +307,51 @@ class Qwen3ForCausalLM(nnx.Module):
             "router_z_loss": jnp.sum(moe_stats["z_sum"]) / rows,
         }
 
-    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                 attention_mask: jax.Array | None = None, *, segment_ids: jax.Array | None = None,
-                 cache: KVCache | None = None, routed_experts: jax.Array | None = None,
-                 moe_impl: str | None = None) -> ModelOutput:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+        routed_experts: jax.Array | None = None,
+        moe_impl: str | None = None,
+    ) -> ModelOutput:
         """input_ids int32[B, T] -> ModelOutput(logits [B, T, V], cache, aux).
 
         aux: "load_balancing_loss", "router_z_loss" (float32 scalars, 0 for dense models), "routed_experts"
         int32[B, T, L, k] (experts used per layer, -1 in non-MoE layers; None for a dense model).
         With a cache: tokens are written at their positions and attend to every valid cached position <= theirs.
         """
-        hidden, aux = self.hidden_states(input_ids, positions, attention_mask, segment_ids=segment_ids, cache=cache,
-                                         routed_experts=routed_experts, moe_impl=moe_impl)
+        hidden, aux = self.hidden_states(
+            input_ids,
+            positions,
+            attention_mask,
+            segment_ids=segment_ids,
+            cache=cache,
+            routed_experts=routed_experts,
+            moe_impl=moe_impl,
+        )
         new_cache = aux.pop("cache", None)
         logits = hidden @ self.lm_head_weight()
         return ModelOutput(logits=logits, cache=new_cache, aux=aux)
 
 
-def init_model(config: Qwen3Config, *, seed: int = 0, dtype=jnp.float32, mesh: Mesh | None = None,
-               sharding_rules: Rules | None = None) -> Qwen3ForCausalLM:
+def init_model(
+    config: Qwen3Config,
+    *,
+    seed: int = 0,
+    dtype=jnp.float32,
+    mesh: Mesh | None = None,
+    sharding_rules: Rules | None = None,
+) -> Qwen3ForCausalLM:
     """A randomly initialised model (HF init: N(0, 0.02) weights, unit norms, zero biases), drawn on the host with NumPy
     (no RNG kernels to compile) and placed directly into each parameter's sharding when a mesh is given."""
     rules = DEFAULT_RULES if sharding_rules is None else tuple(sharding_rules)
-    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(seed), mesh=mesh,
-                                                       rules=rules))
+    abstract = nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(seed), mesh=mesh, rules=rules)
+    )
     graphdef, state = nnx.split(abstract)
     shardings = None if mesh is None else param_shardings(state, mesh, rules)
     rng = np.random.default_rng(seed)

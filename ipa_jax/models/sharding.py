@@ -80,8 +80,7 @@ def make_mesh(mesh_config: MeshConfig = MeshConfig(), devices: Sequence[jax.Devi
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_config.resolved(len(devices))
     # Auto axes: GSPMD propagates shardings from parameters and the constraints at layer boundaries.
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> P:
@@ -111,8 +110,10 @@ def param_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
             names = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
             parts = math.prod(mesh.shape[a] for a in names)
             if size % parts:
-                raise ValueError(f"parameter {jax.tree_util.keystr(path)}: dim {dim} of size {size} cannot be split "
-                                 f"{parts} ways over mesh axes {names}")
+                raise ValueError(
+                    f"parameter {jax.tree_util.keystr(path)}: dim {dim} of size {size} cannot be split "
+                    f"{parts} ways over mesh axes {names}"
+                )
         return NamedSharding(mesh, spec)
 
     return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -10,8 +10,13 @@ from ipa_jax.objectives.chunks import compute_dtype
 from ipa_jax.objectives.config import BASELINES, SIGN_BY
 
 
-def compute_advantages(rewards: jax.Array, baseline: str, group_ids: jax.Array | None = None,
-                       rl_rows: jax.Array | None = None, sign: int = 1) -> jax.Array:
+def compute_advantages(
+    rewards: jax.Array,
+    baseline: str,
+    group_ids: jax.Array | None = None,
+    rl_rows: jax.Array | None = None,
+    sign: int = 1,
+) -> jax.Array:
     """rewards [B] -> advantages [B] (any shape: [B, S] per sequence slot of packed rows, a baseline over all).
 
     none: A = R; batch_mean: A = R - mean_B(R); group_mean: A_i = R_i - mean{R_j : group_ids[j] == group_ids[i]}

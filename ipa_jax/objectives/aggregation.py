@@ -17,9 +17,13 @@ from ipa_jax.objectives.config import AGGREGATIONS
 from ipa_jax.objectives.sequences import Sequences, sequence_count, sequences_of, to_tokens
 
 
-def aggregation_weights(action_mask: jax.Array, chunk_ids: jax.Array | None, aggregation: str,
-                        dtype: jnp.dtype = jnp.float32,
-                        sequences: Sequences | None = None) -> tuple[jax.Array, jax.Array]:
+def aggregation_weights(
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    aggregation: str,
+    dtype: jnp.dtype = jnp.float32,
+    sequences: Sequences | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """(scale [B, T], denominator scalar) such that Agg(v) = sum(scale * v) / denominator.
 
     sample_mean:  (1/B) sum_i (1/T_i) sum_t v                          scale 1/T_i,            den B
@@ -59,8 +63,13 @@ def kept_row_scale(keep: jax.Array, dtype: jnp.dtype = jnp.float32, sequences: S
     return keep.astype(dtype) / jnp.maximum(kept_per_row, 1).astype(dtype)
 
 
-def aggregate(values: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array | None, aggregation: str,
-              sequences: Sequences | None = None) -> tuple[jax.Array, jax.Array]:
+def aggregate(
+    values: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    aggregation: str,
+    sequences: Sequences | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """values [B, T] -> (numerator, denominator) scalars; Agg(values) = numerator / denominator."""
     scale, den = aggregation_weights(action_mask, chunk_ids, aggregation, values.dtype, sequences)
     return jnp.sum(jnp.where(action_mask, scale * values, 0)), den

@@ -66,15 +66,19 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
     return num / jnp.maximum(den, 1)
 
 
-def _trust_region(kl: jax.Array, action: jax.Array, chunk_ids: jax.Array, starts: jax.Array,
-                  config: ObjectiveConfig, seqs: Sequences) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _trust_region(
+    kl: jax.Array, action: jax.Array, chunk_ids: jax.Array, starts: jax.Array, config: ObjectiveConfig, seqs: Sequences
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """kl [B, T] (Bernoulli-KL of p vs l per action token) -> (admitted bool[B, S], admitted tokens bool[B, T],
     acceptance rate): admit a sequence (chunk) iff its mean KL D <= delta."""
     has_actions = sequence_count(action, seqs) > 0
     if config.trust_region_level == "sequence":
         admitted = as_slots(sequence_divergence(kl, action, seqs), seqs) <= config.trust_region_delta
-        return (admitted, action & to_tokens(admitted, seqs),
-                _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions)))
+        return (
+            admitted,
+            action & to_tokens(admitted, seqs),
+            _ratio(jnp.sum(admitted & has_actions), jnp.sum(has_actions)),
+        )
     if config.trust_region_level == "chunk":
         admit_tok = action & (chunk_divergence(kl, action, chunk_ids) <= config.trust_region_delta)
         admitted = sequence_count(action & ~admit_tok, seqs) == 0
@@ -82,29 +86,46 @@ def _trust_region(kl: jax.Array, action: jax.Array, chunk_ids: jax.Array, starts
     return jnp.ones_like(has_actions), action, jnp.asarray(1.0, kl.dtype)
 
 
-def _mismatch_correction(learner: jax.Array, behavior: jax.Array, action: jax.Array, chunk_ids: jax.Array,
-                         config: ObjectiveConfig, seqs: Sequences) -> tuple[jax.Array, jax.Array]:
+def _mismatch_correction(
+    learner: jax.Array,
+    behavior: jax.Array,
+    action: jax.Array,
+    chunk_ids: jax.Array,
+    config: ObjectiveConfig,
+    seqs: Sequences,
+) -> tuple[jax.Array, jax.Array]:
     """learner q, behaviour b [B, T] -> (kept bool[B, T], log of the mismatch ratio q / b at mismatch_level [B, T]):
     the range mask and the probability-difference filter; everything kept (log-ratio 0) at level none."""
     if config.mismatch_level == "none":
         return action, jnp.zeros_like(learner)
-    log_mismatch = level_log_ratio(jnp.where(action, learner - behavior, 0), action, chunk_ids, config.mismatch_level,
-                                   seqs)
+    log_mismatch = level_log_ratio(
+        jnp.where(action, learner - behavior, 0), action, chunk_ids, config.mismatch_level, seqs
+    )
     keep = mismatch_mask(log_mismatch, action, config.mismatch_range)
     if math.isfinite(config.mismatch_prob_diff):
         # keep iff |level mean of exp(q) - exp(b)| <= threshold
         prob_diff = jnp.exp(jnp.where(action, learner, 0)) - jnp.exp(jnp.where(action, behavior, 0))
-        keep &= probability_difference_mask(level_mean(prob_diff, action, chunk_ids, config.mismatch_level, seqs),
-                                            action, config.mismatch_prob_diff)
+        keep &= probability_difference_mask(
+            level_mean(prob_diff, action, chunk_ids, config.mismatch_level, seqs), action, config.mismatch_prob_diff
+        )
     return keep, log_mismatch
 
 
-def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advantages: jax.Array,
-                    action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
-                    config: ObjectiveConfig, entropies: jax.Array | None = None, *,
-                    failures: jax.Array | None = None, old_log_probs: jax.Array | None = None,
-                    rewards: jax.Array | None = None,
-                    segment_ids: jax.Array | None = None) -> tuple[Terms, dict[str, jax.Array]]:
+def objective_terms(
+    log_probs: jax.Array,
+    behavior_log_probs: jax.Array,
+    advantages: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    expert_mask: jax.Array | None,
+    config: ObjectiveConfig,
+    entropies: jax.Array | None = None,
+    *,
+    failures: jax.Array | None = None,
+    old_log_probs: jax.Array | None = None,
+    rewards: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
 
     What the caller passes (inputs are assumed valid: validate_objective_inputs on the host):
@@ -163,8 +184,11 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
     log_rho = level_log_ratio(policy_log_ratio, action, chunk_ids, config.is_level, seqs)
     rho, clipped = importance_weights(log_rho, keep, negative_tokens, config.is_apply_to, config.is_clip_max)
     # c = min(mismatch ratio, cap) on kept tokens of every row; 1 when the cap is off
-    mismatch_weight, capped = (importance_weights(log_mismatch, keep, negative_tokens, "all", config.mismatch_is_cap)
-                               if math.isfinite(config.mismatch_is_cap) else (1.0, jnp.zeros_like(keep)))
+    mismatch_weight, capped = (
+        importance_weights(log_mismatch, keep, negative_tokens, "all", config.mismatch_is_cap)
+        if math.isfinite(config.mismatch_is_cap)
+        else (1.0, jnp.zeros_like(keep))
+    )
     weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
 
     scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs)
@@ -206,8 +230,13 @@ def objective_terms(log_probs: jax.Array, behavior_log_probs: jax.Array, advanta
     return terms, diagnostics
 
 
-def term_denominators(action_mask: jax.Array, chunk_ids: jax.Array | None, expert_mask: jax.Array | None,
-                      config: ObjectiveConfig, segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
+def term_denominators(
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    expert_mask: jax.Array | None,
+    config: ObjectiveConfig,
+    segment_ids: jax.Array | None = None,
+) -> dict[str, jax.Array]:
     """The denominators objective_terms returns, from the masks alone ([B, T] -> scalars): compute them on the
     full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows."""
     action = action_mask.astype(bool)
@@ -215,14 +244,14 @@ def term_denominators(action_mask: jax.Array, chunk_ids: jax.Array | None, exper
         if config.aggregation == "chunk_mean":
             raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
         chunk_ids = jnp.where(action, 0 if segment_ids is None else segment_ids - 1, -1)
-    _, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, sequences=sequences_of(action.shape,
-                                                                                                  segment_ids))
+    _, den_rl = aggregation_weights(
+        action, chunk_ids, config.aggregation, sequences=sequences_of(action.shape, segment_ids)
+    )
     den_il = jnp.zeros((), jnp.float32) if expert_mask is None else expert_mask.astype(bool).sum().astype(jnp.float32)
     return {"rl": den_rl, "il": den_il}
 
 
-def combine_terms(terms: Terms, config: ObjectiveConfig,
-                  denominators: dict[str, jax.Array] | None = None) -> jax.Array:
+def combine_terms(terms: Terms, config: ObjectiveConfig, denominators: dict[str, jax.Array] | None = None) -> jax.Array:
     """loss = rl_weight * num_rl / max(den_rl, 1) + il_weight * num_il / max(den_il, 1).
 
     Denominators are counts, so max(., 1) only matters when a term has no tokens at all (it then adds 0).
@@ -235,22 +264,55 @@ def combine_terms(terms: Terms, config: ObjectiveConfig,
     return loss
 
 
-def policy_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array, action_mask: jax.Array,
-                chunk_ids: jax.Array | None = None, expert_mask: jax.Array | None = None,
-                group_ids: jax.Array | None = None, entropies: jax.Array | None = None,
-                config: ObjectiveConfig = ObjectiveConfig(), *, failures: jax.Array | None = None,
-                old_log_probs: jax.Array | None = None,
-                segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def policy_loss(
+    log_probs: jax.Array,
+    behavior_log_probs: jax.Array,
+    rewards: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None = None,
+    expert_mask: jax.Array | None = None,
+    group_ids: jax.Array | None = None,
+    entropies: jax.Array | None = None,
+    config: ObjectiveConfig = ObjectiveConfig(),
+    *,
+    failures: jax.Array | None = None,
+    old_log_probs: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
 
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
     segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
-    validate_if_concrete(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                         entropies, config, failures=failures, old_log_probs=old_log_probs, segment_ids=segment_ids)
-    return _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids,
-                        entropies, config, failures, old_log_probs, segment_ids)
+    validate_if_concrete(
+        log_probs,
+        behavior_log_probs,
+        rewards,
+        action_mask,
+        chunk_ids,
+        expert_mask,
+        group_ids,
+        entropies,
+        config,
+        failures=failures,
+        old_log_probs=old_log_probs,
+        segment_ids=segment_ids,
+    )
+    return _policy_loss(
+        log_probs,
+        behavior_log_probs,
+        rewards,
+        action_mask,
+        chunk_ids,
+        expert_mask,
+        group_ids,
+        entropies,
+        config,
+        failures,
+        old_log_probs,
+        segment_ids,
+    )
 
 
 def sequences_with_actions(action_mask: jax.Array, segment_ids: jax.Array | None, num_slots: int) -> jax.Array:
@@ -260,13 +322,36 @@ def sequences_with_actions(action_mask: jax.Array, segment_ids: jax.Array | None
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def _policy_loss(log_probs, behavior_log_probs, rewards, action_mask, chunk_ids, expert_mask, group_ids, entropies,
-                 config, failures, old_log_probs, segment_ids):
+def _policy_loss(
+    log_probs,
+    behavior_log_probs,
+    rewards,
+    action_mask,
+    chunk_ids,
+    expert_mask,
+    group_ids,
+    entropies,
+    config,
+    failures,
+    old_log_probs,
+    segment_ids,
+):
     rl_rows = sequences_with_actions(action_mask, segment_ids, rewards.shape[-1])
     adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows, config.advantage_sign)
-    terms, diagnostics = objective_terms(log_probs, behavior_log_probs, adv, action_mask, chunk_ids, expert_mask,
-                                         config, entropies, failures=failures, old_log_probs=old_log_probs,
-                                         rewards=rewards, segment_ids=segment_ids)
+    terms, diagnostics = objective_terms(
+        log_probs,
+        behavior_log_probs,
+        adv,
+        action_mask,
+        chunk_ids,
+        expert_mask,
+        config,
+        entropies,
+        failures=failures,
+        old_log_probs=old_log_probs,
+        rewards=rewards,
+        segment_ids=segment_ids,
+    )
     loss = combine_terms(terms, config)
     diagnostics["rl_loss"] = _ratio(*terms["rl"])
     diagnostics["il_loss"] = _ratio(*terms["il"])

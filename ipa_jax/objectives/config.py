@@ -79,10 +79,18 @@ class ObjectiveConfig:
     il_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, choices in (("baseline", BASELINES), ("credit", CREDITS), ("old_logprobs", OLD_LOGPROBS),
-                              ("is_level", IS_LEVELS), ("is_apply_to", IS_APPLY_TO), ("sign_by", SIGN_BY),
-                              ("mismatch_level", MISMATCH_LEVELS), ("trust_region_level", TRUST_REGION_LEVELS),
-                              ("aggregation", AGGREGATIONS), ("row_denominator", ROW_DENOMINATORS)):
+        for name, choices in (
+            ("baseline", BASELINES),
+            ("credit", CREDITS),
+            ("old_logprobs", OLD_LOGPROBS),
+            ("is_level", IS_LEVELS),
+            ("is_apply_to", IS_APPLY_TO),
+            ("sign_by", SIGN_BY),
+            ("mismatch_level", MISMATCH_LEVELS),
+            ("trust_region_level", TRUST_REGION_LEVELS),
+            ("aggregation", AGGREGATIONS),
+            ("row_denominator", ROW_DENOMINATORS),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
         if self.advantage_sign not in (1, -1) or isinstance(self.advantage_sign, bool):
@@ -95,8 +103,10 @@ class ObjectiveConfig:
         # A list (e.g. from a ConfigDict) would make the config unhashable: store a tuple.
         rng = tuple(self.mismatch_range) if isinstance(self.mismatch_range, (tuple, list)) else None
         if rng is None or len(rng) != 2 or not all(_number(x) for x in rng) or not 0.0 <= rng[0] <= rng[1]:
-            raise ValueError(f"ObjectiveConfig.mismatch_range: must be (low, high) with 0 <= low <= high, "
-                             f"got {self.mismatch_range!r}")
+            raise ValueError(
+                f"ObjectiveConfig.mismatch_range: must be (low, high) with 0 <= low <= high, "
+                f"got {self.mismatch_range!r}"
+            )
         object.__setattr__(self, "mismatch_range", (float(rng[0]), float(rng[1])))
         # None is the Python spelling of "off"; the stored value is inf, so that the field stays a float.
         for name, lowest in (("mismatch_is_cap", "> 0"), ("mismatch_prob_diff", ">= 0")):
@@ -107,14 +117,19 @@ class ObjectiveConfig:
                 raise ValueError(f"ObjectiveConfig.{name}: a mismatch correction needs mismatch_level != 'none'")
             object.__setattr__(self, name, float(value))
         if self.row_denominator == "kept" and self.aggregation != "sample_mean":
-            raise ValueError(f"ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean by its kept "
-                             f"tokens; aggregation {self.aggregation!r} has no per-row token count")
+            raise ValueError(
+                f"ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean by its kept "
+                f"tokens; aggregation {self.aggregation!r} has no per-row token count"
+            )
         if not _number(self.trust_region_delta) or not self.trust_region_delta >= 0:  # also rejects NaN
-            raise ValueError(f"ObjectiveConfig.trust_region_delta: must be >= 0 (inf disables the trust region), "
-                             f"got {self.trust_region_delta!r}")
+            raise ValueError(
+                f"ObjectiveConfig.trust_region_delta: must be >= 0 (inf disables the trust region), "
+                f"got {self.trust_region_delta!r}"
+            )
         if not _number(self.negative_token_fraction) or not 0.0 <= self.negative_token_fraction <= 1.0:
-            raise ValueError(f"ObjectiveConfig.negative_token_fraction: must be in [0, 1], "
-                             f"got {self.negative_token_fraction!r}")
+            raise ValueError(
+                f"ObjectiveConfig.negative_token_fraction: must be in [0, 1], got {self.negative_token_fraction!r}"
+            )
         for name in ("rl_weight", "il_weight"):
             if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
@@ -127,8 +142,10 @@ class ObjectiveConfig:
     def check_old_log_probs(self, given: bool) -> None:
         """Raises ValueError unless old_log_probs are given exactly when old_logprobs == "recompute"."""
         if given != self.needs_old_log_probs:
-            raise ValueError(f"old_log_probs: {'required' if self.needs_old_log_probs else 'must be None'} for "
-                             f"old_logprobs={self.old_logprobs!r}")
+            raise ValueError(
+                f"old_log_probs: {'required' if self.needs_old_log_probs else 'must be None'} for "
+                f"old_logprobs={self.old_logprobs!r}"
+            )
 
     @property
     def needs_rewards(self) -> bool:
@@ -138,5 +155,7 @@ class ObjectiveConfig:
     @property
     def uses_chunks(self) -> bool:
         """Whether this configuration needs chunk_ids."""
-        return "chunk" in (self.credit, self.is_level, self.mismatch_level, self.trust_region_level) \
+        return (
+            "chunk" in (self.credit, self.is_level, self.mismatch_level, self.trust_region_level)
             or self.aggregation == "chunk_mean"
+        )

@@ -10,8 +10,14 @@ from ipa_jax.objectives.config import CREDITS
 from ipa_jax.objectives.sequences import Sequences, as_slots, count_before, sequence_count, sequences_of, to_tokens
 
 
-def credit_returns(advantages: jax.Array, action_mask: jax.Array, chunk_ids: jax.Array | None, credit: str,
-                   gamma: float, sequences: Sequences | None = None) -> jax.Array:
+def credit_returns(
+    advantages: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    credit: str,
+    gamma: float,
+    sequences: Sequences | None = None,
+) -> jax.Array:
     """advantages [B] ([B, S] packed) -> per-token returns G [B, T] (0 outside actions).
 
     chunk:      G_{i,t} = gamma^(K_i - 1 - k(t)) * A_i   (k(t) = chunk of t, K_i chunks in sequence i)

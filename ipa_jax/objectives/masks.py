@@ -26,8 +26,13 @@ def probability_difference_mask(prob_diff: jax.Array, action_mask: jax.Array, th
     return action_mask & (jnp.abs(prob_diff) <= threshold)
 
 
-def entropy_filter_mask(entropies: jax.Array, action_mask: jax.Array, failures: jax.Array, fraction: float,
-                        sequences: Sequences | None = None) -> jax.Array:
+def entropy_filter_mask(
+    entropies: jax.Array,
+    action_mask: jax.Array,
+    failures: jax.Array,
+    fraction: float,
+    sequences: Sequences | None = None,
+) -> jax.Array:
     """Keep every action token of a successful sequence and the ceil(q T_i) highest-entropy action tokens of a
     failed sequence (ties: earlier token first). entropies [B, T], failures bool[B] ([B, S] packed) ->
     bool[B, T].
@@ -43,8 +48,9 @@ def entropy_filter_mask(entropies: jax.Array, action_mask: jax.Array, failures: 
     score = jnp.where(action_mask, entropies.astype(jnp.float32), -jnp.inf)
     order = jnp.argsort(score, axis=1, descending=True, stable=True)
     if seqs.packed:  # group the order by sequence (stable: still descending entropy within each sequence)
-        order = jnp.take_along_axis(order, jnp.argsort(jnp.take_along_axis(seqs.slot, order, axis=1), axis=1,
-                                                       stable=True), axis=1)
+        order = jnp.take_along_axis(
+            order, jnp.argsort(jnp.take_along_axis(seqs.slot, order, axis=1), axis=1, stable=True), axis=1
+        )
     rank = jnp.argsort(order, axis=1)  # rank[t] = position of token t in that order
     if seqs.packed:  # ... counted from where its sequence's block starts (a block per sequence, as long as it)
         rank -= to_tokens(count_before(sequence_count(jnp.ones(action_mask.shape, bool), seqs)), seqs)

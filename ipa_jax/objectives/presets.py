@@ -12,23 +12,48 @@ from ipa_jax.objectives.config import ObjectiveConfig
 def flash_reinforce_config(delta: float = 3e-3, negative_token_fraction: float = 1.0) -> ObjectiveConfig:
     """FlashREINFORCE: batch-mean baseline, trajectory credit, detached unclipped token ratio, sequence
     Bernoulli-KL trust region, sample-mean aggregation, optional failure-token entropy filter, no IL."""
-    return ObjectiveConfig(baseline="batch_mean", credit="trajectory", gamma=1.0, is_level="token",
-                           is_apply_to="all", is_clip_max=None, mismatch_level="none",
-                           trust_region_level="sequence", trust_region_delta=delta,
-                           negative_token_fraction=negative_token_fraction, aggregation="sample_mean",
-                           rl_weight=1.0, il_weight=0.0)
+    return ObjectiveConfig(
+        baseline="batch_mean",
+        credit="trajectory",
+        gamma=1.0,
+        is_level="token",
+        is_apply_to="all",
+        is_clip_max=None,
+        mismatch_level="none",
+        trust_region_level="sequence",
+        trust_region_delta=delta,
+        negative_token_fraction=negative_token_fraction,
+        aggregation="sample_mean",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
 
 
-def ipa_config(gamma: float = 0.95, baseline: str = "none", negative_is_clip: float | None = 1.0,
-               chunk_ratio_range: tuple[float, float] = (0.0, 5.0),
-               aggregation: str = "sample_mean") -> ObjectiveConfig:
+def ipa_config(
+    gamma: float = 0.95,
+    baseline: str = "none",
+    negative_is_clip: float | None = 1.0,
+    chunk_ratio_range: tuple[float, float] = (0.0, 5.0),
+    aggregation: str = "sample_mean",
+) -> ObjectiveConfig:
     """IPA: discounted chunk returns, chunk mismatch mask, chunk ratio on negatives only, truncated."""
     if baseline not in ("none", "batch_mean"):
         raise ValueError(f"baseline: ipa_loss supports 'none' or 'batch_mean', got {baseline!r}")
-    return ObjectiveConfig(baseline=baseline, credit="chunk", gamma=gamma, is_level="chunk",
-                           is_apply_to="negatives", is_clip_max=negative_is_clip, mismatch_level="chunk",
-                           mismatch_range=chunk_ratio_range, trust_region_level="none",
-                           negative_token_fraction=1.0, aggregation=aggregation, rl_weight=1.0, il_weight=0.0)
+    return ObjectiveConfig(
+        baseline=baseline,
+        credit="chunk",
+        gamma=gamma,
+        is_level="chunk",
+        is_apply_to="negatives",
+        is_clip_max=negative_is_clip,
+        mismatch_level="chunk",
+        mismatch_range=chunk_ratio_range,
+        trust_region_level="none",
+        negative_token_fraction=1.0,
+        aggregation=aggregation,
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
 
 
 def ipa_seed_config() -> ObjectiveConfig:
@@ -36,10 +61,22 @@ def ipa_seed_config() -> ObjectiveConfig:
     chunk's geometric-mean ratio truncated at 10 on negatives (positive iff the reward is > 0), a token mismatch
     mask with threshold 5, log-probs summed over each trajectory's tokens and averaged over trajectories
     (sequence_sum), one ratio against the sampler's log-probs, no IL."""
-    return ObjectiveConfig(baseline="none", credit="chunk", gamma=0.95, old_logprobs="behavior", is_level="chunk",
-                           is_apply_to="negatives", sign_by="reward", is_clip_max=10.0, mismatch_level="token",
-                           mismatch_range=(0.0, 5.0), trust_region_level="none", aggregation="sequence_sum",
-                           rl_weight=1.0, il_weight=0.0)
+    return ObjectiveConfig(
+        baseline="none",
+        credit="chunk",
+        gamma=0.95,
+        old_logprobs="behavior",
+        is_level="chunk",
+        is_apply_to="negatives",
+        sign_by="reward",
+        is_clip_max=10.0,
+        mismatch_level="token",
+        mismatch_range=(0.0, 5.0),
+        trust_region_level="none",
+        aggregation="sequence_sum",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
 
 
 def ipa_roll_config() -> ObjectiveConfig:
@@ -47,16 +84,36 @@ def ipa_roll_config() -> ObjectiveConfig:
     the segment ratio current / old (old = the learner's recomputed log-probs) clipped to [0, 1] on rows with
     score <= 0, the segment train/inference filter keeping old / infer ratios in [0, 5], no train/inference IS
     weight, seq-mean-token-mean over the kept (filtered) tokens, no IL."""
-    return ObjectiveConfig(baseline="none", credit="chunk", gamma=0.95, old_logprobs="recompute", is_level="chunk",
-                           is_apply_to="negatives", sign_by="reward", is_clip_max=1.0, mismatch_level="chunk",
-                           mismatch_range=(0.0, 5.0), trust_region_level="none", aggregation="sample_mean",
-                           row_denominator="kept", rl_weight=1.0, il_weight=0.0)
+    return ObjectiveConfig(
+        baseline="none",
+        credit="chunk",
+        gamma=0.95,
+        old_logprobs="recompute",
+        is_level="chunk",
+        is_apply_to="negatives",
+        sign_by="reward",
+        is_clip_max=1.0,
+        mismatch_level="chunk",
+        mismatch_range=(0.0, 5.0),
+        trust_region_level="none",
+        aggregation="sample_mean",
+        row_denominator="kept",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
 
 
-def flash_reinforce_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array,
-                         action_mask: jax.Array, *, delta: float = 3e-3, negative_token_fraction: float = 1.0,
-                         entropies: jax.Array | None = None,
-                         failures: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def flash_reinforce_loss(
+    log_probs: jax.Array,
+    behavior_log_probs: jax.Array,
+    rewards: jax.Array,
+    action_mask: jax.Array,
+    *,
+    delta: float = 3e-3,
+    negative_token_fraction: float = 1.0,
+    entropies: jax.Array | None = None,
+    failures: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """FlashREINFORCE on one full batch: [B, T] arrays, rewards [B] -> (loss, diagnostics).
 
     A_i = R_i - mean(R); admitted_i = max(0, (1/T_i) sum_t d_{i,t}) <= delta; w = admitted * exp(l - b) * A
@@ -64,14 +121,30 @@ def flash_reinforce_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, re
     negative_token_fraction < 1 the failed rows (``failures`` bool[B], default A_i < 0) keep only their
     ceil(q T_i) highest-entropy tokens (entropies [B, T]); T_i still counts every action token.
     """
-    return policy_loss(log_probs, behavior_log_probs, rewards, action_mask, entropies=entropies,
-                       config=flash_reinforce_config(delta, negative_token_fraction), failures=failures)
+    return policy_loss(
+        log_probs,
+        behavior_log_probs,
+        rewards,
+        action_mask,
+        entropies=entropies,
+        config=flash_reinforce_config(delta, negative_token_fraction),
+        failures=failures,
+    )
 
 
-def ipa_loss(log_probs: jax.Array, behavior_log_probs: jax.Array, rewards: jax.Array, action_mask: jax.Array,
-             chunk_ids: jax.Array, *, gamma: float = 0.95, baseline: str = "none",
-             negative_is_clip: float | None = 1.0, chunk_ratio_range: tuple[float, float] = (0.0, 5.0),
-             aggregation: str = "sample_mean") -> tuple[jax.Array, dict[str, jax.Array]]:
+def ipa_loss(
+    log_probs: jax.Array,
+    behavior_log_probs: jax.Array,
+    rewards: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array,
+    *,
+    gamma: float = 0.95,
+    baseline: str = "none",
+    negative_is_clip: float | None = 1.0,
+    chunk_ratio_range: tuple[float, float] = (0.0, 5.0),
+    aggregation: str = "sample_mean",
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """IPA (chunked MDP) on one full batch: [B, T] arrays, rewards [B] -> (loss, diagnostics).
 
     A_i = R_i - baseline; G_{i,k} = gamma^(K_i-1-k) A_i; r_{i,k} = exp(mean_{t in c_k}(l - b));

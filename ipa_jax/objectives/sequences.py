@@ -30,8 +30,9 @@ class Sequences(NamedTuple):
         return self.slot.shape[0]
 
 
-def sequences_of(shape: tuple[int, int], segment_ids: jax.Array | None = None,
-                 num_slots: int | None = None) -> Sequences:
+def sequences_of(
+    shape: tuple[int, int], segment_ids: jax.Array | None = None, num_slots: int | None = None
+) -> Sequences:
     """The Sequences of a [B, T] batch: one per row without segment_ids; with segment_ids int32[B, T] (0 = padding,
     1..S in each row), S = num_slots (default T, an upper bound that needs no knowledge of the packing)."""
     b, t = shape
@@ -60,7 +61,7 @@ def sequence_sum(values: jax.Array, mask: jax.Array, seqs: Sequences) -> jax.Arr
         return masked.sum(axis=1, keepdims=True)
     b, s = seqs.rows, seqs.num_slots
     sums = jax.ops.segment_sum(masked.reshape(-1), seqs.slot.reshape(-1), num_segments=b * s + 1)
-    return sums[:b * s].reshape(b, s)
+    return sums[: b * s].reshape(b, s)
 
 
 def sequence_count(mask: jax.Array, seqs: Sequences) -> jax.Array:

@@ -22,11 +22,23 @@ def _first_bad_row(bad: np.ndarray) -> int:
     return int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
 
 
-def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: Any, action_mask: Any,
-                              chunk_ids: Any = None, expert_mask: Any = None, group_ids: Any = None,
-                              entropies: Any = None, config: ObjectiveConfig | None = None, *,
-                              failures: Any = None, tokens: Any = None, vocab_size: int | None = None,
-                              old_log_probs: Any = None, segment_ids: Any = None) -> None:
+def validate_objective_inputs(
+    log_probs: Any,
+    behavior_log_probs: Any,
+    rewards: Any,
+    action_mask: Any,
+    chunk_ids: Any = None,
+    expert_mask: Any = None,
+    group_ids: Any = None,
+    entropies: Any = None,
+    config: ObjectiveConfig | None = None,
+    *,
+    failures: Any = None,
+    tokens: Any = None,
+    vocab_size: int | None = None,
+    old_log_probs: Any = None,
+    segment_ids: Any = None,
+) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
     no action and no expert token; action log-probs (current, behaviour or old) NaN, inf or > 0; non-finite
     rewards; chunk ids not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty)
@@ -41,8 +53,15 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
     if lp.ndim != 2 or lp.size == 0:
         raise ValueError(f"log_probs: must be a non-empty [B, T] array, got shape {lp.shape}")
     B, T = lp.shape
-    per_token = {"behavior_log_probs": behavior_log_probs, "action_mask": action_mask, "chunk_ids": chunk_ids,
-                 "expert_mask": expert_mask, "entropies": entropies, "tokens": tokens, "old_log_probs": old_log_probs}
+    per_token = {
+        "behavior_log_probs": behavior_log_probs,
+        "action_mask": action_mask,
+        "chunk_ids": chunk_ids,
+        "expert_mask": expert_mask,
+        "entropies": entropies,
+        "tokens": tokens,
+        "old_log_probs": old_log_probs,
+    }
     arrays = {name: _host(name, x) for name, x in per_token.items() if x is not None}
     for name, arr in arrays.items():
         if arr.shape != (B, T):
@@ -54,16 +73,19 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
         if segments is None and arr.shape != (B,):
             raise ValueError(f"{name}: shape {arr.shape} must be [B] = ({B},)")
         if segments is not None and (arr.ndim != 2 or arr.shape[0] != B or arr.shape[1] < segments.max(initial=0)):
-            raise ValueError(f"{name}: shape {arr.shape} must be [B, S] = ({B}, S) with S >= the largest segment id "
-                             f"{int(segments.max(initial=0))} (one per sequence slot of the packed rows)")
+            raise ValueError(
+                f"{name}: shape {arr.shape} must be [B, S] = ({B}, S) with S >= the largest segment id "
+                f"{int(segments.max(initial=0))} (one per sequence slot of the packed rows)"
+            )
     for name in ("action_mask", "expert_mask", "failures"):
         arr = arrays.get(name, rows.get(name))
         if arr is not None and arr.dtype != np.bool_:
             raise ValueError(f"{name}: must be a boolean array, got dtype {arr.dtype}")
     action = arrays["action_mask"]
     if action[:, 0].any():
-        raise ValueError(f"action_mask: row {int(np.argmax(action[:, 0]))} has an action at position 0, which "
-                         "has no predictor")
+        raise ValueError(
+            f"action_mask: row {int(np.argmax(action[:, 0]))} has an action at position 0, which has no predictor"
+        )
     targets = action | arrays["expert_mask"] if "expert_mask" in arrays else action
     if segments is None:
         empty = ~targets.any(axis=1)  # a row of expert tokens only is a pure imitation row
@@ -71,8 +93,10 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
             raise ValueError(f"action_mask: row {int(np.argmax(empty))} has no action token (and no expert token)")
     else:
         _check_packed_targets(targets, segments)
-    log_prob_arrays = {"log_probs": lp, **{k: arrays[k] for k in ("behavior_log_probs", "old_log_probs")
-                                           if k in arrays}}
+    log_prob_arrays = {
+        "log_probs": lp,
+        **{k: arrays[k] for k in ("behavior_log_probs", "old_log_probs") if k in arrays},
+    }
     for name, arr in log_prob_arrays.items():
         a = arr.astype(np.float64)
         bad = action & ~(np.isfinite(a) & (a <= 0))
@@ -98,8 +122,9 @@ def validate_objective_inputs(log_probs: Any, behavior_log_probs: Any, rewards: 
         bad = (tok < 0) | (tok >= vocab_size if vocab_size is not None else False)
         if bad.any():
             i = _first_bad_row(bad)
-            raise ValueError(f"tokens: id {int(tok[i][bad[i]][0])} in row {i} is outside the vocabulary "
-                             f"[0, {vocab_size})")
+            raise ValueError(
+                f"tokens: id {int(tok[i][bad[i]][0])} in row {i} is outside the vocabulary [0, {vocab_size})"
+            )
     if config is not None:
         if config.uses_chunks and chunk_ids is None:
             raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
@@ -120,8 +145,9 @@ def _check_segment_ids(seg: np.ndarray, B: int, T: int) -> np.ndarray:
         runs = seg[i][np.r_[True, seg[i, 1:] != seg[i, :-1]]]  # the id of each run, left to right
         runs = runs[runs > 0]
         if (np.diff(runs) <= 0).any():
-            raise ValueError(f"segment_ids: row {i} is not increasing contiguous runs of ids "
-                             f"(runs {runs[:12].tolist()})")
+            raise ValueError(
+                f"segment_ids: row {i} is not increasing contiguous runs of ids (runs {runs[:12].tolist()})"
+            )
     return seg
 
 
@@ -130,8 +156,10 @@ def _check_packed_targets(targets: np.ndarray, seg: np.ndarray) -> None:
     first = np.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (1, 0)), constant_values=True)
     bad = targets & ((seg == 0) | first)
     if bad.any():
-        raise ValueError(f"action_mask: row {_first_bad_row(bad)} has an action or expert token on padding or on the "
-                         "first token of a segment, which has no predictor")
+        raise ValueError(
+            f"action_mask: row {_first_bad_row(bad)} has an action or expert token on padding or on the "
+            "first token of a segment, which has no predictor"
+        )
     for i in range(seg.shape[0]):
         for s in np.unique(seg[i][seg[i] > 0]):
             if not targets[i][seg[i] == s].any():
@@ -150,8 +178,10 @@ def _check_chunk_ids(cid: np.ndarray, action: np.ndarray) -> None:
             continue
         steps = np.diff(inside)
         if inside[0] != 0 or ((steps != 0) & (steps != 1)).any():
-            raise ValueError(f"chunk_ids: row {i} is not 0..K-1 non-decreasing over its action tokens with every "
-                             f"chunk non-empty (starts {inside[:12].tolist()})")
+            raise ValueError(
+                f"chunk_ids: row {i} is not 0..K-1 non-decreasing over its action tokens with every "
+                f"chunk non-empty (starts {inside[:12].tolist()})"
+            )
 
 
 def validate_if_concrete(*args: Any, **kwargs: Any) -> None:

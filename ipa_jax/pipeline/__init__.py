@@ -21,8 +21,15 @@ import types
 from ipa_jax.lazy_exports import lazy_getattr
 
 # Imported on first use: RunFolder is light (a notebook reading runs needs no JAX), the rest brings JAX.
-_EXPORTS = {"ConfigError": "config", "ExperimentConfig": "config", "base_config": "config", "load_config": "config",
-            "validate": "config", "run": "run", "RunFolder": "run_folder"}
+_EXPORTS = {
+    "ConfigError": "config",
+    "ExperimentConfig": "config",
+    "base_config": "config",
+    "load_config": "config",
+    "validate": "config",
+    "run": "run",
+    "RunFolder": "run_folder",
+}
 
 __all__ = sorted(_EXPORTS)
 

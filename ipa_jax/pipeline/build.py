@@ -48,9 +48,13 @@ def build_mesh(mesh_config: MeshConfig) -> Mesh:
 
 def learner_side(model_cfg: ModelConfig) -> dict[str, Any]:
     """The Qwen3Config fields that are the learner's choice, not the checkpoint's."""
-    return dict(moe_impl=model_cfg.moe_impl, moe_block_rows=model_cfg.moe_block_rows,
-                attention_impl=model_cfg.attention_impl, remat_policy=model_cfg.remat,
-                scan_layers=model_cfg.scan_layers)
+    return dict(
+        moe_impl=model_cfg.moe_impl,
+        moe_block_rows=model_cfg.moe_block_rows,
+        attention_impl=model_cfg.attention_impl,
+        remat_policy=model_cfg.remat,
+        scan_layers=model_cfg.scan_layers,
+    )
 
 
 def model_config(model_cfg: ModelConfig) -> Qwen3Config:
@@ -60,8 +64,14 @@ def model_config(model_cfg: ModelConfig) -> Qwen3Config:
     arch = dict(model_cfg.arch)
     arch["model_type"] = "qwen3_moe" if arch.get("num_experts", 0) > 0 else "qwen3"
     if arch["model_type"] == "qwen3":  # a dense config.json carries no MoE fields
-        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                    "decoder_sparse_step", "mlp_only_layers"):
+        for key in (
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+        ):
             arch.pop(key)
     return Qwen3Config.from_hf_dict(arch, **learner_side(model_cfg))
 
@@ -96,15 +106,19 @@ def check_batch_divisibility(train_cfg: TrainConfig, mesh: Mesh) -> None:
     dp = data_parallel_size(mesh)
     rows = train_cfg.batch_size // (train_cfg.minibatches * train_cfg.microbatches)
     if rows % dp:
-        raise ConfigError("train.batch_size", f"{train_cfg.batch_size} trajectories / (train.minibatches="
-                          f"{train_cfg.minibatches} * train.microbatches={train_cfg.microbatches}) = {rows} rows per "
-                          f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}")
+        raise ConfigError(
+            "train.batch_size",
+            f"{train_cfg.batch_size} trajectories / (train.minibatches="
+            f"{train_cfg.minibatches} * train.microbatches={train_cfg.microbatches}) = {rows} rows per "
+            f"microbatch, not divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}",
+        )
 
 
 def build_state(exp: ExperimentConfig, mesh: Mesh) -> TrainState:
     model = build_model(exp.model, mesh, exp.train.seed)
-    state = TrainState.create(model, make_optimizer(exp.optimizer), exp.train.seed, mesh,
-                              rl_start=exp.train.il_warmup_steps)
+    state = TrainState.create(
+        model, make_optimizer(exp.optimizer), exp.train.seed, mesh, rl_start=exp.train.il_warmup_steps
+    )
     return place_state(state, mesh)
 
 
@@ -120,8 +134,15 @@ def build_steps(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> tuple[T
     return step, warmup
 
 
-def build_learner(exp: ExperimentConfig, source: TrajectorySource, *, run_dir: str | None = None,
-                  mesh: Mesh | None = None, state: TrainState | None = None, **hooks: Any) -> Learner:
+def build_learner(
+    exp: ExperimentConfig,
+    source: TrajectorySource,
+    *,
+    run_dir: str | None = None,
+    mesh: Mesh | None = None,
+    state: TrainState | None = None,
+    **hooks: Any,
+) -> Learner:
     """A Learner over `source` writing into the run folder (default exp.run_dir): metrics and checkpoints.
     hooks: eval_fn, after_update, extra (see Learner). The learner restores the latest checkpoint when it runs
     (checkpoint.resume)."""
@@ -167,25 +188,41 @@ def engine_mesh(exp: ExperimentConfig) -> Mesh:
     try:
         return make_mesh(exp.mesh, devices[:count])
     except ValueError as e:
-        raise ConfigError("rollout.engine_devices", f"the mesh config does not fit {count} devices ({e}); set "
-                                                    "rollout.engine_devices, or make one mesh axis -1") from None
+        raise ConfigError(
+            "rollout.engine_devices",
+            f"the mesh config does not fit {count} devices ({e}); set rollout.engine_devices, or make one mesh axis -1",
+        ) from None
 
 
 def engine_model(exp: ExperimentConfig, mesh: Mesh) -> Qwen3ForCausalLM:
     """The policy's architecture in model.param_dtype on `mesh`, its weights zeros: the engines serve the learner's
     weights from the first push on (`Learner` syncs before its first step)."""
     dtype = jnp.dtype(exp.model.param_dtype)
-    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(model_config(exp.model), dtype=dtype, rngs=nnx.Rngs(0),
-                                                       mesh=mesh))
+    abstract = nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(model_config(exp.model), dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh)
+    )
     graphdef, state = nnx.split(abstract)
-    state = jax.tree.map(lambda var, sharding: var.replace(value=jnp.zeros(var.shape, var.dtype, device=sharding)),
-                         state, param_shardings(state, mesh), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    state = jax.tree.map(
+        lambda var, sharding: var.replace(value=jnp.zeros(var.shape, var.dtype, device=sharding)),
+        state,
+        param_shardings(state, mesh),
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
     return nnx.merge(graphdef, state)
 
 
-def build_engine(exp: ExperimentConfig, kind: str, *, tokenizer: Any = None, model: Qwen3ForCausalLM | None = None,
-                 max_batch: int = 1, seed: int = 0, sglang_urls: tuple[str, ...] = (),
-                 weights_dir: str | None = None, **sglang_options: Any) -> Engine:
+def build_engine(
+    exp: ExperimentConfig,
+    kind: str,
+    *,
+    tokenizer: Any = None,
+    model: Qwen3ForCausalLM | None = None,
+    max_batch: int = 1,
+    seed: int = 0,
+    sglang_urls: tuple[str, ...] = (),
+    weights_dir: str | None = None,
+    **sglang_options: Any,
+) -> Engine:
     """An engine with exp.rollout's settings. kind "embedded": on `model` (a batch of `max_batch` rows, sampling
     seed `seed`); "sglang": a client of `sglang_urls` (default rollout.sglang_urls) whose weight pushes go to
     `weights_dir`, with rollout's client options updated by `sglang_options`."""
@@ -195,12 +232,24 @@ def build_engine(exp: ExperimentConfig, kind: str, *, tokenizer: Any = None, mod
 
         if model is None:
             raise ValueError("build_engine: the embedded engine needs a model")
-        return EmbeddedEngine(model, seed=seed, max_len=r.max_context, max_batch=max_batch, tokenizer=tokenizer,
-                              partial=r.partial, prefix_cache=r.prefix_cache)
+        return EmbeddedEngine(
+            model,
+            seed=seed,
+            max_len=r.max_context,
+            max_batch=max_batch,
+            tokenizer=tokenizer,
+            partial=r.partial,
+            prefix_cache=r.prefix_cache,
+        )
     if kind == "sglang":
-        return SGLangEngine(list(sglang_urls or r.sglang_urls), partial=r.partial, weights_dir=weights_dir,
-                            keep_weight_folders=r.keep_weight_folders, weight_dtype=r.weight_dtype,
-                            **{**r.sglang_client_options(), **sglang_options})
+        return SGLangEngine(
+            list(sglang_urls or r.sglang_urls),
+            partial=r.partial,
+            weights_dir=weights_dir,
+            keep_weight_folders=r.keep_weight_folders,
+            weight_dtype=r.weight_dtype,
+            **{**r.sglang_client_options(), **sglang_options},
+        )
     raise ConfigError("rollout.engine", f"must be one of {ENGINES}, got {kind!r}")
 
 
@@ -213,13 +262,18 @@ def build_online_engines(exp: ExperimentConfig, tokenizer: Any, weights_dir: str
     r, t = exp.rollout, exp.train
     if r.engine != "embedded":
         if r.weight_sync == "disk" and not storage.is_local(weights_dir):
-            raise ConfigError("rollout.weight_sync", f"'disk' has the servers load weight folders from {weights_dir}, "
-                              "an object store they cannot read: use rollout.weight_sync='distributed', or a run "
-                              "folder on a filesystem the servers share")
+            raise ConfigError(
+                "rollout.weight_sync",
+                f"'disk' has the servers load weight folders from {weights_dir}, "
+                "an object store they cannot read: use rollout.weight_sync='distributed', or a run "
+                "folder on a filesystem the servers share",
+            )
         return build_engine(exp, r.engine, weights_dir=weights_dir), None
     model = engine_model(exp, engine_mesh(exp))
-    control = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1,
-                           model=model)
-    rollout = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1),
-                           seed=t.seed + r.seed_offset, model=model)
+    control = build_engine(
+        exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1, model=model
+    )
+    rollout = build_engine(
+        exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1), seed=t.seed + r.seed_offset, model=model
+    )
     return control, rollout

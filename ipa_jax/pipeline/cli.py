@@ -39,14 +39,19 @@ EXIT_STOPPED = 1
 class ConfigFlags:
     """Defines --config and --config_help; after `parse`, `config()` loads the file with the overrides applied."""
 
-    def __init__(self, help_text: str = "Experiment config file (configs/*.py or a run's config.json).",
-                 required: bool = True):
+    def __init__(
+        self, help_text: str = "Experiment config file (configs/*.py or a run's config.json).", required: bool = True
+    ):
         self.required = required
         self.overrides: list[str] = []
-        self._path = flags.DEFINE_string("config", None, help_text + " Override keys with --config.SECTION.KEY=VALUE "
-                                         "(see --config_help).")
-        self._help = flags.DEFINE_bool("config_help", False, "Print every config key (type, value, help) of "
-                                       "--config (default: the base config) and exit.")
+        self._path = flags.DEFINE_string(
+            "config", None, help_text + " Override keys with --config.SECTION.KEY=VALUE (see --config_help)."
+        )
+        self._help = flags.DEFINE_bool(
+            "config_help",
+            False,
+            "Print every config key (type, value, help) of --config (default: the base config) and exit.",
+        )
 
     def parse(self, argv: Sequence[str]) -> list[str]:
         """absl flags_parser: takes the --config.KEY=VALUE overrides out of argv, then lets absl parse the rest."""

@@ -65,10 +65,23 @@ ONLINE_SOURCES = ("auto", "queue", "resample", "expert")
 
 # The tiny model a config without model.path initialises (HF config.json field names, Qwen3Config.from_hf_dict).
 DEFAULT_ARCH: dict[str, Any] = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=False,
-    max_position_embeddings=4096, num_experts=0, num_experts_per_tok=2, moe_intermediate_size=32,
-    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=(),
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+    max_position_embeddings=4096,
+    num_experts=0,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=(),
 )
 
 
@@ -123,34 +136,47 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        _require(self.param_dtype in DTYPES, "model.param_dtype",
-                 f"must be one of {DTYPES}, got {self.param_dtype!r}")
+        _require(self.param_dtype in DTYPES, "model.param_dtype", f"must be one of {DTYPES}, got {self.param_dtype!r}")
         _require(self.remat in REMAT_POLICIES, "model.remat", f"must be one of {REMAT_POLICIES}, got {self.remat!r}")
-        _require(self.moe_impl in MOE_IMPLS, "model.moe_impl",
-                 f"must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+        _require(self.moe_impl in MOE_IMPLS, "model.moe_impl", f"must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
         _require(self.moe_block_rows >= 0, "model.moe_block_rows", "must be >= 0 (0 = automatic)")
-        _require(self.attention_impl in ATTENTION_IMPLS, "model.attention_impl",
-                 f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        _require(
+            self.attention_impl in ATTENTION_IMPLS,
+            "model.attention_impl",
+            f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}",
+        )
         _require(self.load_balancing_coef >= 0, "model.load_balancing_coef", "must be >= 0")
         _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
         _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
         _require(self.logprob_keep_logits_mib >= 0, "model.logprob_keep_logits_mib", "must be >= 0 (0 = recompute)")
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
-        _require(not unknown, f"model.arch.{unknown[0] if unknown else ''}",
-                 f"unknown architecture field; known: {sorted(DEFAULT_ARCH)}")
+        _require(
+            not unknown,
+            f"model.arch.{unknown[0] if unknown else ''}",
+            f"unknown architecture field; known: {sorted(DEFAULT_ARCH)}",
+        )
         arch = {**DEFAULT_ARCH, **self.arch, "mlp_only_layers": list(self.arch.get("mlp_only_layers", ()))}
         object.__setattr__(self, "arch", arch)
         if self.path:  # the folder's config.json describes the model
             return
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
             _require(arch[key] >= 1, f"model.arch.{key}", f"must be >= 1, got {arch[key]}")
-        _require(arch["num_key_value_heads"] >= 1 and arch["num_attention_heads"] % arch["num_key_value_heads"] == 0,
-                 "model.arch.num_key_value_heads", "must divide model.arch.num_attention_heads")
+        _require(
+            arch["num_key_value_heads"] >= 1 and arch["num_attention_heads"] % arch["num_key_value_heads"] == 0,
+            "model.arch.num_key_value_heads",
+            "must divide model.arch.num_attention_heads",
+        )
         if arch["num_experts"] > 0:
-            _require(1 <= arch["num_experts_per_tok"] <= arch["num_experts"], "model.arch.num_experts_per_tok",
-                     f"must be in [1, num_experts={arch['num_experts']}]")
-        _require(not (self.routing_replay and arch["num_experts"] == 0), "model.routing_replay",
-                 "needs an MoE model (model.arch.num_experts > 0)")
+            _require(
+                1 <= arch["num_experts_per_tok"] <= arch["num_experts"],
+                "model.arch.num_experts_per_tok",
+                f"must be in [1, num_experts={arch['num_experts']}]",
+            )
+        _require(
+            not (self.routing_replay and arch["num_experts"] == 0),
+            "model.routing_replay",
+            "needs an MoE model (model.arch.num_experts > 0)",
+        )
 
     @property
     def vocab_size(self) -> int | None:
@@ -241,46 +267,77 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
-        _require(isinstance(self.seed_offset, int) and not isinstance(self.seed_offset, bool) and self.seed_offset >= 0,
-                 "rollout.seed_offset", f"must be an integer >= 0, got {self.seed_offset!r}")
-        _require(self.seed_offset == 0 or self.engine == "embedded", "rollout.seed_offset",
-                 "SGLang servers sample with their own seeds: only the embedded engine takes a rollout seed")
+        _require(
+            isinstance(self.seed_offset, int) and not isinstance(self.seed_offset, bool) and self.seed_offset >= 0,
+            "rollout.seed_offset",
+            f"must be an integer >= 0, got {self.seed_offset!r}",
+        )
+        _require(
+            self.seed_offset == 0 or self.engine == "embedded",
+            "rollout.seed_offset",
+            "SGLang servers sample with their own seeds: only the embedded engine takes a rollout seed",
+        )
         _require(self.engine in ENGINES, "rollout.engine", f"must be one of {ENGINES}, got {self.engine!r}")
-        _require(not (self.engine == "sglang" and not self.sglang_urls), "rollout.sglang_urls",
-                 "rollout.engine='sglang' needs at least one server URL")
+        _require(
+            not (self.engine == "sglang" and not self.sglang_urls),
+            "rollout.sglang_urls",
+            "rollout.engine='sglang' needs at least one server URL",
+        )
         _require(self.temperature > 0, "rollout.temperature", f"must be > 0, got {self.temperature}")
         _require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.top_k == -1 or self.top_k >= 1, "rollout.top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
         for key in ("max_new_tokens", "max_turns", "concurrency", "group_size", "weight_sync_every"):
             _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(self.max_context > self.max_new_tokens, "rollout.max_context", "must exceed rollout.max_new_tokens")
-        _require(self.source in ONLINE_SOURCES, "rollout.source",
-                 f"must be one of {ONLINE_SOURCES}, got {self.source!r}")
-        _require(self.eval_temperature >= 0, "rollout.eval_temperature",
-                 f"must be >= 0 (0 = greedy), got {self.eval_temperature}")
+        _require(
+            self.source in ONLINE_SOURCES, "rollout.source", f"must be one of {ONLINE_SOURCES}, got {self.source!r}"
+        )
+        _require(
+            self.eval_temperature >= 0,
+            "rollout.eval_temperature",
+            f"must be >= 0 (0 = greedy), got {self.eval_temperature}",
+        )
         for key in ("request_timeout_s", "control_timeout_s", "probe_interval_s"):
             _require(0 < getattr(self, key) < math.inf, f"rollout.{key}", f"must be > 0, got {getattr(self, key)}")
-        _require(0 <= self.outage_budget_s < math.inf, "rollout.outage_budget_s",
-                 f"must be >= 0, got {self.outage_budget_s}")
+        _require(
+            0 <= self.outage_budget_s < math.inf, "rollout.outage_budget_s", f"must be >= 0, got {self.outage_budget_s}"
+        )
         for key in ("max_attempts", "keep_weight_folders"):
             _require(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
-        _require(1 <= self.min_sync_servers <= max(len(self.sglang_urls), 1), "rollout.min_sync_servers",
-                 f"must be in [1, len(rollout.sglang_urls)], got {self.min_sync_servers}")
-        _require(self.weight_dtype in DTYPES, "rollout.weight_dtype",
-                 f"must be one of {DTYPES}, got {self.weight_dtype!r}")
-        _require(self.weight_sync in WEIGHT_SYNCS, "rollout.weight_sync",
-                 f"must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
-        _require(self.engine_devices >= 0, "rollout.engine_devices",
-                 f"must be >= 0 (0 = all of process 0's devices), got {self.engine_devices}")
-        _require(self.partial in PARTIAL_MODES, "rollout.partial",
-                 f"must be one of {PARTIAL_MODES}, got {self.partial!r}")
+        _require(
+            1 <= self.min_sync_servers <= max(len(self.sglang_urls), 1),
+            "rollout.min_sync_servers",
+            f"must be in [1, len(rollout.sglang_urls)], got {self.min_sync_servers}",
+        )
+        _require(
+            self.weight_dtype in DTYPES, "rollout.weight_dtype", f"must be one of {DTYPES}, got {self.weight_dtype!r}"
+        )
+        _require(
+            self.weight_sync in WEIGHT_SYNCS,
+            "rollout.weight_sync",
+            f"must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}",
+        )
+        _require(
+            self.engine_devices >= 0,
+            "rollout.engine_devices",
+            f"must be >= 0 (0 = all of process 0's devices), got {self.engine_devices}",
+        )
+        _require(
+            self.partial in PARTIAL_MODES, "rollout.partial", f"must be one of {PARTIAL_MODES}, got {self.partial!r}"
+        )
 
     def sglang_client_options(self) -> dict[str, Any]:
         """SGLangEngine's keyword arguments: timeouts, retries, and the API key read from api_key_env."""
-        return dict(api_key=os.environ.get(self.api_key_env) or None, request_timeout_s=self.request_timeout_s,
-                    control_timeout_s=self.control_timeout_s, max_attempts=self.max_attempts,
-                    probe_interval_s=self.probe_interval_s, min_sync_servers=self.min_sync_servers,
-                    outage_budget_s=self.outage_budget_s, weight_sync=self.weight_sync)
+        return dict(
+            api_key=os.environ.get(self.api_key_env) or None,
+            request_timeout_s=self.request_timeout_s,
+            control_timeout_s=self.control_timeout_s,
+            max_attempts=self.max_attempts,
+            probe_interval_s=self.probe_interval_s,
+            min_sync_servers=self.min_sync_servers,
+            outage_budget_s=self.outage_budget_s,
+            weight_sync=self.weight_sync,
+        )
 
 
 @dataclass(frozen=True)
@@ -302,10 +359,16 @@ class QueueConfig:
     def __post_init__(self) -> None:
         _require(self.max_size >= 1, "queue.max_size", f"must be >= 1, got {self.max_size}")
         _require(self.max_policy_lag >= 0, "queue.max_policy_lag", f"must be >= 0, got {self.max_policy_lag}")
-        _require(0 <= self.forced_lag <= self.max_policy_lag, "queue.forced_lag",
-                 f"must be in [0, queue.max_policy_lag={self.max_policy_lag}], got {self.forced_lag}")
-        _require(0 <= self.stall_timeout_s < math.inf, "queue.stall_timeout_s",
-                 f"must be >= 0 (0 = off), got {self.stall_timeout_s}")
+        _require(
+            0 <= self.forced_lag <= self.max_policy_lag,
+            "queue.forced_lag",
+            f"must be in [0, queue.max_policy_lag={self.max_policy_lag}], got {self.forced_lag}",
+        )
+        _require(
+            0 <= self.stall_timeout_s < math.inf,
+            "queue.stall_timeout_s",
+            f"must be >= 0 (0 = off), got {self.stall_timeout_s}",
+        )
 
 
 @dataclass(frozen=True)
@@ -328,9 +391,12 @@ class EnvConfig:
         if self.name and self.name not in list_envs():
             close = difflib.get_close_matches(self.name, list_envs(), n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError("env.name", f"{self.name!r} is not a registered environment; {hint}registered: "
-                                          f"{', '.join(list_envs())} (your own: set env.module to the module that "
-                                          "registers it)")
+            raise ConfigError(
+                "env.name",
+                f"{self.name!r} is not a registered environment; {hint}registered: "
+                f"{', '.join(list_envs())} (your own: set env.module to the module that "
+                "registers it)",
+            )
         if self.name:  # the environment checks its own settings
             try:
                 self.make()
@@ -360,8 +426,11 @@ def import_env_module(module: str) -> None:
         spec.loader.exec_module(loaded)
         sys.modules[name] = loaded
     except (ImportError, SyntaxError) as e:
-        raise ConfigError("env.module", f"cannot import {module!r} ({e}); install it, put its folder on PYTHONPATH, "
-                                        "or give the path of its .py file") from None
+        raise ConfigError(
+            "env.module",
+            f"cannot import {module!r} ({e}); install it, put its folder on PYTHONPATH, "
+            "or give the path of its .py file",
+        ) from None
 
 
 # Objective presets: the published settings (ipa_jax.objectives.PRESETS; docs/off_policy.md says which source each
@@ -403,13 +472,22 @@ class ExperimentConfig:
     resample: ResampleConfig = field(default_factory=ResampleConfig)
 
     def __post_init__(self) -> None:
-        _require(not (self.objective.rl_weight == 0 and self.objective.il_weight == 0), "objective.rl_weight",
-                 "rl_weight and il_weight are both 0: nothing to train")
+        _require(
+            not (self.objective.rl_weight == 0 and self.objective.il_weight == 0),
+            "objective.rl_weight",
+            "rl_weight and il_weight are both 0: nothing to train",
+        )
         if self.online:
-            _require(self.objective.baseline != "group_mean" or self.rollout.group_size > 1, "objective.baseline",
-                     "'group_mean' needs several samples per task: set rollout.group_size > 1")
-            _require(self.online_source != "expert" or self.objective.il_weight > 0, "objective.il_weight",
-                     "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0")
+            _require(
+                self.objective.baseline != "group_mean" or self.rollout.group_size > 1,
+                "objective.baseline",
+                "'group_mean' needs several samples per task: set rollout.group_size > 1",
+            )
+            _require(
+                self.online_source != "expert" or self.objective.il_weight > 0,
+                "objective.il_weight",
+                "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0",
+            )
             if self.env.name:
                 self._check_task_space()
         else:
@@ -420,16 +498,21 @@ class ExperimentConfig:
         """Draws the distinct tasks a run needs first (train.eval_episodes held-out ones, a block of the training
         stream), so that a task space too small fails here instead of minutes into the run."""
         env = self.env.make()
-        for split, needed, key in (("eval", self.train.eval_episodes, "train.eval_episodes"),
-                                   ("train", TASK_BLOCK, "env.kwargs")):
+        for split, needed, key in (
+            ("eval", self.train.eval_episodes, "train.eval_episodes"),
+            ("train", TASK_BLOCK, "env.kwargs"),
+        ):
             try:
                 env.tasks(split, needed)
             except TaskSpaceTooSmall as e:
-                raise ConfigError(key, f"environment {self.env.name!r} with {dict(self.env.kwargs)}: its {split} split "
-                                       f"holds only {e.found} distinct tasks ({e.draws} draws); a run needs "
-                                       f"{self.train.eval_episodes} eval tasks (train.eval_episodes) and {TASK_BLOCK} "
-                                       f"train tasks (the training stream draws {TASK_BLOCK} at a time): widen the "
-                                       "task space (env.kwargs) or lower train.eval_episodes") from None
+                raise ConfigError(
+                    key,
+                    f"environment {self.env.name!r} with {dict(self.env.kwargs)}: its {split} split "
+                    f"holds only {e.found} distinct tasks ({e.draws} draws); a run needs "
+                    f"{self.train.eval_episodes} eval tasks (train.eval_episodes) and {TASK_BLOCK} "
+                    f"train tasks (the training stream draws {TASK_BLOCK} at a time): widen the "
+                    "task space (env.kwargs) or lower train.eval_episodes",
+                ) from None
 
     @property
     def online(self) -> bool:
@@ -501,9 +584,9 @@ def field_help(cls: type) -> dict[str, str]:
 
 _EXTRA_HELP = {
     "objective.preset": "ipa (the ROME paper's text), ipa_seed (its pseudo-code: IS clip 10, sign by reward, token "
-                        "mismatch mask 5, sum / B), ipa_roll (ROLL: recomputed old log-probs, sign by reward, "
-                        "kept-token row mean), flash_reinforce, or custom (ObjectiveConfig's defaults); the objective "
-                        "fields left at None take the preset's value (docs/off_policy.md).",
+    "mismatch mask 5, sum / B), ipa_roll (ROLL: recomputed old log-probs, sign by reward, "
+    "kept-token row mean), flash_reinforce, or custom (ObjectiveConfig's defaults); the objective "
+    "fields left at None take the preset's value (docs/off_policy.md).",
 }
 
 
@@ -728,8 +811,11 @@ def _build_section(name: str, cls: type, section: ConfigDict) -> Any:
 def resolve_objective(section: Mapping[str, Any]) -> ObjectiveConfig:
     """The preset's fields, then every field set explicitly (not None) in the objective section."""
     preset = section["preset"]
-    _require(preset in OBJECTIVE_PRESETS, "objective.preset",
-             f"must be one of {', '.join(OBJECTIVE_PRESETS)}, got {preset!r}")
+    _require(
+        preset in OBJECTIVE_PRESETS,
+        "objective.preset",
+        f"must be one of {', '.join(OBJECTIVE_PRESETS)}, got {preset!r}",
+    )
     values = dataclasses.asdict(OBJECTIVE_PRESETS[preset])
     values.update({name: section[name] for name in OBJECTIVE_FIELDS if section.get(name) is not None})
     if values["is_clip_max"] == math.inf:  # the config's spelling of "never truncate" (None = the preset's)

@@ -76,13 +76,18 @@ def eval_temperature(exp: ExperimentConfig, samples: int | None = None) -> float
     return r.temperature if samples > 1 and r.eval_temperature == 0 else r.eval_temperature
 
 
-def eval_agent_config(exp: ExperimentConfig, temperature: float | None = None,
-                      samples: int | None = None) -> AgentConfig:
+def eval_agent_config(
+    exp: ExperimentConfig, temperature: float | None = None, samples: int | None = None
+) -> AgentConfig:
     """How held-out episodes are played: exp.rollout's budgets at `temperature` (default `eval_temperature(exp,
     samples)`), full support otherwise (no top-p / top-k), as in the learner's evaluations."""
     r = exp.rollout
-    return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
-                       temperature=eval_temperature(exp, samples) if temperature is None else temperature)
+    return AgentConfig(
+        max_new_tokens=r.max_new_tokens,
+        max_turns=r.max_turns,
+        max_context=r.max_context,
+        temperature=eval_temperature(exp, samples) if temperature is None else temperature,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -134,30 +139,53 @@ class EvalReport:
 
     def task_outcomes(self) -> list[dict[str, Any]]:
         """[{task_id, samples, successes}] per task, in task order: finished samples and how many succeeded."""
-        return [{"task_id": t["task_id"], "samples": len(t["successes"]), "successes": sum(t["successes"])}
-                for t in self.per_task]
+        return [
+            {"task_id": t["task_id"], "samples": len(t["successes"]), "successes": sum(t["successes"])}
+            for t in self.per_task
+        ]
 
 
 def eval_tasks_record(report: EvalReport) -> dict[str, Any]:
     """A learner evaluation's eval_tasks/ record (docs/run_folder.md): the held-out split and its task seed, samples
     per task, temperature, the episodes' counts and success, and `report.task_outcomes()` under "tasks"."""
-    return {"split": "eval", "task_seed": EVAL_SEED, "samples_per_task": report.k,
-            "temperature": report.temperature, "episodes": report.episodes, "aborted": report.aborted,
-            "success": report.success, "tasks": report.task_outcomes()}
+    return {
+        "split": "eval",
+        "task_seed": EVAL_SEED,
+        "samples_per_task": report.k,
+        "temperature": report.temperature,
+        "episodes": report.episodes,
+        "aborted": report.aborted,
+        "success": report.success,
+        "tasks": report.task_outcomes(),
+    }
 
 
 def episode_record(traj: Trajectory, sample: int) -> dict[str, Any]:
     """One episode's outcome as JSON values (`EvalReport.per_episode`); `sample` is its index among its task's."""
     info = traj.info
-    return {"task_id": info["task_id"], "sample": sample, "reward": traj.reward,
-            "success": bool(traj.reward >= SUCCESS_REWARD), "tool_calls": info["num_tool_calls"],
-            "tool_errors": info["num_tool_errors"], "turns": info["num_turns"],
-            "finish_reason": info["finish_reason"], "generated_tokens": info["generated_tokens"]}
+    return {
+        "task_id": info["task_id"],
+        "sample": sample,
+        "reward": traj.reward,
+        "success": bool(traj.reward >= SUCCESS_REWARD),
+        "tool_calls": info["num_tool_calls"],
+        "tool_errors": info["num_tool_errors"],
+        "turns": info["num_turns"],
+        "finish_reason": info["finish_reason"],
+        "generated_tokens": info["generated_tokens"],
+    }
 
 
-async def evaluate_policy(engine: Engine, chat: ChatFormat, tasks: Sequence[Task], agent_config: AgentConfig,
-                          env_factory: Callable[[Task], Env], k: int, *,
-                          concurrency: int | None = None) -> EvalReport:
+async def evaluate_policy(
+    engine: Engine,
+    chat: ChatFormat,
+    tasks: Sequence[Task],
+    agent_config: AgentConfig,
+    env_factory: Callable[[Task], Env],
+    k: int,
+    *,
+    concurrency: int | None = None,
+) -> EvalReport:
     """Plays `k` episodes of every task with `engine`, all in flight at once (at most `concurrency`); returns the
     report of their outcomes (EvalReport; policy, step, engine, split and seed left empty). Raises RuntimeError
     when the engine aborted every episode."""
@@ -167,23 +195,38 @@ async def evaluate_policy(engine: Engine, chat: ChatFormat, tasks: Sequence[Task
         raise ValueError("evaluate_policy: no tasks")
     played = [task for task in tasks for _ in range(k)]  # a task's k samples side by side
     t0 = time.perf_counter()
-    trajs = await run_episodes(engine, chat, played, agent_config, concurrency=concurrency or len(played),
-                               env_factory=env_factory)
+    trajs = await run_episodes(
+        engine, chat, played, agent_config, concurrency=concurrency or len(played), env_factory=env_factory
+    )
     time_s = time.perf_counter() - t0
-    slots = [trajs[i * k:(i + 1) * k] for i in range(len(tasks))]  # None: aborted
+    slots = [trajs[i * k : (i + 1) * k] for i in range(len(tasks))]  # None: aborted
     by_task = [[t for t in samples if t is not None] for samples in slots]
     done = [t for samples in by_task for t in samples]
     metrics = episode_metrics(done)
     return EvalReport(
-        k=k, temperature=agent_config.temperature, tasks=len(tasks), episodes=len(done),
-        aborted=len(played) - len(done), success=metrics["success"],
+        k=k,
+        temperature=agent_config.temperature,
+        tasks=len(tasks),
+        episodes=len(done),
+        aborted=len(played) - len(done),
+        success=metrics["success"],
         pass_at_k=pass_at_k([[t.reward >= SUCCESS_REWARD for t in samples] for samples in by_task]),
-        reward=metrics["reward"], tool_calls=metrics["tool_calls"], tool_errors=metrics["tool_errors"],
-        turns=metrics["turns"], time_s=time_s,
-        per_task=tuple({"task_id": task.task_id, "successes": [bool(t.reward >= SUCCESS_REWARD) for t in samples],
-                        "rewards": [t.reward for t in samples]} for task, samples in zip(tasks, by_task)),
+        reward=metrics["reward"],
+        tool_calls=metrics["tool_calls"],
+        tool_errors=metrics["tool_errors"],
+        turns=metrics["turns"],
+        time_s=time_s,
+        per_task=tuple(
+            {
+                "task_id": task.task_id,
+                "successes": [bool(t.reward >= SUCCESS_REWARD) for t in samples],
+                "rewards": [t.reward for t in samples],
+            }
+            for task, samples in zip(tasks, by_task)
+        ),
         per_episode=tuple(episode_record(t, j) for samples in slots for j, t in enumerate(samples) if t is not None),
-        trajectories=tuple(done))
+        trajectories=tuple(done),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- policies
@@ -202,8 +245,9 @@ class Policy:
     model: Qwen3ForCausalLM | None = None
 
 
-def load_run_policy(run_dir: str, *, step: int | None = None, overrides: Iterable[str] | Mapping[str, Any] = (),
-                    load_model: bool = True) -> tuple[ExperimentConfig, Policy]:
+def load_run_policy(
+    run_dir: str, *, step: int | None = None, overrides: Iterable[str] | Mapping[str, Any] = (), load_model: bool = True
+) -> tuple[ExperimentConfig, Policy]:
     """The run folder's config (config.json with `overrides` applied) and policy: the checkpoint of `step`
     (default: the latest complete one) restored on the config's mesh, and the run's tokenizer (<run>/tokenizer,
     else model.tokenizer, else model.path). Raises PolicyError naming the available steps when `step` has no
@@ -221,8 +265,9 @@ def load_run_policy(run_dir: str, *, step: int | None = None, overrides: Iterabl
             raise PolicyError(f"{folder.checkpoints_dir}: no complete checkpoint")
         step = steps[-1] if step is None else step
         if step not in steps:
-            raise PolicyError(f"{folder.checkpoints_dir}: no checkpoint of step {step}; available steps: "
-                              f"{', '.join(map(str, steps))}")
+            raise PolicyError(
+                f"{folder.checkpoints_dir}: no checkpoint of step {step}; available steps: {', '.join(map(str, steps))}"
+            )
         model = None
         if load_model:
             state, _ = checkpointer.restore(build_state(exp, build_mesh(exp.mesh)), step)
@@ -260,9 +305,17 @@ def _first_tokenizer(*paths: str):
 
 
 # ---------------------------------------------------------------------------------------------- evaluate
-def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = None, k: int = 1,
-             temperature: float | None = None, split: str = "eval", sglang_urls: Sequence[str] = (),
-             seed: int = 0) -> EvalReport:
+def evaluate(
+    exp: ExperimentConfig,
+    policy: Policy,
+    *,
+    episodes: int | None = None,
+    k: int = 1,
+    temperature: float | None = None,
+    split: str = "eval",
+    sglang_urls: Sequence[str] = (),
+    seed: int = 0,
+) -> EvalReport:
     """Plays `k` episodes of each of the first `episodes` (default train.eval_episodes) tasks of `split` (seed
     EVAL_SEED) of exp.env with exp.rollout's budgets at `temperature` (default `eval_temperature(exp, k)`), on the
     embedded engine (sampling seed `seed`) or on SGLang servers that already serve the policy; returns the report."""
@@ -270,29 +323,45 @@ def evaluate(exp: ExperimentConfig, policy: Policy, *, episodes: int | None = No
         raise ConfigError("env.name", "evaluation needs an environment (ipa_jax.envs.list_envs())")
     agent = eval_agent_config(exp, temperature, samples=k)
     if k > 1 and agent.temperature == 0:
-        log.warning("k=%d samples per task at temperature 0 (greedy): the samples will be identical and pass@%d "
-                    "will equal success; sample with a temperature > 0", k, k)
+        log.warning(
+            "k=%d samples per task at temperature 0 (greedy): the samples will be identical and pass@%d "
+            "will equal success; sample with a temperature > 0",
+            k,
+            k,
+        )
     tasks = exp.env.make().tasks(split, exp.train.eval_episodes if episodes is None else episodes, seed=EVAL_SEED)
     kind = "sglang" if sglang_urls else "embedded"
     if kind == "embedded" and policy.model is None:
         raise ValueError(f"policy {policy.name} has no weights loaded and no SGLang server serves it")
     # Embedded: the batch the learner's evaluations and rollouts already ran with (memory known to fit). SGLang: no
     # weight sync here.
-    engine = build_engine(exp, kind, tokenizer=policy.tokenizer, model=policy.model, seed=seed,
-                          max_batch=min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency)),
-                          sglang_urls=tuple(sglang_urls), min_sync_servers=1)
+    engine = build_engine(
+        exp,
+        kind,
+        tokenizer=policy.tokenizer,
+        model=policy.model,
+        seed=seed,
+        max_batch=min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency)),
+        sglang_urls=tuple(sglang_urls),
+        min_sync_servers=1,
+    )
 
     async def play() -> EvalReport:
         try:
             chat = ChatFormat(policy.tokenizer, enable_thinking=exp.rollout.enable_thinking)
-            return await evaluate_policy(engine, chat, tasks, agent,
-                                         lambda task: exp.env.make(), k)
+            return await evaluate_policy(engine, chat, tasks, agent, lambda task: exp.env.make(), k)
         finally:
             await engine.close()
 
     report = asyncio.run(play())
-    return dataclasses.replace(report, policy=policy.name, step=policy.step, engine=kind, split=split,
-                               seed=seed if kind == "embedded" else None)  # the servers sample with their own
+    return dataclasses.replace(
+        report,
+        policy=policy.name,
+        step=policy.step,
+        engine=kind,
+        split=split,
+        seed=seed if kind == "embedded" else None,
+    )  # the servers sample with their own
 
 
 def report_path(run_dir: str | None, report: EvalReport) -> str:

@@ -24,8 +24,13 @@ from ipa_jax.train import TrainState
 _PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
-def export_policy(model_or_state: Qwen3ForCausalLM | TrainState, tokenizer: PreTrainedTokenizerBase | None,
-                  path: str | os.PathLike, *, dtype=None) -> None:
+def export_policy(
+    model_or_state: Qwen3ForCausalLM | TrainState,
+    tokenizer: PreTrainedTokenizerBase | None,
+    path: str | os.PathLike,
+    *,
+    dtype=None,
+) -> None:
     """Writes the policy to `path` as a self-contained HF folder.
 
     Files: the safetensors and config.json of `ipa_jax.models.save_pretrained` (dtype: cast on the host, default the
@@ -57,14 +62,22 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Qwen3Co
     if tokenizer is None:
         if config.eos_token_id is not None:
             eos = config.eos_token_id
-            return dict(bos_token_id=config.bos_token_id, pad_token_id=config.pad_token_id,
-                        eos_token_id=list(eos) if isinstance(eos, tuple) else [eos])
+            return dict(
+                bos_token_id=config.bos_token_id,
+                pad_token_id=config.pad_token_id,
+                eos_token_id=list(eos) if isinstance(eos, tuple) else [eos],
+            )
         layout = {token: i for i, (token, _) in enumerate(QWEN_TOKENS)}
-        return dict(bos_token_id=layout[ENDOFTEXT], eos_token_id=[layout[IM_END], layout[ENDOFTEXT]],
-                    pad_token_id=layout[ENDOFTEXT])
+        return dict(
+            bos_token_id=layout[ENDOFTEXT],
+            eos_token_id=[layout[IM_END], layout[ENDOFTEXT]],
+            pad_token_id=layout[ENDOFTEXT],
+        )
     if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size "
-                         f"{config.vocab_size}: not this policy's tokenizer")
+        raise ValueError(
+            f"tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size "
+            f"{config.vocab_size}: not this policy's tokenizer"
+        )
     vocab = tokenizer.get_vocab()
     missing = [t for t in (IM_END, ENDOFTEXT) if t not in vocab]
     if missing:
@@ -98,9 +111,13 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) 
         _update_json(config_file, {"tokenizer_class": _PORTABLE_TOKENIZER_CLASSES[cls]})
     loaded = load_tokenizer(path)
     if (loaded.get_vocab(), loaded.chat_template, loaded.special_tokens_map) != (
-            tokenizer.get_vocab(), tokenizer.chat_template, tokenizer.special_tokens_map):
-        raise RuntimeError(f"the tokenizer saved to {path} loads back with another vocabulary, chat template or "
-                           "special tokens")
+        tokenizer.get_vocab(),
+        tokenizer.chat_template,
+        tokenizer.special_tokens_map,
+    ):
+        raise RuntimeError(
+            f"the tokenizer saved to {path} loads back with another vocabulary, chat template or special tokens"
+        )
 
 
 def existing_tokenizer(model: ModelConfig, folder: RunFolder) -> PreTrainedTokenizerBase | None:

@@ -17,8 +17,16 @@ from ipa_jax.pipeline.online import sampling_agent_config
 from ipa_jax.rollout.resample import ForkEstimate, build_experts, probe_forks
 
 
-def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num_tasks: int = 16, samples: int = 8,
-                 split: str = "eval", seed: int = 0) -> list[ForkEstimate]:
+def probe_policy(
+    exp: ExperimentConfig,
+    policy: str,
+    *,
+    tokenizer: str = "",
+    num_tasks: int = 16,
+    samples: int = 8,
+    split: str = "eval",
+    seed: int = 0,
+) -> list[ForkEstimate]:
     """Per-task success by anchor of the HF policy folder `policy` on `num_tasks` tasks of exp.env (scripted
     experts; sampling as exp.rollout; the tokenizer from `tokenizer`, else exp.model.tokenizer, else `policy`)."""
     tok = load_tokenizer(tokenizer or exp.model.tokenizer or policy)
@@ -26,14 +34,28 @@ def probe_policy(exp: ExperimentConfig, policy: str, *, tokenizer: str = "", num
     tasks = exp.env.make().tasks(split, num_tasks, seed=seed)
     experts = build_experts(exp.resample, tasks, chat)
     r = exp.rollout
-    engine = EmbeddedEngine(from_pretrained(policy), seed=seed, max_len=r.max_context,
-                            max_batch=max(r.concurrency, 1), tokenizer=tok, prefix_cache=r.prefix_cache)
+    engine = EmbeddedEngine(
+        from_pretrained(policy),
+        seed=seed,
+        max_len=r.max_context,
+        max_batch=max(r.concurrency, 1),
+        tokenizer=tok,
+        prefix_cache=r.prefix_cache,
+    )
     agent = sampling_agent_config(exp)
 
     async def probe() -> list[ForkEstimate]:
         try:
-            return await probe_forks(engine, chat, experts, samples, exp.resample.fork_jump, agent,
-                                     success_reward=exp.resample.success_reward, concurrency=max(r.concurrency, 1))
+            return await probe_forks(
+                engine,
+                chat,
+                experts,
+                samples,
+                exp.resample.fork_jump,
+                agent,
+                success_reward=exp.resample.success_reward,
+                concurrency=max(r.concurrency, 1),
+            )
         finally:
             await engine.close()
 

@@ -75,9 +75,15 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Traje
 def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
     """How training episodes are sampled (exp.rollout's budgets and sampling parameters)."""
     r = exp.rollout
-    return AgentConfig(max_new_tokens=r.max_new_tokens, max_turns=r.max_turns, max_context=r.max_context,
-                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                       return_routed_experts=exp.model.routing_replay)
+    return AgentConfig(
+        max_new_tokens=r.max_new_tokens,
+        max_turns=r.max_turns,
+        max_context=r.max_context,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        return_routed_experts=exp.model.routing_replay,
+    )
 
 
 class ExpertStream:
@@ -146,9 +152,12 @@ class EngineHost:
         the new weights: per update since the previous call (one training line), and in total."""
         now = self.rollout.partial_counts()
         updates = max(now.updates - self._counted.updates, 1)
-        out = {"partial_interrupted_per_update": (now.interrupted - self._counted.interrupted) / updates,
-               "partial_resumed_per_update": (now.resumed - self._counted.resumed) / updates,
-               "partial_interrupted": float(now.interrupted), "partial_resumed": float(now.resumed)}
+        out = {
+            "partial_interrupted_per_update": (now.interrupted - self._counted.interrupted) / updates,
+            "partial_resumed_per_update": (now.resumed - self._counted.resumed) / updates,
+            "partial_interrupted": float(now.interrupted),
+            "partial_resumed": float(now.resumed),
+        }
         self._counted = now
         return out
 
@@ -179,15 +188,17 @@ class RolloutSource:
         self.exp, self.folder, self.clock = exp, folder, clock
         t = exp.train
         if not exp.env.name:
-            raise ConfigError("env.name", "online training needs an environment (ipa_jax.envs.list_envs()), or "
-                                          "offline trajectories in train.data")
+            raise ConfigError(
+                "env.name",
+                "online training needs an environment (ipa_jax.envs.list_envs()), or "
+                "offline trajectories in train.data",
+            )
         self.env_factory = exp.env.make
         self.env = self.env_factory()
         self.tokenizer = load_or_build_tokenizer(exp.model, folder, exp.env)
         self.chat = ChatFormat(self.tokenizer, enable_thinking=exp.rollout.enable_thinking)
         self.engines = EngineHost(exp, self.tokenizer, folder)
-        self.experts = ExpertStream(self.env_factory, self.env.task_stream("train", seed=t.seed + 1_000_000),
-                                    self.chat)
+        self.experts = ExpertStream(self.env_factory, self.env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
         self.eval_tasks = self.env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
         self.eval_agent = dataclasses.replace(eval_agent_config(exp), record_messages=True)  # for samples/
@@ -262,9 +273,16 @@ class RolloutSource:
         eval_tasks/)."""
         if model is not None:
             self.engines.serve_for_evaluation(model, step)
-        report = self.engines.run(evaluate_policy(
-            self.engines.control, self.chat, self.eval_tasks, self.eval_agent, lambda task: self.env_factory(),
-            k=self.exp.train.eval_samples))
+        report = self.engines.run(
+            evaluate_policy(
+                self.engines.control,
+                self.chat,
+                self.eval_tasks,
+                self.eval_agent,
+                lambda task: self.env_factory(),
+                k=self.exp.train.eval_samples,
+            )
+        )
         done = list(report.trajectories)
         for traj in done:
             traj.info["split"] = "eval"
@@ -298,22 +316,36 @@ class QueueSource(RolloutSource):
 
     def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
         if exp.queue.max_size < exp.train.batch_size:
-            raise ConfigError("queue.max_size", f"{exp.queue.max_size} < train.batch_size={exp.train.batch_size}; "
-                                                "the learner takes whole batches from the queue")
+            raise ConfigError(
+                "queue.max_size",
+                f"{exp.queue.max_size} < train.batch_size={exp.train.batch_size}; "
+                "the learner takes whole batches from the queue",
+            )
         super().__init__(exp, folder, clock)
-        self.queue = TrajectoryQueue(exp.queue.max_size, exp.queue.max_policy_lag, vocab_size=exp.model.vocab_size,
-                                     reward_range=exp.train.reward_range)
+        self.queue = TrajectoryQueue(
+            exp.queue.max_size,
+            exp.queue.max_policy_lag,
+            vocab_size=exp.model.vocab_size,
+            reward_range=exp.train.reward_range,
+        )
         self.train_tasks = self.env.task_stream("train", seed=exp.train.seed)
         self.worker: RolloutWorker | None = None
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
         if self.worker is None:
             self.rl_started_at = time.perf_counter()
-            self.worker = RolloutWorker(self.engines.rollout, self.chat, self.train_tasks, self.queue, self.agent,
-                                        concurrency=self.exp.rollout.concurrency,
-                                        group_size=self.exp.rollout.group_size,
-                                        env_factory=lambda task: self.env_factory(), name="rollout",
-                                        clock=self.clock).start()
+            self.worker = RolloutWorker(
+                self.engines.rollout,
+                self.chat,
+                self.train_tasks,
+                self.queue,
+                self.agent,
+                concurrency=self.exp.rollout.concurrency,
+                group_size=self.exp.rollout.group_size,
+                env_factory=lambda task: self.env_factory(),
+                name="rollout",
+                clock=self.clock,
+            ).start()
         t0 = time.perf_counter()
         admitted, admitted_at = self.queue.stats()["admitted"], t0
         try:
@@ -343,9 +375,11 @@ class QueueSource(RolloutSource):
     def _stall_message(self, stall_s: float, queue_stats: dict[str, Any]) -> str:
         w = self.worker.stats()
         reasons = ", ".join(f"{r} {queue_stats[f'dropped_{r}']}" for r in DROP_REASONS)
-        message = (f"no trajectory admitted for {stall_s:g}s (queue.stall_timeout_s) while the learner waited: "
-                   f"{w['finished']} rollouts finished, {w['failed']} failed, {w['in_flight']} in flight; dropped "
-                   f"{queue_stats['dropped_total']} ({reasons})")
+        message = (
+            f"no trajectory admitted for {stall_s:g}s (queue.stall_timeout_s) while the learner waited: "
+            f"{w['finished']} rollouts finished, {w['failed']} failed, {w['in_flight']} in flight; dropped "
+            f"{queue_stats['dropped_total']} ({reasons})"
+        )
         if queue_stats["last_invalid"]:
             message += f"; the last invalid: {queue_stats['last_invalid']}"
         return message
@@ -357,12 +391,28 @@ class QueueSource(RolloutSource):
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
         q = self.queue.stats()
-        out.update({f"queue_{k}": float(q[k]) for k in ("depth", "dropped_total", "dropped_stale", "dropped_invalid",
-                                                         "dropped_duplicate", "lag_taken_mean", "put_per_s")})
+        out.update(
+            {
+                f"queue_{k}": float(q[k])
+                for k in (
+                    "depth",
+                    "dropped_total",
+                    "dropped_stale",
+                    "dropped_invalid",
+                    "dropped_duplicate",
+                    "lag_taken_mean",
+                    "put_per_s",
+                )
+            }
+        )
         if self.worker is not None:
             w = self.worker.stats()
-            out.update({k: float(w[k]) for k in ("episodes_per_s", "generated_tokens_per_s", "success_rate",
-                                                  "finished", "failed")})
+            out.update(
+                {
+                    k: float(w[k])
+                    for k in ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed")
+                }
+            )
             # Admission by policy lag, per finished episode (the queue's own count includes retried puts).
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
             out.update(self.engines.partial_metrics())
@@ -373,12 +423,19 @@ class QueueSource(RolloutSource):
         out = super().rollout_stats()
         if self.worker is not None:
             w = self.worker.stats()
-            out.update(episodes_per_s=w["episodes_per_s"], generated_tokens_per_s=w["generated_tokens_per_s"],
-                       rollout_episodes=w["finished"], rollout_success_rate=w["success_rate"])
+            out.update(
+                episodes_per_s=w["episodes_per_s"],
+                generated_tokens_per_s=w["generated_tokens_per_s"],
+                rollout_episodes=w["finished"],
+                rollout_success_rate=w["success_rate"],
+            )
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
             # Wall time with at least one episode generating / in its environment, and generating during steps.
-            out.update(time_generation_s=self.clock.busy_s("generation"), time_tools_s=self.clock.busy_s("tools"),
-                       time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"))
+            out.update(
+                time_generation_s=self.clock.busy_s("generation"),
+                time_tools_s=self.clock.busy_s("tools"),
+                time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"),
+            )
         return out
 
     def _stop_rollouts(self) -> None:
@@ -400,9 +457,13 @@ class ResamplingSource(RolloutSource):
     def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
         super().__init__(exp, folder, clock)
         tasks = self.env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=exp.train.seed)
-        self.resample = ResampleSource(Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
-                                       self.engines.rollout, self.chat, self.agent,
-                                       concurrency=exp.rollout.concurrency)
+        self.resample = ResampleSource(
+            Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
+            self.engines.rollout,
+            self.chat,
+            self.agent,
+            concurrency=exp.rollout.concurrency,
+        )
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
         t0 = time.perf_counter()
@@ -433,8 +494,11 @@ class ResamplingSource(RolloutSource):
         self.resample.close()
 
 
-ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {"expert": ExpertSource, "queue": QueueSource,
-                                                   "resample": ResamplingSource}
+ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {
+    "expert": ExpertSource,
+    "queue": QueueSource,
+    "resample": ResamplingSource,
+}
 
 
 # ---------------------------------------------------------------------------------------------- every process
@@ -448,8 +512,7 @@ class OnlineSource:
     same code runs without a collective. `clock`: the learner's ActivityClock, for the rollouts' time (a clock of
     its own by default)."""
 
-    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder,
-                 clock: ActivityClock | None = None):
+    def __init__(self, exp: ExperimentConfig, state: TrainState, folder: RunFolder, clock: ActivityClock | None = None):
         self.exp = exp
         self.local: RolloutSource | None = None
 

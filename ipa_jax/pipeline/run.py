@@ -55,17 +55,22 @@ def run(config: ExperimentConfig | ConfigDict) -> dict[str, Any]:
 def run_in_folder(exp: ExperimentConfig, folder: RunFolder, t_start: float) -> dict[str, Any]:
     """`run` once the folder's lock is held."""
     if not exp.checkpoint.resume and folder.latest_checkpoint_step() is not None:
-        raise ConfigError("checkpoint.resume", f"False, but {folder.checkpoints_dir} holds checkpoints of an earlier "
-                                               "run: resume it or choose another train.run_dir")
+        raise ConfigError(
+            "checkpoint.resume",
+            f"False, but {folder.checkpoints_dir} holds checkpoints of an earlier "
+            "run: resume it or choose another train.run_dir",
+        )
     changes = {}
     if folder.has_config():
         changes = check_resume(exp, folder)
         if not changes and folder.has_summary():
             summary = folder.read_summary()
             if is_writer():
-                print(f"{folder.path} is finished: step {summary['steps']} of {summary['steps']}; nothing to do "
-                      "(summary.json unchanged). To train on, raise train.steps and set train.allow_config_change.",
-                      flush=True)
+                print(
+                    f"{folder.path} is finished: step {summary['steps']} of {summary['steps']}; nothing to do "
+                    "(summary.json unchanged). To train on, raise train.steps and set train.allow_config_change.",
+                    flush=True,
+                )
             return summary
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
@@ -109,9 +114,12 @@ def check_resume(exp: ExperimentConfig, folder: RunFolder) -> dict[str, tuple[An
     train.allow_config_change is set (`record_changes` then records them, once the checkpoint is known to fit)."""
     changes = changes_since(exp, folder)
     if changes and not exp.train.allow_config_change:
-        raise ConfigError("train.allow_config_change", f"{folder.path} was trained with a different config "
-                          f"({describe_changes(changes)}). Rerun it unchanged, choose another train.run_dir, or set "
-                          "train.allow_config_change=True to continue with the change")
+        raise ConfigError(
+            "train.allow_config_change",
+            f"{folder.path} was trained with a different config "
+            f"({describe_changes(changes)}). Rerun it unchanged, choose another train.run_dir, or set "
+            "train.allow_config_change=True to continue with the change",
+        )
     return changes
 
 
@@ -122,9 +130,12 @@ def record_changes(folder: RunFolder, changes: dict[str, tuple[Any, Any]], state
     step = folder.latest_checkpoint_step()
     mismatch = None if step is None else checkpoint_mismatch(folder.checkpoints_dir, step, state)
     if mismatch is not None:
-        raise ConfigError("train.allow_config_change", f"the checkpoint of step {step} in {folder.checkpoints_dir} "
-                          f"does not fit the changed config ({mismatch}); nothing was changed: rerun with the "
-                          "folder's config, or choose another train.run_dir")
+        raise ConfigError(
+            "train.allow_config_change",
+            f"the checkpoint of step {step} in {folder.checkpoints_dir} "
+            f"does not fit the changed config ({mismatch}); nothing was changed: rerun with the "
+            "folder's config, or choose another train.run_dir",
+        )
     log.warning("resuming %s with a changed config: %s", folder.path, describe_changes(changes))
     folder.record_config_change(step, changes)
 
@@ -160,8 +171,13 @@ def stop_on_signals(learner: Learner) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def write_summary(exp: ExperimentConfig, learner: Learner, folder: RunFolder, wall_time_s: float,
-                  rollout_stats: dict[str, float] | None = None) -> dict[str, Any]:
+def write_summary(
+    exp: ExperimentConfig,
+    learner: Learner,
+    folder: RunFolder,
+    wall_time_s: float,
+    rollout_stats: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """summary.json (docs/run_folder.md) from the learner's eval history and metrics.jsonl, and an online run's
     `rollout_stats` (OnlineSource.summary_stats); returns it."""
     evals = [e for e in learner.eval_history if "success" in e]
@@ -229,16 +245,22 @@ def format_summary(s: dict[str, Any]) -> str:
         f"   time: {s['wall_time_s']:.0f} s",
     ]
     if "time_learner_step_s" in s:  # (summaries written before the breakdown existed have none)
-        lines.append(f"wall time: learner steps {share('time_learner_step_s')}, weight sync "
-                     f"{share('time_weight_sync_s')}, evaluation {share('time_evaluation_s')}, waiting for batches "
-                     f"{share('time_batch_wait_s')}, other {share('time_other_s')}")
+        lines.append(
+            f"wall time: learner steps {share('time_learner_step_s')}, weight sync "
+            f"{share('time_weight_sync_s')}, evaluation {share('time_evaluation_s')}, waiting for batches "
+            f"{share('time_batch_wait_s')}, other {share('time_other_s')}"
+        )
     if "episodes_per_s" in s:
-        lines.append(f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
-                     f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue")
+        lines.append(
+            f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
+            f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue"
+        )
     if "time_generation_s" in s:
         during = s["time_generation_during_steps_s"] / max(s["time_learner_step_s"], 1e-9)
-        lines.append(f"rollout threads busy: generating {share('time_generation_s')}, in tools "
-                     f"{share('time_tools_s')} of the wall time; generating during {100 * during:.0f}% of the "
-                     "learner's step time")
+        lines.append(
+            f"rollout threads busy: generating {share('time_generation_s')}, in tools "
+            f"{share('time_tools_s')} of the wall time; generating during {100 * during:.0f}% of the "
+            "learner's step time"
+        )
     lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
     return "\n".join(lines)

@@ -143,8 +143,11 @@ class RunFolder:
         """Appends {"time", "step" (the checkpoint resumed from), "changes": {key: [old, new]}} to
         config_changes.jsonl."""
         if is_writer():
-            record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
-                      "changes": {k: list(v) for k, v in changes.items()}}
+            record = {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "step": step,
+                "changes": {k: list(v) for k, v in changes.items()},
+            }
             storage.append_text(self.file("config_changes.jsonl"), json.dumps(record) + "\n")
 
     # ---- metrics.jsonl
@@ -197,8 +200,11 @@ class RunFolder:
         for name in sorted(_names(self.file("samples"))):
             match = re.fullmatch(r"step_(\d+)\.jsonl", name)
             if match is not None:
-                out += [(int(match.group(1)), t) for t in _read_jsonl(self.file("samples", name))
-                        if split is None or t.info.get("split") == split]
+                out += [
+                    (int(match.group(1)), t)
+                    for t in _read_jsonl(self.file("samples", name))
+                    if split is None or t.info.get("split") == split
+                ]
         return out
 
     def append_trajectories(self, kind: str, trajs: list[Trajectory]) -> None:
@@ -246,8 +252,11 @@ class RunFolder:
 
     def eval_tasks_steps(self) -> list[int]:
         """The steps with a per-task evaluation record, ascending (none in run folders from before the records)."""
-        return sorted(int(m.group(1)) for name in _names(self.file("eval_tasks"))
-                      if (m := re.fullmatch(r"step_(\d+)\.json", name)))
+        return sorted(
+            int(m.group(1))
+            for name in _names(self.file("eval_tasks"))
+            if (m := re.fullmatch(r"step_(\d+)\.json", name))
+        )
 
     def drop_eval_tasks_after(self, step: int) -> None:
         """Deletes the per-task records of steps > `step`: what a killed run evaluated after the checkpoint it
@@ -297,7 +306,7 @@ def tensorboard_tag(name: str) -> str:
         return TAG_NAMES[name]
     for prefix, tag in TAG_PREFIXES:
         if name.startswith(prefix):
-            return tag + name[len(prefix):]
+            return tag + name[len(prefix) :]
     return "train/" + name
 
 
@@ -344,8 +353,11 @@ class MetricsLog:
             self._file.flush()
         else:
             storage.append_text(self.folder.metrics_path, json.dumps(row) + "\n")
-        scalars = {tensorboard_tag(k): v for k, v in row.items()
-                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            tensorboard_tag(k): v
+            for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if self._tb is not None:
             for tag, value in scalars.items():
                 self._tb.add_scalar(tag, value, step)
@@ -370,8 +382,10 @@ class MetricsLog:
         except ImportError as e:
             raise ImportError("logging.wandb needs the wandb package: pip install 'ipa_jax[wandb]'") from e
         if not storage.is_local(self.folder.path):
-            raise ValueError(f"logging.wandb: W&B keeps its files in the run folder, which must be local; got "
-                             f"{self.folder.path} (turn logging.wandb off, or sync a local run folder)")
+            raise ValueError(
+                f"logging.wandb: W&B keeps its files in the run folder, which must be local; got "
+                f"{self.folder.path} (turn logging.wandb off, or sync a local run folder)"
+            )
         # One W&B run per run folder: a resumed run reuses the stored id; a fresh start (its metrics.jsonl just
         # emptied) takes a new one, so the W&B run holds no steps that metrics.jsonl dropped.
         path = self.folder.wandb_id_path
@@ -383,9 +397,13 @@ class MetricsLog:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(run_id + "\n")
         return wandb.init(
-            project=self.logging.wandb_project, entity=self.logging.wandb_entity or None,
-            name=os.path.basename(os.path.abspath(self.folder.path)), dir=self.folder.path, config=self.config,
-            resume="allow", id=run_id,
+            project=self.logging.wandb_project,
+            entity=self.logging.wandb_entity or None,
+            name=os.path.basename(os.path.abspath(self.folder.path)),
+            dir=self.folder.path,
+            config=self.config,
+            resume="allow",
+            id=run_id,
         )
 
     def _truncate(self, last_step: int) -> None:
@@ -393,8 +411,11 @@ class MetricsLog:
         path = self.folder.metrics_path
         if not epath.Path(path).exists():
             return
-        kept = [line if line.endswith("\n") else line + "\n"
-                for line, row in _parsed_lines(path) if row is not None and row.get("step", math.inf) <= last_step]
+        kept = [
+            line if line.endswith("\n") else line + "\n"
+            for line, row in _parsed_lines(path)
+            if row is not None and row.get("step", math.inf) <= last_step
+        ]
         storage.write_text(path, "".join(kept))
 
 

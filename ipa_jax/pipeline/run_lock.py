@@ -43,8 +43,11 @@ class RunFolderBusy(ConfigError):
     """Another trainer holds the run folder; the message names it."""
 
     def __init__(self, run_dir: str, holder: str):
-        super().__init__("train.run_dir", f"{storage.absolute(run_dir)} is in use by another trainer ({holder}): "
-                         "wait for it to end, stop it, or choose another train.run_dir")
+        super().__init__(
+            "train.run_dir",
+            f"{storage.absolute(run_dir)} is in use by another trainer ({holder}): "
+            "wait for it to end, stop it, or choose another train.run_dir",
+        )
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
@@ -100,8 +103,11 @@ class RunLock:
             if e.errno not in NO_FLOCK_ERRNOS:
                 os.close(fd)
                 raise
-            log.warning("%s: the filesystem has no flock (%s); the lock file's recorded holder is the lock",
-                        self.path, e.strerror)
+            log.warning(
+                "%s: the filesystem has no flock (%s); the lock file's recorded holder is the lock",
+                self.path,
+                e.strerror,
+            )
             holder = _read_holder(fd)
             if holder and not _gone(holder):
                 os.close(fd)
@@ -109,10 +115,14 @@ class RunLock:
         else:
             holder = _read_holder(fd)
         if holder:
-            log.warning("%s: taking over the lock of a trainer that ended without releasing it (%s)", self.path,
-                        describe_holder(holder))
-        _write_holder(fd, {"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            log.warning(
+                "%s: taking over the lock of a trainer that ended without releasing it (%s)",
+                self.path,
+                describe_holder(holder),
+            )
+        _write_holder(
+            fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        )
         self._fd = fd
 
     def release(self) -> None:

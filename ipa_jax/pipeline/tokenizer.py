@@ -14,8 +14,12 @@ from ipa_jax.pipeline.config import ConfigError, EnvConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder, is_writer
 
 
-def expert_corpus(env_names: Iterable[str] = BUILTIN_ENVS, episodes_per_env: int = 64, seed: int = 0,
-                  extra_envs: Iterable[Callable[[], Env]] = ()) -> list[str]:
+def expert_corpus(
+    env_names: Iterable[str] = BUILTIN_ENVS,
+    episodes_per_env: int = 64,
+    seed: int = 0,
+    extra_envs: Iterable[Callable[[], Env]] = (),
+) -> list[str]:
     """Expert conversations of the environments' train and eval task generators, rendered with the chat template:
     covers the template's boilerplate, the tool specs, calls, observations and answers. `extra_envs`: factories
     of further environments (e.g. the run's own, with its settings)."""
@@ -35,8 +39,9 @@ def build_corpus_tokenizer(vocab_size: int = 1024, env: EnvConfig | None = None)
     return build_tokenizer(expert_corpus(extra_envs=extra), vocab_size=vocab_size)
 
 
-def load_or_build_tokenizer(model: ModelConfig, folder: RunFolder, env: EnvConfig | None = None
-                            ) -> PreTrainedTokenizerBase:
+def load_or_build_tokenizer(
+    model: ModelConfig, folder: RunFolder, env: EnvConfig | None = None
+) -> PreTrainedTokenizerBase:
     """model.tokenizer, else the model folder's, else <run_dir>/tokenizer (built by an earlier attempt of this run,
     or now: `build_corpus_tokenizer` sized to model.arch.vocab_size, on the run's environment `env` too)."""
     path = model.tokenizer or model.path
@@ -52,6 +57,8 @@ def load_or_build_tokenizer(model: ModelConfig, folder: RunFolder, env: EnvConfi
             with storage.local_folder(folder.tokenizer_dir) as local:
                 tok.save_pretrained(local)
     if len(tok) > vocab_size:
-        raise ConfigError("model.arch.vocab_size", f"{vocab_size} is smaller than the tokenizer's {len(tok)} tokens "
-                                                   f"({folder.tokenizer_dir})")
+        raise ConfigError(
+            "model.arch.vocab_size",
+            f"{vocab_size} is smaller than the tokenizer's {len(tok)} tokens ({folder.tokenizer_dir})",
+        )
     return tok

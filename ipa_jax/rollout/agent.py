@@ -86,8 +86,15 @@ class TokenRow:
     chunks: list[int] = field(default_factory=list)
     expert: list[bool] = field(default_factory=list)
 
-    def extend(self, ids: list[int], *, action: bool = False, logprobs: list[float] | None = None,
-               chunk: int = -1, expert: bool = False) -> None:
+    def extend(
+        self,
+        ids: list[int],
+        *,
+        action: bool = False,
+        logprobs: list[float] | None = None,
+        chunk: int = -1,
+        expert: bool = False,
+    ) -> None:
         self.tokens += ids
         self.action += [action] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
@@ -115,10 +122,12 @@ def tool_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 def env_caller(env: Env) -> Callable[..., Awaitable[Any]]:
     """`await call(fn, *args)`: fn(*args) inline for a pure-Python env, in `tool_executor()` for a blocking one."""
+
     async def call(fn: Callable[..., Any], *args: Any) -> Any:
         if not env.blocking:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(tool_executor(), fn, *args)
+
     return call
 
 
@@ -126,8 +135,9 @@ def _tool_message(call: Any, observation: str) -> dict[str, Any]:
     return {"role": "tool", "name": call.name if isinstance(call, ToolCall) else "error", "content": observation}
 
 
-def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[str, Any]], row: TokenRow,
-                   messages: list[dict[str, Any]]) -> int:
+def replay_prefill(
+    env: Env, task: Task, chat: ChatFormat, prefill: list[dict[str, Any]], row: TokenRow, messages: list[dict[str, Any]]
+) -> int:
     """Append the expert's turns (expert-masked) and tool responses; replay the calls in `env`.
     Returns the number of assistant turns consumed. Raises ValueError when the environment's
     observations differ from the prefilled tool messages."""
@@ -136,8 +146,9 @@ def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[st
     while i < len(prefill):
         msg = prefill[i]
         if msg.get("role") != "assistant" or not msg.get("tool_calls"):
-            raise ValueError(f"prefill[{i}]: expected an assistant message with tool_calls, "
-                             f"got role {msg.get('role')!r}")
+            raise ValueError(
+                f"prefill[{i}]: expected an assistant message with tool_calls, got role {msg.get('role')!r}"
+            )
         tool_msgs = []
         j = i + 1
         while j < len(prefill) and prefill[j].get("role") == "tool":
@@ -152,8 +163,10 @@ def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[st
             call = ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else args)
             result = env.step(call)
             if result.observation != tool_msg.get("content"):
-                raise ValueError(f"prefill: replaying {call.name} gave {result.observation!r}, "
-                                 f"the prefill says {tool_msg.get('content')!r}")
+                raise ValueError(
+                    f"prefill: replaying {call.name} gave {result.observation!r}, "
+                    f"the prefill says {tool_msg.get('content')!r}"
+                )
         messages.append(msg)
         row.extend(chat.observation_ids(tool_msgs, task.tools))
         messages.extend(tool_msgs)
@@ -162,15 +175,16 @@ def replay_prefill(env: Env, task: Task, chat: ChatFormat, prefill: list[dict[st
     return turns
 
 
-def expert_episode(task: Task, messages: list[dict[str, Any]], env: Env, chat: ChatFormat, uid: str,
-                   info: dict[str, Any] | None = None) -> Trajectory:
+def expert_episode(
+    task: Task, messages: list[dict[str, Any]], env: Env, chat: ChatFormat, uid: str, info: dict[str, Any] | None = None
+) -> Trajectory:
     """An expert's whole conversation (`messages`: the task's initial messages, assistant tool-call turns each
     with its tool responses, the final answer) as a Trajectory: every assistant turn expert-masked (the IL
     targets, the final answer's `<|im_end|>` included), observations as template differences, no action token
     (a pure imitation row). The calls are replayed in `env`; the reward is the answer's score. `info` entries
     are added to the trajectory's info. The environment is closed at the end."""
     initial = task.initial_messages()
-    turns, answer = messages[len(initial):-1], messages[-1]
+    turns, answer = messages[len(initial) : -1], messages[-1]
     if answer.get("role") != "assistant" or answer.get("tool_calls"):
         raise ValueError(f"expert of {task.task_id}: the last message must be the final answer")
     history = list(initial)
@@ -184,14 +198,29 @@ def expert_episode(task: Task, messages: list[dict[str, Any]], env: Env, chat: C
     finally:
         env.close()
     return Trajectory(
-        uid=uid, tokens=np.asarray(row.tokens, np.int32), action_mask=np.asarray(row.action, bool),
-        behavior_logprobs=np.asarray(row.logprobs, np.float32), chunk_ids=np.asarray(row.chunks, np.int32),
-        expert_mask=np.asarray(row.expert, bool), reward=float(reward), policy_version=0,
-        chunk_versions=np.zeros(0, np.int32), routed_experts=None,
-        info={"task_id": task.task_id, "env": task.env, "finish_reason": "answer", "expert": True,
-              "num_turns": len(turns) // 2 + 1, "num_tool_calls": env.num_tool_calls,
-              "num_tool_errors": env.num_tool_errors, "generated_tokens": 0, "length": len(row.tokens),
-              **(info or {})})
+        uid=uid,
+        tokens=np.asarray(row.tokens, np.int32),
+        action_mask=np.asarray(row.action, bool),
+        behavior_logprobs=np.asarray(row.logprobs, np.float32),
+        chunk_ids=np.asarray(row.chunks, np.int32),
+        expert_mask=np.asarray(row.expert, bool),
+        reward=float(reward),
+        policy_version=0,
+        chunk_versions=np.zeros(0, np.int32),
+        routed_experts=None,
+        info={
+            "task_id": task.task_id,
+            "env": task.env,
+            "finish_reason": "answer",
+            "expert": True,
+            "num_turns": len(turns) // 2 + 1,
+            "num_tool_calls": env.num_tool_calls,
+            "num_tool_errors": env.num_tool_errors,
+            "generated_tokens": 0,
+            "length": len(row.tokens),
+            **(info or {}),
+        },
+    )
 
 
 async def run_episode(
@@ -217,16 +246,32 @@ async def run_episode(
     """
     env = env if env is not None else make_env(task.env)
     try:
-        return await _play(engine, chat, task, config, env, uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
-                           prefill, clock or ActivityClock())
+        return await _play(
+            engine,
+            chat,
+            task,
+            config,
+            env,
+            uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
+            prefill,
+            clock or ActivityClock(),
+        )
     finally:
         # Off the loop for a blocking env (removing a sandbox's folder takes a while); a second cancellation during
         # the await leaves the close running in its thread.
         await env_caller(env)(env.close)
 
 
-async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfig, env: Env, uid: str,
-                prefill: list[dict[str, Any]] | None, clock: ActivityClock) -> Trajectory | None:
+async def _play(
+    engine: Engine,
+    chat: ChatFormat,
+    task: Task,
+    config: AgentConfig,
+    env: Env,
+    uid: str,
+    prefill: list[dict[str, Any]] | None,
+    clock: ActivityClock,
+) -> Trajectory | None:
     t_start = time.perf_counter()
     call_env = env_caller(env)
     with clock.active("tools"):  # a sandbox's setup
@@ -237,8 +282,10 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
     turns_used = await call_env(replay_prefill, env, task, chat, prefill, row, messages) if prefill else 0
     prefill_calls, prefill_errors = env.num_tool_calls, env.num_tool_errors
     if len(row.tokens) >= config.max_context:
-        raise ValueError(f"max_context={config.max_context} leaves no room: the prompt has {len(row.tokens)} tokens "
-                         f"(task {task.task_id})")
+        raise ValueError(
+            f"max_context={config.max_context} leaves no room: the prompt has {len(row.tokens)} tokens "
+            f"(task {task.task_id})"
+        )
     max_turns = min(task.max_turns, config.max_turns) if config.max_turns else task.max_turns
     if turns_used >= max_turns:
         raise ValueError(f"prefill uses {turns_used} turns, leaving none of max_turns={max_turns} to sample")
@@ -251,9 +298,14 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
     for turn in range(turns_used, max_turns):
         # >= 1: the prompt and every appended observation leave room for at least one token.
         budget = min(config.max_new_tokens, config.max_context - len(row.tokens))
-        params = SamplingParams(max_new_tokens=budget, temperature=config.temperature, top_p=config.top_p,
-                                top_k=config.top_k, stop_token_ids=chat.stop_token_ids,
-                                return_routed_experts=config.return_routed_experts)
+        params = SamplingParams(
+            max_new_tokens=budget,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            stop_token_ids=chat.stop_token_ids,
+            return_routed_experts=config.return_routed_experts,
+        )
         t0 = time.perf_counter()
         with clock.active("generation"):
             (res,) = await engine.generate([list(row.tokens)], params, session_ids=[uid], request_ids=[uid])
@@ -328,8 +380,9 @@ async def _play(engine: Engine, chat: ChatFormat, task: Task, config: AgentConfi
         # The last generate call covered tokens[:-1] (its last sampled token was never fed); the final
         # token's row is never used by the loss, so it repeats the previous row.
         if routed.shape[0] != len(row.tokens) - 1:
-            raise ValueError(f"engine returned routed_experts for {routed.shape[0]} tokens, expected "
-                             f"{len(row.tokens) - 1}")
+            raise ValueError(
+                f"engine returned routed_experts for {routed.shape[0]} tokens, expected {len(row.tokens) - 1}"
+            )
         routed_rows = np.concatenate([routed, routed[-1:]], axis=0).astype(np.int32)
     return Trajectory(
         uid=uid,

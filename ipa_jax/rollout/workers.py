@@ -68,8 +68,7 @@ class RolloutWorker:
         self.max_consecutive_failures = max_consecutive_failures
         self.name = name
         self.clock = clock
-        self._tasks: Iterator[Task] = itertools.chain.from_iterable(
-            itertools.repeat(t, group_size) for t in tasks)
+        self._tasks: Iterator[Task] = itertools.chain.from_iterable(itertools.repeat(t, group_size) for t in tasks)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -79,8 +78,16 @@ class RolloutWorker:
         self._finished_at: float | None = None
         self.error: BaseException | None = None
         self.leftovers: list[Trajectory] = []
-        self._stats = {"started": 0, "finished": 0, "aborted": 0, "failed": 0, "admitted": 0, "dropped": 0,
-                       "generated_tokens": 0, "successes": 0}
+        self._stats = {
+            "started": 0,
+            "finished": 0,
+            "aborted": 0,
+            "failed": 0,
+            "admitted": 0,
+            "dropped": 0,
+            "generated_tokens": 0,
+            "successes": 0,
+        }
         self._consecutive_failures = 0
 
     # ---- lifecycle ------------------------------------------------------------------------------------
@@ -126,8 +133,7 @@ class RolloutWorker:
                 self._in_flight.add(uid)
             try:
                 env = self.env_factory(task) if self.env_factory is not None else None
-                traj = await run_episode(self.engine, self.chat, task, self.config, env=env, uid=uid,
-                                         clock=self.clock)
+                traj = await run_episode(self.engine, self.chat, task, self.config, env=env, uid=uid, clock=self.clock)
             except Exception as e:  # an episode failure must not kill the other episodes
                 self._record_failure(e)
                 continue
@@ -196,8 +202,9 @@ class RolloutWorker:
     def check(self) -> None:
         """Re-raise a fatal worker error in the caller's thread."""
         if self.error is not None:
-            raise RuntimeError(f"{self.name} stopped after {self.max_consecutive_failures} failed episodes") \
-                from self.error
+            raise RuntimeError(
+                f"{self.name} stopped after {self.max_consecutive_failures} failed episodes"
+            ) from self.error
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
         """Run `await fn(*args)` on the worker's event loop (e.g. engine.update_weights) and return its result."""

@@ -10,7 +10,22 @@ from ipa_jax.train.state import TrainState
 from ipa_jax.train.step import StepOptions, TrainStep, place_state, train_step
 
 __all__ = [
-    "CheckpointConfig", "Checkpointer", "JsonlSource", "Learner", "LoggingConfig", "MetricsSink", "OptimizerConfig",
-    "StepOptions", "TrainConfig", "TrainingStopped", "TrainState", "TrainStep", "TrajectorySource", "make_optimizer",
-    "make_schedule", "place_state", "train_flops_per_token", "train_step",
+    "CheckpointConfig",
+    "Checkpointer",
+    "JsonlSource",
+    "Learner",
+    "LoggingConfig",
+    "MetricsSink",
+    "OptimizerConfig",
+    "StepOptions",
+    "TrainConfig",
+    "TrainingStopped",
+    "TrainState",
+    "TrainStep",
+    "TrajectorySource",
+    "make_optimizer",
+    "make_schedule",
+    "place_state",
+    "train_flops_per_token",
+    "train_step",
 ]

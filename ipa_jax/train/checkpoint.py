@@ -65,8 +65,13 @@ def checkpoint_mismatch(directory: str, step: int, template: TrainState) -> str 
     try:
         stored_tree = ocp.StandardCheckpointHandler().metadata(epath.Path(directory) / str(step) / "state")
     except Exception as e:  # noqa: BLE001 - a damaged or foreign checkpoint: the restore reports it
-        log.warning("checkpoint %d in %s: its metadata cannot be read (%s: %s)", step, directory, type(e).__name__,
-                    (str(e).strip().splitlines() or [""])[0][:300])
+        log.warning(
+            "checkpoint %d in %s: its metadata cannot be read (%s: %s)",
+            step,
+            directory,
+            type(e).__name__,
+            (str(e).strip().splitlines() or [""])[0][:300],
+        )
         return None
     stored = {leaf.name: leaf for leaf in jax.tree.leaves(stored_tree)}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.checkpoint_tree())
@@ -137,11 +142,15 @@ class Checkpointer:
                 continue
             if damaged:
                 self._set_aside([s for s, _ in damaged])
-                log.warning("restored checkpoint %d, the newest that loads; damaged and moved aside: %s", step,
-                            "; ".join(f"step {s} ({why})" for s, why in damaged))
+                log.warning(
+                    "restored checkpoint %d, the newest that loads; damaged and moved aside: %s",
+                    step,
+                    "; ".join(f"step {s} ({why})" for s, why in damaged),
+                )
             return restored
-        raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
-                              + "; ".join(f"step {s}: {why}" for s, why in damaged))
+        raise CheckpointError(
+            f"no checkpoint in {self.directory} can be restored: " + "; ".join(f"step {s}: {why}" for s, why in damaged)
+        )
 
     def _set_aside(self, steps: list[int]) -> None:
         """Renames damaged step folders to <step>.damaged-<time> (Orbax lists only integer names)."""

@@ -157,7 +157,7 @@ def agreed_stop(reason: str | None) -> str | None:
     encoded = np.zeros(256, np.uint8)
     if reason:
         raw = reason.encode()[:255]
-        encoded[0], encoded[1:1 + len(raw)] = 1, np.frombuffer(raw, np.uint8)
+        encoded[0], encoded[1 : 1 + len(raw)] = 1, np.frombuffer(raw, np.uint8)
     reasons = np.asarray(multihost_utils.process_allgather(encoded))
     asking = [r for r in reasons if r[0]]
     return bytes(asking[0][1:]).rstrip(b"\0").decode(errors="replace") if asking else None

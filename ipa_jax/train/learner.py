@@ -115,23 +115,33 @@ class TrainConfig:
     reward_flip_fraction: float = 0.0
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "microbatches", "epochs_per_batch", "minibatches", "eval_episodes",
-                     "eval_samples"):
+        for name in (
+            "steps",
+            "batch_size",
+            "microbatches",
+            "epochs_per_batch",
+            "minibatches",
+            "eval_episodes",
+            "eval_samples",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.minibatches:
             raise ValueError(f"train.minibatches: {self.minibatches} must divide train.batch_size={self.batch_size}")
         if (self.batch_size // self.minibatches) % self.microbatches:
-            raise ValueError(f"train.microbatches: {self.microbatches} must divide the minibatch size "
-                             f"{self.batch_size // self.minibatches} (train.batch_size / train.minibatches)")
+            raise ValueError(
+                f"train.microbatches: {self.microbatches} must divide the minibatch size "
+                f"{self.batch_size // self.minibatches} (train.batch_size / train.minibatches)"
+            )
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
         for name in ("max_consecutive_skipped", "max_consecutive_zero_grad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}: must be >= 0 (0 = never stop), got {getattr(self, name)}")
         if not 0 <= self.il_warmup_steps <= self.steps:
-            raise ValueError(f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], "
-                             f"got {self.il_warmup_steps}")
+            raise ValueError(
+                f"train.il_warmup_steps: must be in [0, train.steps={self.steps}], got {self.il_warmup_steps}"
+            )
         if not 0.0 <= self.il_warmup_target <= 1.0:
             raise ValueError(f"train.il_warmup_target: must be in [0, 1] (0 = off), got {self.il_warmup_target}")
         if self.il_warmup_window < 1:
@@ -143,8 +153,9 @@ class TrainConfig:
         if not self.name:
             raise ValueError("train.name: must be non-empty")
         if not 0.0 <= self.reward_flip_fraction <= 1.0:  # also rejects NaN
-            raise ValueError(f"train.reward_flip_fraction: must be in [0, 1] (0 = off), "
-                             f"got {self.reward_flip_fraction}")
+            raise ValueError(
+                f"train.reward_flip_fraction: must be in [0, 1] (0 = off), got {self.reward_flip_fraction}"
+            )
         r = self.reward_range
         if len(r) != 2 or not np.isfinite(r).all() or r[0] > r[1]:
             raise ValueError(f"train.reward_range: must be (low, high), finite, low <= high, got {self.reward_range}")
@@ -262,16 +273,20 @@ class Learner:
         if cfg.il_warmup_target <= 0 or step >= self.rl_start:
             return False
         self._greedy_match.append(float(metrics["il_greedy_match"]))
-        return (len(self._greedy_match) == cfg.il_warmup_window
-                and float(np.mean(self._greedy_match)) >= cfg.il_warmup_target)
+        return (
+            len(self._greedy_match) == cfg.il_warmup_window
+            and float(np.mean(self._greedy_match)) >= cfg.il_warmup_target
+        )
 
     def _end_warm_start(self, step: int) -> None:
         rl_start = self.state.rl_start
         self.state = self.state.replace(rl_start=jax.device_put(np.int32(step), rl_start.sharding))
         self._rl_start = step
-        self._progress.write(f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
-                             f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
-                             f"to step {self.total_steps}")
+        self._progress.write(
+            f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
+            f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
+            f"to step {self.total_steps}"
+        )
 
     def _count_skipped(self, step: int, metrics: dict[str, Any]) -> None:
         """After update `step`: counts the updates skipped as non-finite in a row; at train.max_consecutive_skipped
@@ -279,13 +294,18 @@ class Learner:
         if self._skipped.add(bool(metrics["skipped"])):
             n, limit = self._skipped.count, self._skipped.limit
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-            cause = ("the loss is not finite" if not np.isfinite(loss) else
-                     "the gradient is not finite" if not np.isfinite(grad_norm) else
-                     f"the update would not be finite at lr {float(metrics['lr']):.3g}")
+            cause = (
+                "the loss is not finite"
+                if not np.isfinite(loss)
+                else "the gradient is not finite"
+                if not np.isfinite(grad_norm)
+                else f"the update would not be finite at lr {float(metrics['lr']):.3g}"
+            )
             self._streak_stop = self._streak_stop or (
                 f"the last {n} updates (steps {step - n + 1}-{step}) were all skipped as non-finite "
                 f"(at step {step}: {cause}; loss {loss:.4g}, grad_norm {grad_norm:.4g}); "
-                f"train.max_consecutive_skipped = {limit}")
+                f"train.max_consecutive_skipped = {limit}"
+            )
 
     def _count_zero_grad(self, step: int, metrics: dict[str, Any]) -> None:
         """After update `step`: counts the RL updates with a gradient of exactly 0 in a row (the first of the run
@@ -294,15 +314,20 @@ class Learner:
         reward = float(metrics.get("reward_mean", np.nan))
         if zero and not self._zero_grad_warned:
             self._zero_grad_warned = True
-            log.warning("RL update %d has a zero gradient (every advantage 0: batch reward mean %.3g); "
-                        "train.max_consecutive_zero_grad = %d in a row stop the run", step, reward,
-                        self._zero_grad.limit)
+            log.warning(
+                "RL update %d has a zero gradient (every advantage 0: batch reward mean %.3g); "
+                "train.max_consecutive_zero_grad = %d in a row stop the run",
+                step,
+                reward,
+                self._zero_grad.limit,
+            )
         if self._zero_grad.add(zero):
             n, limit = self._zero_grad.count, self._zero_grad.limit
             self._streak_stop = self._streak_stop or (
                 f"the last {n} RL updates (steps {step - n + 1}-{step}) had a zero gradient (every advantage 0, "
                 f"batch reward mean {reward:.3g}): use a baseline (objective.baseline=batch_mean) or a longer warm "
-                f"start (train.il_warmup_steps) so that rewards differ; train.max_consecutive_zero_grad = {limit}")
+                f"start (train.il_warmup_steps) so that rewards differ; train.max_consecutive_zero_grad = {limit}"
+            )
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next batch boundary (where a checkpoint is exact) as if interrupted; safe to call from a
@@ -342,8 +367,10 @@ class Learner:
     def _check(self, traj: Trajectory) -> None:
         traj.validate(self.vocab_size, reward_range=self.config.reward_range)
         if traj.length > max(self.config.buckets):
-            raise ValueError(f"trajectory {traj.uid!r}: field 'tokens': length {traj.length} exceeds the largest "
-                             f"bucket {max(self.config.buckets)}")
+            raise ValueError(
+                f"trajectory {traj.uid!r}: field 'tokens': length {traj.length} exceeds the largest "
+                f"bucket {max(self.config.buckets)}"
+            )
         if self.requires_routed_experts and traj.routed_experts is None:
             raise ValueError(f"trajectory {traj.uid!r}: field 'routed_experts': required by model.routing_replay")
 
@@ -360,8 +387,10 @@ class Learner:
                     last_error = str(e)
                     self._drop_log.add("invalid", last_error)
             if dropped > 10 * b + 100:  # a source that yields nothing usable is a bug to report, not to spin on
-                raise TrainingStopped(f"{dropped} invalid trajectories from {type(self.source).__name__} while "
-                                      f"filling one batch (the last: {last_error})")
+                raise TrainingStopped(
+                    f"{dropped} invalid trajectories from {type(self.source).__name__} while "
+                    f"filling one batch (the last: {last_error})"
+                )
         return good, dropped
 
     # ---------------------------------------------------------------------------------------------- loop
@@ -406,17 +435,22 @@ class Learner:
         for _ in range(cfg.epochs_per_batch):
             order = rng.permutation(num_rows)
             for j in range(cfg.minibatches):
-                rows = np.sort(order[j * size:(j + 1) * size])
+                rows = np.sort(order[j * size : (j + 1) * size])
                 sub = jax.tree.map(operator.itemgetter(rows), batch)
-                yield (self.step_fn.put_batch(sub), self.step_fn.put_batch(adv[rows]),
-                       None if old is None else self.step_fn.put_batch(old[rows]))
+                yield (
+                    self.step_fn.put_batch(sub),
+                    self.step_fn.put_batch(adv[rows]),
+                    None if old is None else self.step_fn.put_batch(old[rows]),
+                )
 
     def run(self) -> TrainState:
         cfg = self.config
         if self.checkpointer is not None and self.resumed_from is None and self.checkpointer.latest_step() is not None:
             if not self.checkpointer.config.resume:
-                raise ValueError(f"config key 'checkpoint.resume': False, but {self.checkpointer.directory} holds "
-                                 "checkpoints of an earlier run: resume it or choose a new train.run_dir")
+                raise ValueError(
+                    f"config key 'checkpoint.resume': False, but {self.checkpointer.directory} holds "
+                    "checkpoints of an earlier run: resume it or choose a new train.run_dir"
+                )
             self.restore_latest()
         if self.metrics_log is not None:
             self.metrics_log.start(self.resumed_from)
@@ -495,8 +529,9 @@ class Learner:
             self._progress.close()
         return self.state
 
-    def _host_metrics(self, metrics: dict[str, Any], device_batch: TrajectoryBatch, dropped: int,
-                      lag: np.ndarray, dt: float) -> dict[str, float]:
+    def _host_metrics(
+        self, metrics: dict[str, Any], device_batch: TrajectoryBatch, dropped: int, lag: np.ndarray, dt: float
+    ) -> dict[str, float]:
         b, t = device_batch.tokens.shape
         out = {
             "step_time_s": dt,

@@ -117,8 +117,10 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     """The update direction: clip_by_global_norm (when clip_norm > 0), Adam, decoupled weight decay, i.e.
     optax.adamw without its learning-rate stage; apply it with `apply_direction` (module doc)."""
     stages = [optax.clip_by_global_norm(config.clip_norm)] if config.clip_norm > 0 else []
-    stages += [optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
-               optax.add_decayed_weights(config.weight_decay, mask=_decay_mask)]
+    stages += [
+        optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
+        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask),
+    ]
     return optax.chain(*stages)
 
 
@@ -127,8 +129,9 @@ def apply_direction(params, direction, lr: jax.Array):
     return optax.apply_updates(params, jax.tree.map(lambda d: (-lr * d).astype(d.dtype), direction))
 
 
-def update_magnitude_bound(config: OptimizerConfig, params, opt_state, grad_norm: jax.Array,
-                           lr: jax.Array) -> jax.Array:
+def update_magnitude_bound(
+    config: OptimizerConfig, params, opt_state, grad_norm: jax.Array, lr: jax.Array
+) -> jax.Array:
     """A float32 scalar >= |x| for every number the update of make_optimizer(config) then apply_direction(lr)
     computes from a gradient of global norm grad_norm (moments, bias-corrected moments, direction, new
     parameters), from the inputs alone; inf or nan when an input is not finite. The train step reads it to
@@ -138,6 +141,7 @@ def update_magnitude_bound(config: OptimizerConfig, params, opt_state, grad_norm
       |mu'| <= max(M, G),  nu' <= max(N, G^2) =: V,  nu' / (1 - b2^t) <= V / (1 - b2),
       |mu' / (1 - b1^t)| <= max(M, G) / (1 - b1) =: H,
       |direction| <= H / eps + weight_decay * P =: D,  |p - lr * direction| <= P + |lr| * D."""
+
     def max_abs(tree):
         return jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]))
 

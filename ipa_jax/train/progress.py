@@ -80,8 +80,9 @@ class Progress:
         fields["tok/s"] = metrics.get("tokens_per_s")
         stale = metrics.get("source/queue_dropped_stale", 0.0)
         fields["stale"] = stale or None
-        fields["dropped"] = (metrics.get("dropped_total", 0.0)
-                             + metrics.get("source/queue_dropped_total", stale) - stale) or None
+        fields["dropped"] = (
+            metrics.get("dropped_total", 0.0) + metrics.get("source/queue_dropped_total", stale) - stale
+        ) or None
         counts = ("tok/s", "skipped", "stale", "dropped")
         shown = {k: f"{float(v):.0f}" if k in counts else f"{float(v):.3g}" for k, v in fields.items() if v is not None}
         phase = "IL warm start" if warm_start else "RL"
@@ -90,8 +91,14 @@ class Progress:
         if self._terminal and self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=done - 1, unit="step", dynamic_ncols=True, file=self.stream,
-                             bar_format="{desc}{n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}")
+            self._bar = tqdm(
+                total=self.total,
+                initial=done - 1,
+                unit="step",
+                dynamic_ncols=True,
+                file=self.stream,
+                bar_format="{desc}{n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}",
+            )
         if self._bar is not None:
             self._bar.set_description(f"step {step} {phase}", refresh=False)
             self._bar.set_postfix_str("  ".join(x for x in (left, pairs) if x), refresh=False)

@@ -31,8 +31,9 @@ class TrainState:
     rl_start: jax.Array  # int32 []
 
     @classmethod
-    def create(cls, model: nnx.Module, tx: optax.GradientTransformation, seed: int,
-               mesh: Mesh | None = None, rl_start: int = 0) -> "TrainState":
+    def create(
+        cls, model: nnx.Module, tx: optax.GradientTransformation, seed: int, mesh: Mesh | None = None, rl_start: int = 0
+    ) -> "TrainState":
         """Splits the model into (graphdef, params, rest). With a mesh, the optimizer's per-parameter state
         (Adam moments) is created in its parameter's sharding and everything else is replicated on the mesh."""
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -40,9 +41,15 @@ class TrainState:
         if mesh is not None:
             replicated = NamedSharding(mesh, P())
             param_shardings = jax.tree.map(
-                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, params)
-            out_shardings = optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params),
-                                                  param_shardings, transform_non_params=lambda _: replicated)
+                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, params
+            )
+            out_shardings = optax.tree_map_params(
+                tx,
+                lambda _, sharding: sharding,
+                jax.eval_shape(tx.init, params),
+                param_shardings,
+                transform_non_params=lambda _: replicated,
+            )
         opt_state = jax.jit(tx.init, out_shardings=out_shardings)(params)
         return cls(
             graphdef=graphdef,

@@ -139,7 +139,12 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
     action and expert tokens (the only ones any loss or statistic reads; elsewhere 0)."""
     model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
     logp, entropy, aux = token_logprobs(
-        model, mb.tokens, mb.attention_mask, mb.positions, segment_ids=mb.segment_ids, return_entropy=return_entropy,
+        model,
+        mb.tokens,
+        mb.attention_mask,
+        mb.positions,
+        segment_ids=mb.segment_ids,
+        return_entropy=return_entropy,
         block_size=options.logprob_block_size,
         keep_logits_bytes=options.logprob_keep_logits_mib << 20,
         routed_experts=mb.routed_experts if options.routing_replay else None,
@@ -148,16 +153,28 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
     return logp.astype(jnp.float32), entropy, aux
 
 
-def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, old: jax.Array | None,
-                     dens: dict, options: StepOptions):
+def _microbatch_loss(
+    params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, old: jax.Array | None, dens: dict, options: StepOptions
+):
     """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics.
     old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward)."""
     logp, entropy, aux = _token_logprobs(params, rest, graphdef, mb, options, options.needs_entropy)
     if old is None and options.objective.needs_old_log_probs:
         old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
-    terms, diag = objective_terms(logp, mb.behavior_logprobs, adv, mb.action_mask, mb.chunk_ids, mb.expert_mask,
-                                  options.objective, entropy, failures=mb.rewards < options.success_reward,
-                                  old_log_probs=old, rewards=mb.rewards, segment_ids=mb.segment_ids)
+    terms, diag = objective_terms(
+        logp,
+        mb.behavior_logprobs,
+        adv,
+        mb.action_mask,
+        mb.chunk_ids,
+        mb.expert_mask,
+        options.objective,
+        entropy,
+        failures=mb.rewards < options.success_reward,
+        old_log_probs=old,
+        rewards=mb.rewards,
+        segment_ids=mb.segment_ids,
+    )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
     # per-microbatch means, averaged over microbatches (not exactly the full-batch value).
@@ -192,8 +209,9 @@ def _microbatch_loss(params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array
         "max_chunks": jnp.max(diag["num_chunks"]).astype(jnp.float32),
         "n_il_rows": jnp.sum(sequence_count(mb.expert_mask, seqs) > 0).astype(jnp.float32),
         "n_il_greedy_rows": jnp.sum(greedy_reproduced_rows(logp, mb.expert_mask, seqs)).astype(jnp.float32),
-        "sum_entropy": (jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None
-                        else jnp.zeros((), jnp.float32)),
+        "sum_entropy": (
+            jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None else jnp.zeros((), jnp.float32)
+        ),
         **aux_losses,
     }
     return loss + aux_loss, stats
@@ -205,6 +223,7 @@ _MAX_STATS = ("max_is_ratio", "max_chunks")
 def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: StepOptions) -> jax.Array:
     """The learner's log-probs of the batch's tokens under state.params, without gradient: [B, T] float32, by the
     train step's forward (dtype, block size, routing replay) microbatch by microbatch."""
+
     def forward(mb):
         return jax.lax.stop_gradient(_token_logprobs(state.params, state.rest, state.graphdef, mb, options, False)[0])
 
@@ -214,8 +233,14 @@ def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: S
     return _merge_microbatches(jax.lax.map(forward, mbs))
 
 
-def batch_gradients(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
-                    old_log_probs: jax.Array | None = None, *, options: StepOptions):
+def batch_gradients(
+    state: TrainState,
+    batch: TrajectoryBatch,
+    advantages: jax.Array | None,
+    old_log_probs: jax.Array | None = None,
+    *,
+    options: StepOptions,
+):
     """The loss of one update on `batch` and its gradient w.r.t. state.params (float32 leaves), accumulated over
     options.microbatches. Returns (loss, grads, stats, advantages, denominators): statistics summed over the
     microbatches (maxima for the _MAX_STATS), the advantages and the full-batch denominators it used. Arguments as
@@ -234,8 +259,9 @@ def batch_gradients(state: TrainState, batch: TrajectoryBatch, advantages: jax.A
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
 
     if m == 1:
-        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, batch, advantages, old_log_probs,
-                                       dens, options)
+        (loss, stats), grads = grad_fn(
+            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, dens, options
+        )
         return loss, f32(grads), stats, advantages, dens
     split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
@@ -247,15 +273,22 @@ def batch_gradients(state: TrainState, batch: TrajectoryBatch, advantages: jax.A
         return (grads_acc, loss_acc + loss), stats
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    (grads, loss), per_mb = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32)),
-                                         split((batch, advantages, old_log_probs)))
+    (grads, loss), per_mb = jax.lax.scan(
+        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs))
+    )
     stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
     return loss, grads, stats, advantages, dens
 
 
-def train_step(state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None,
-               old_log_probs: jax.Array | None = None, *, options: StepOptions,
-               schedule: PhaseSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState,
+    batch: TrajectoryBatch,
+    advantages: jax.Array | None,
+    old_log_probs: jax.Array | None = None,
+    *,
+    options: StepOptions,
+    schedule: PhaseSchedule,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
     None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
     (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first).
@@ -377,8 +410,9 @@ class TrainStep:
     old_log_probs]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
     """
 
-    def __init__(self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: PhaseSchedule,
-                 rules: Rules = DEFAULT_RULES):
+    def __init__(
+        self, state: TrainState, mesh: Mesh, options: StepOptions, schedule: PhaseSchedule, rules: Rules = DEFAULT_RULES
+    ):
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
@@ -406,7 +440,8 @@ class TrainStep:
         key = (batch.routed_experts is not None, packed, with_advantages, with_old)
         if key not in self._compiled:
             fn = lambda state, batch, adv, old: train_step(  # noqa: E731
-                state, batch, adv, old, options=self.options, schedule=self.schedule)
+                state, batch, adv, old, options=self.options, schedule=self.schedule
+            )
             # advantages are per row [B], or per sequence slot [B, S] in packed rows
             adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
             old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
@@ -418,8 +453,13 @@ class TrainStep:
             )
         return self._compiled[key]
 
-    def __call__(self, state: TrainState, batch: TrajectoryBatch, advantages: jax.Array | None = None,
-                 old_log_probs: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    def __call__(
+        self,
+        state: TrainState,
+        batch: TrajectoryBatch,
+        advantages: jax.Array | None = None,
+        old_log_probs: jax.Array | None = None,
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         jitted = self._jitted(batch, advantages is not None, old_log_probs is not None)
         return jitted(state, batch, advantages, old_log_probs)
 

@@ -48,10 +48,13 @@ def test_the_nested_bootstrap_undercovers_where_seed_variance_dominates():
     covered = []
     for i, experiment in enumerate(simulate("seed variance dominates", 200, seed=1)):
         reference, arm = as_runs(experiment, samples)
-        counts = [np.stack([reference[s].successes, reference[s].samples, arm[s].successes, arm[s].samples])
-                  for s in range(SEEDS)]
-        draws = stats.hierarchical_bootstrap(counts, lambda sums: sums[..., 2] / sums[..., 3]
-                                             - sums[..., 0] / sums[..., 1], resamples=500, seed=i)
+        counts = [
+            np.stack([reference[s].successes, reference[s].samples, arm[s].successes, arm[s].samples])
+            for s in range(SEEDS)
+        ]
+        draws = stats.hierarchical_bootstrap(
+            counts, lambda sums: sums[..., 2] / sums[..., 3] - sums[..., 0] / sums[..., 1], resamples=500, seed=i
+        )
         low, high = stats.percentile_interval(draws)
         covered.append(low <= 0.0 <= high)
     assert np.mean(covered) < 0.9

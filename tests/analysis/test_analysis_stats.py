@@ -102,8 +102,9 @@ def test_paired_difference_is_the_t_interval_of_the_seeds_differences():
     rng = np.random.default_rng(4)
     base = {s: rng.random(200) < 0.3 + 0.1 * s for s in range(4)}
     better = {s: base[s] | (rng.random(200) < 0.05 + 0.05 * s) for s in range(4)}  # fixes tasks, breaks none
-    diff = stats.paired_difference({s: outcomes(b) for s, b in base.items()},
-                                   {s: outcomes(b) for s, b in better.items()})
+    diff = stats.paired_difference(
+        {s: outcomes(b) for s, b in base.items()}, {s: outcomes(b) for s, b in better.items()}
+    )
     d = np.array([better[s].mean() - base[s].mean() for s in range(4)])
     low, high = scipy_stats.t.interval(0.95, 3, loc=d.mean(), scale=d.std(ddof=1) / 2)
     assert diff.mean == pytest.approx(d.mean(), abs=1e-15) and diff.sd == pytest.approx(d.std(ddof=1), rel=1e-12)
@@ -112,7 +113,7 @@ def test_paired_difference_is_the_t_interval_of_the_seeds_differences():
     assert diff.low > 0 and diff.verdict("higher") == "supported" and diff.verdict("lower") == "contradicted"
     fixed = int(sum((better[s] & ~base[s]).sum() for s in range(4)))
     assert (diff.tasks_sign.positive, diff.tasks_sign.negative) == (fixed, 0)
-    assert diff.tasks_sign.p_value == pytest.approx(2 * 0.5 ** fixed, rel=1e-12)
+    assert diff.tasks_sign.p_value == pytest.approx(2 * 0.5**fixed, rel=1e-12)
     assert diff.minimum_detectable_effect() == stats.minimum_detectable_effect(diff.sd, 4)
 
 
@@ -133,9 +134,13 @@ def test_paired_difference_pairs_by_seed_and_task_id():
 
 
 def test_repeated_tasks_are_merged_and_aborted_tasks_dropped():
-    run = TaskOutcomes.from_records([{"task_id": "a", "samples": 2, "successes": 1},
-                                     {"task_id": "b", "samples": 0, "successes": 0},
-                                     {"task_id": "a", "samples": 2, "successes": 2}])
+    run = TaskOutcomes.from_records(
+        [
+            {"task_id": "a", "samples": 2, "successes": 1},
+            {"task_id": "b", "samples": 0, "successes": 0},
+            {"task_id": "a", "samples": 2, "successes": 2},
+        ]
+    )
     assert run.task_ids == ("a",) and run.successes.tolist() == [3.0] and run.samples.tolist() == [4.0]
     with pytest.raises(ValueError, match="no task with a finished sample"):
         TaskOutcomes.from_records([{"task_id": "a", "samples": 0, "successes": 0}])
@@ -146,12 +151,19 @@ def test_repeated_tasks_are_merged_and_aborted_tasks_dropped():
 
 
 # ------------------------------------------------------------------------------------ verdicts, degenerate cases
-@pytest.mark.parametrize("low, high, claim, expected", [
-    (0.01, 0.2, "higher", "supported"), (0.01, 0.2, "lower", "contradicted"),
-    (-0.3, -0.1, "higher", "contradicted"), (-0.3, -0.1, "lower", "supported"),
-    (-0.1, 0.2, "higher", "inconclusive"), (0.0, 0.2, "higher", "inconclusive"), (0.0, 0.0, "lower", "inconclusive"),
-    (math.nan, math.nan, "higher", "inconclusive"),
-])
+@pytest.mark.parametrize(
+    "low, high, claim, expected",
+    [
+        (0.01, 0.2, "higher", "supported"),
+        (0.01, 0.2, "lower", "contradicted"),
+        (-0.3, -0.1, "higher", "contradicted"),
+        (-0.3, -0.1, "lower", "supported"),
+        (-0.1, 0.2, "higher", "inconclusive"),
+        (0.0, 0.2, "higher", "inconclusive"),
+        (0.0, 0.0, "lower", "inconclusive"),
+        (math.nan, math.nan, "higher", "inconclusive"),
+    ],
+)
 def test_verdict(low, high, claim, expected):
     assert stats.verdict(low, high, claim) == expected
 
@@ -173,8 +185,9 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         assert diff.verdict("higher") == "inconclusive" and math.isnan(diff.minimum_detectable_effect())
         assert diff.tasks_sign.ties == 16 and diff.tasks_sign.p_value == 1.0 and diff.seeds_sign.p_value == 1.0
         # Two seeds with the same difference: no spread, a zero-width interval at it, p = 0 (or 1 at 0).
-        same = stats.paired_difference({0: outcomes([0, 1]), 1: outcomes([1, 0])},
-                                       {0: outcomes([1, 1]), 1: outcomes([1, 1])})
+        same = stats.paired_difference(
+            {0: outcomes([0, 1]), 1: outcomes([1, 0])}, {0: outcomes([1, 1]), 1: outcomes([1, 1])}
+        )
         assert (same.low, same.high, same.sd, same.p_value) == (0.5, 0.5, 0.0, 0.0)
         tied = stats.paired_difference({0: solved, 1: solved}, {0: solved, 1: solved})
         assert (tied.low, tied.high, tied.p_value) == (0.0, 0.0, 1.0) and stats.seeds_needed(0.05, tied.sd) == 2
@@ -185,8 +198,9 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         two = stats.arm_estimate([TaskOutcomes.from_rate(0.4), TaskOutcomes.from_rate(0.6)], resamples=300)
         assert two.mean == pytest.approx(0.5) and (two.low, two.high) == (0.4, 0.6)
         # A run without records makes its arm's pairs seed-level: no task sign test.
-        mixed = stats.paired_difference({0: outcomes([1, 0]), 1: outcomes([1, 1])},
-                                        {0: TaskOutcomes.from_rate(1.0), 1: outcomes([1, 1])})
+        mixed = stats.paired_difference(
+            {0: outcomes([1, 0]), 1: outcomes([1, 1])}, {0: TaskOutcomes.from_rate(1.0), 1: outcomes([1, 1])}
+        )
         assert mixed.tasks_sign is None and mixed.tasks == 0 and mixed.seeds == 2 and mixed.low < 0 < mixed.high
         assert mixed.mean == pytest.approx(0.25) and stats.NO_RECORDS in mixed.note
         # Same tasks, different ids in every seed: nothing to pair task by task.
@@ -241,10 +255,12 @@ def test_minimum_detectable_effect_has_the_stated_power(seeds):
     effect = stats.minimum_detectable_effect(sd, seeds)
     critical = scipy_stats.t.ppf(0.975, seeds - 1)
     noncentrality = effect * math.sqrt(seeds) / sd
-    power = (scipy_stats.nct.sf(critical, seeds - 1, noncentrality)
-             + scipy_stats.nct.cdf(-critical, seeds - 1, noncentrality))
+    power = scipy_stats.nct.sf(critical, seeds - 1, noncentrality) + scipy_stats.nct.cdf(
+        -critical, seeds - 1, noncentrality
+    )
     assert power == pytest.approx(0.8, abs=1e-5)
     assert stats.seeds_needed(effect, sd) == seeds
-    assert stats.seeds_needed(0.05, sd) == next(n for n in range(2, 100)
-                                                if stats.minimum_detectable_effect(sd, n) <= 0.05)
+    assert stats.seeds_needed(0.05, sd) == next(
+        n for n in range(2, 100) if stats.minimum_detectable_effect(sd, n) <= 0.05
+    )
     assert math.isnan(stats.minimum_detectable_effect(sd, 1)) and stats.seeds_needed(0.05, math.nan) is None

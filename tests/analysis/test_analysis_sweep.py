@@ -36,7 +36,7 @@ TRAIN = [sys.executable, os.path.join(ROOT, "experiments", "train.py")]
 
 # A tiny version of the ablation base: 1 layer, hidden 32, a 2-step IL warm start (shared by the two configs, which
 # differ only in the RL phase), 4-episode evaluations every 2 RL steps.
-TINY_CONFIG = '''
+TINY_CONFIG = """
 from ipa_jax.pipeline import load_config
 
 
@@ -57,7 +57,7 @@ def get_config():
     c.train.name = "{name}"
     c.objective.credit = "{credit}"
     return c
-'''
+"""
 
 
 def tiny_config(name: str, credit: str) -> str:
@@ -65,8 +65,12 @@ def tiny_config(name: str, credit: str) -> str:
 
 
 def test_list_prints_presets_and_configs():
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), "--list"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     for name, preset in PRESETS.items():
         assert name in proc.stdout and preset.description in proc.stdout
@@ -102,7 +106,7 @@ def test_curve_auc_and_threshold_match_formulas():
 def test_smooth_and_seed_band_match_loops():
     rng = np.random.default_rng(0)
     x = rng.normal(size=17)
-    naive = [x[max(0, i - 4):i + 1].mean() for i in range(len(x))]
+    naive = [x[max(0, i - 4) : i + 1].mean() for i in range(len(x))]
     np.testing.assert_allclose(analysis.smooth(x, 5), naive, rtol=1e-12)
     a = (np.array([0, 2, 4, 6]), np.array([0.0, 1.0, 2.0, 3.0]))
     b = (np.array([0, 2, 4]), np.array([1.0, 1.0, 4.0]))  # a shorter seed: the band covers common steps
@@ -116,21 +120,37 @@ def test_smooth_and_seed_band_match_loops():
 # An empty set = the base's own value restated, the reference arm of its comparison.
 _OBJ = "objective."
 # What FlashREINFORCE's objective preset changes from IPA's (as the ablation bases set it).
-FLASH_FIELDS = {"baseline", "credit", "gamma", "is_apply_to", "is_clip_max", "is_level", "mismatch_level",
-                "trust_region_level"}
+FLASH_FIELDS = {
+    "baseline",
+    "credit",
+    "gamma",
+    "is_apply_to",
+    "is_clip_max",
+    "is_level",
+    "mismatch_level",
+    "trust_region_level",
+}
 ABLATIONS = {
-    "credit_chunk": ("common", set()), "credit_token": ("common", {_OBJ + "credit"}),
+    "credit_chunk": ("common", set()),
+    "credit_token": ("common", {_OBJ + "credit"}),
     "credit_trajectory": ("common", {_OBJ + "credit"}),
-    "gamma_0_8": ("common", {_OBJ + "gamma"}), "gamma_1_0": ("common", {_OBJ + "gamma"}),
-    "is_none": ("common_negatives", {_OBJ + "is_level"}), "is_token": ("common_negatives", {_OBJ + "is_level"}),
-    "is_chunk": ("common_negatives", set()), "is_sequence": ("common_negatives", {_OBJ + "is_level"}),
-    "trunc_neg_on": ("common_negatives", set()), "trunc_neg_off": ("common_negatives", {_OBJ + "is_clip_max"}),
-    "tr_none": ("common", set()), "tr_seq": ("common", {_OBJ + "trust_region_level"}),
+    "gamma_0_8": ("common", {_OBJ + "gamma"}),
+    "gamma_1_0": ("common", {_OBJ + "gamma"}),
+    "is_none": ("common_negatives", {_OBJ + "is_level"}),
+    "is_token": ("common_negatives", {_OBJ + "is_level"}),
+    "is_chunk": ("common_negatives", set()),
+    "is_sequence": ("common_negatives", {_OBJ + "is_level"}),
+    "trunc_neg_on": ("common_negatives", set()),
+    "trunc_neg_off": ("common_negatives", {_OBJ + "is_clip_max"}),
+    "tr_none": ("common", set()),
+    "tr_seq": ("common", {_OBJ + "trust_region_level"}),
     "tr_seq_delta1e3": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
     "tr_seq_delta1e2": ("common", {_OBJ + "trust_region_level", _OBJ + "trust_region_delta"}),
-    "agg_sample_mean": ("common", set()), "agg_token_mean": ("common", {_OBJ + "aggregation"}),
+    "agg_sample_mean": ("common", set()),
+    "agg_token_mean": ("common", {_OBJ + "aggregation"}),
     "agg_chunk_mean": ("common", {_OBJ + "aggregation"}),
-    "baseline_batch_mean": ("common", {_OBJ + "baseline"}), "baseline_none": ("common", set()),
+    "baseline_batch_mean": ("common", {_OBJ + "baseline"}),
+    "baseline_none": ("common", set()),
     "il_warmup_off": ("common", {"train.il_warmup_steps"}),
     "il_term_off": ("common", {"rollout.source"}),
     "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
@@ -141,14 +161,16 @@ ABLATIONS = {
     "flash_tr_off": ("flash_reinforce", {_OBJ + "trust_region_level"}),
     "flash_token_mean": ("flash_reinforce", {_OBJ + "aggregation"}),
     "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
-    "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}), "flash_lr4e4": ("flash_reinforce", {"optimizer.lr"}),
+    "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}),
+    "flash_lr4e4": ("flash_reinforce", {"optimizer.lr"}),
     "flash_lag4": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag8": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
     "flash_lag4_tr_off": ("flash_lag4", {_OBJ + "trust_region_level"}),
     "flash_lag8_tr_off": ("flash_lag8", {_OBJ + "trust_region_level"}),
     "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
     "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
-    "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}), "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
+    "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}),
+    "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
     # The staleness_offpolicy preset: lag x mismatch correction x old log-probs, on the negative branch's base.
     "offpolicy_lag0": ("common_negatives", set()),
     "offpolicy_lag0_nomismatch": ("offpolicy_lag0", {_OBJ + "mismatch_level"}),
@@ -169,8 +191,7 @@ ABLATIONS = {
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
     "longhorizon_credit_token": ("longhorizon_common", {_OBJ + "credit"}),
     "longhorizon_agg_token_mean": ("longhorizon_common", {_OBJ + "aggregation"}),
-    "longhorizon_control_il_continue": ("longhorizon_common", {_OBJ + "rl_weight", _OBJ + "il_weight",
-                                                               "optimizer.lr"}),
+    "longhorizon_control_il_continue": ("longhorizon_common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
     "longhorizon_control_no_update": ("longhorizon_common", {"optimizer.lr"}),
     "longhorizon_credit_token_matched": ("longhorizon_common", {_OBJ + "credit", _OBJ + "gamma"}),
     "longhorizon_flash_reinforce": ("longhorizon_common", {"optimizer.lr"} | {_OBJ + k for k in FLASH_FIELDS}),
@@ -188,13 +209,13 @@ def _flat_resolved(name: str) -> dict:
 
 
 def test_every_ablation_config_changes_one_thing():
-    files = {os.path.splitext(os.path.basename(p))[0]
-             for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))}
+    files = {
+        os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))
+    }
     assert files - {"common", "common_negatives", "longhorizon_common", "terminal_common"} == set(ABLATIONS)
     # The negative branch's base: the common base with negative advantages, at the lr stable with them.
     negatives, common = _flat_resolved("common_negatives"), _flat_resolved("common")
-    assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline",
-                                                                                     "optimizer.lr"}
+    assert {k for k in negatives if negatives[k] != common[k]} - {"train.name"} == {_OBJ + "baseline", "optimizer.lr"}
     for name, (parent, changed) in ABLATIONS.items():
         config, base = _flat_resolved(name), _flat_resolved(parent)
         assert config["train.name"] == name
@@ -205,16 +226,28 @@ def test_every_ablation_config_changes_one_thing():
             validate(load_config(os.path.join(CONFIG_DIR, f"{name}.py"), dict(preset.overrides)))
     # negatives_lag4's overrides make its reference arm the off-policy sweep's lag-4 config (is_chunk restates the
     # negatives' base, as offpolicy_lag0 does).
-    forced = flatten(validate(load_config(os.path.join(CONFIG_DIR, "is_chunk.py"),
-                                          dict(PRESETS["negatives_lag4"].overrides))).to_dict())
+    forced = flatten(
+        validate(
+            load_config(os.path.join(CONFIG_DIR, "is_chunk.py"), dict(PRESETS["negatives_lag4"].overrides))
+        ).to_dict()
+    )
     lag4 = _flat_resolved("offpolicy_lag4")
     assert {k for k in lag4 if lag4[k] != forced[k]} == {"train.name"}
     # The mixed-hop long-horizon presets reach the env's nested kwargs and change only the warm start's task and cap.
-    mixed = flatten(validate(load_config(os.path.join(CONFIG_DIR, "longhorizon_flash_reinforce.py"),
-                                         dict(PRESETS["longhorizon_flash_mixed"].overrides))).to_dict())
+    mixed = flatten(
+        validate(
+            load_config(
+                os.path.join(CONFIG_DIR, "longhorizon_flash_reinforce.py"),
+                dict(PRESETS["longhorizon_flash_mixed"].overrides),
+            )
+        ).to_dict()
+    )
     fixed = _flat_resolved("longhorizon_flash_reinforce")
     assert {k: mixed[k] for k in mixed if mixed[k] != fixed[k]} == {
-        "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1}, "train.il_warmup_steps": 600, "train.steps": 680}
+        "env.kwargs": {**fixed["env.kwargs"], "min_hops": 1},
+        "train.il_warmup_steps": 600,
+        "train.steps": 680,
+    }
     assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
     claims = PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
@@ -225,11 +258,14 @@ def test_every_ablation_config_changes_one_thing():
         Preset(("credit_chunk",), (0,), claim="better")
     # The controls preset: its positive control is declared, and every control shares credit_chunk's warm start.
     controls = PRESETS["controls"]
-    assert (controls.reference, controls.controls) == ("credit_chunk", ("control_advantage_flip",
-                                                                         "control_reward_flip"))
+    assert (controls.reference, controls.controls) == (
+        "credit_chunk",
+        ("control_advantage_flip", "control_reward_flip"),
+    )
     reference_key = ablate.warm_start_key(os.path.join(CONFIG_DIR, "credit_chunk.py"), {})
     assert reference_key is not None and all(
-        ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), {}) == reference_key for name in controls.configs)
+        ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), {}) == reference_key for name in controls.configs
+    )
     with pytest.raises(ValueError, match="controls .* other than the reference"):
         Preset(("credit_chunk", "control_aa"), (0,), controls=("credit_chunk",))
     with pytest.raises(ValueError, match="controls .* other than the reference"):
@@ -239,15 +275,24 @@ def test_every_ablation_config_changes_one_thing():
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf
     assert _flat_resolved("lag8_tr")["queue.forced_lag"] == 8
     stale = _flat_resolved("offpolicy_lag4_recompute_nomismatch")
-    assert (stale["queue.forced_lag"], stale[_OBJ + "old_logprobs"], stale[_OBJ + "mismatch_level"]) == \
-        (4, "recompute", "none")
+    assert (stale["queue.forced_lag"], stale[_OBJ + "old_logprobs"], stale[_OBJ + "mismatch_level"]) == (
+        4,
+        "recompute",
+        "none",
+    )
     assert _flat_resolved("il_term_on")["resample.il_whole_episode"] is True
     assert _flat_resolved("grpo")[_OBJ + "baseline"] == "group_mean"
     flash = _flat_resolved("flash_reinforce")
-    assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == \
-        ("trajectory", "token", "sequence")
-    assert flash["optimizer.lr"] == _flat_resolved("common_negatives")["optimizer.lr"] < _flat_resolved("common")[
-        "optimizer.lr"]
+    assert (flash[_OBJ + "credit"], flash[_OBJ + "is_level"], flash[_OBJ + "trust_region_level"]) == (
+        "trajectory",
+        "token",
+        "sequence",
+    )
+    assert (
+        flash["optimizer.lr"]
+        == _flat_resolved("common_negatives")["optimizer.lr"]
+        < _flat_resolved("common")["optimizer.lr"]
+    )
     assert _flat_resolved("flash_lag8_tr_off")["queue.forced_lag"] == 8
     assert _flat_resolved("flash_entropy_q05")[_OBJ + "negative_token_fraction"] == 0.5
     assert _flat_resolved("common")[_OBJ + "baseline"] == "none"  # IPA as published
@@ -259,13 +304,15 @@ def test_subprocess_runs_share_an_xla_cache_in_the_sweep_folder(tmp_path, monkey
     (a stand-in training command prints it, then fails: the sweep records the failure)."""
     config = tmp_path / "tiny_chunk.py"
     config.write_text(tiny_config("tiny_chunk", "chunk"))
-    show = [sys.executable, "-c", "import os; print('xla cache:', os.environ.get('JAX_COMPILATION_CACHE_DIR')); "
-                                  "raise SystemExit(3)"]
+    show = [
+        sys.executable,
+        "-c",
+        "import os; print('xla cache:', os.environ.get('JAX_COMPILATION_CACHE_DIR')); raise SystemExit(3)",
+    ]
 
     def cache_of_a_run(out):
         with pytest.raises(RuntimeError, match="every run failed"):
-            ablate.sweep([ablate.resolve_config(str(config), CONFIG_DIR)], seeds=[0], out=str(out),
-                         train_command=show)
+            ablate.sweep([ablate.resolve_config(str(config), CONFIG_DIR)], seeds=[0], out=str(out), train_command=show)
         log = open(os.path.join(out, "runs", "tiny_chunk", "seed_0", "ablate.log"), encoding="utf-8").read()
         assert "exit status 3" in json.load(open(os.path.join(out, "ablation.json")))["failed"][0]["error"]
         return log.split("xla cache: ")[1].split()[0]
@@ -288,9 +335,20 @@ def tiny_sweep(tmp_path_factory):
         path.write_text(tiny_config(f"tiny_{credit}", credit))
         paths.append(str(path))
     out = tmp / "out"
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablate.py"), f"--configs={','.join(paths)}",
-           "--seeds=0", "--set=train.steps=4", f"--out={out}", "--threshold=0.0", "--isolation=inprocess",
-           "--eval_tasks=3", "--eval_samples=2", "--reference=tiny_token", "--claim=lower"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments", "ablate.py"),
+        f"--configs={','.join(paths)}",
+        "--seeds=0",
+        "--set=train.steps=4",
+        f"--out={out}",
+        "--threshold=0.0",
+        "--isolation=inprocess",
+        "--eval_tasks=3",
+        "--eval_samples=2",
+        "--reference=tiny_token",
+        "--claim=lower",
+    ]
     # One CPU device (not conftest's 8): a batch of 4 needs no data-parallel split, and 2 cores run it faster.
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -330,8 +388,10 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
     # One warm start for both (they differ only in objective.credit): identical IL steps, then their own RL.
     warm = {manifest["warm_starts"][os.path.relpath(run_dir, out)] for (run_dir,) in manifest["runs"].values()}
     assert warm == {os.path.join("warm_starts", "tiny_chunk", "seed_0")}
-    chunk, token = ([json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"), encoding="utf-8")]
-                    for (d,) in manifest["runs"].values())
+    chunk, token = (
+        [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"), encoding="utf-8")]
+        for (d,) in manifest["runs"].values()
+    )
     assert [r["step"] for r in chunk] == [r["step"] for r in token]
     assert [r for r in chunk if r["step"] <= 2] == [r for r in token if r["step"] <= 2]
     for i, (name, (run_dir,)) in enumerate(manifest["runs"].items(), start=1):  # a line per finished run
@@ -376,19 +436,31 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
         raise ImportError("No module named 'matplotlib'")
 
     monkeypatch.setattr(ablate, "write_plots", no_matplotlib)
-    before = {d: os.path.getmtime(os.path.join(d, "summary.json"))
-              for d in glob.glob(os.path.join(out, "runs", "*", "*"))}
-    configs = [ablate.resolve_config(p, CONFIG_DIR)
-               for p in json.load(open(os.path.join(out, "ablation.json")))["configs"].values()]
+    before = {
+        d: os.path.getmtime(os.path.join(d, "summary.json")) for d in glob.glob(os.path.join(out, "runs", "*", "*"))
+    }
+    configs = [
+        ablate.resolve_config(p, CONFIG_DIR)
+        for p in json.load(open(os.path.join(out, "ablation.json")))["configs"].values()
+    ]
     overrides = {"train.steps": 4, "train.eval_episodes": 3, "train.eval_samples": 2}  # the fixture's flags
-    manifest = ablate.sweep(configs + [ablate.resolve_config(str(bad), CONFIG_DIR)], seeds=[0], out=out,
-                            overrides=overrides, threshold=0.0, train_command=TRAIN)
+    manifest = ablate.sweep(
+        configs + [ablate.resolve_config(str(bad), CONFIG_DIR)],
+        seeds=[0],
+        out=out,
+        overrides=overrides,
+        threshold=0.0,
+        train_command=TRAIN,
+    )
     assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
     (failure,) = manifest["failed"]
     assert failure["config"] == "bad" and "exit status" in failure["error"]
     lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
-    assert [line.split(":")[0] for line in lines] == ["[1/3] tiny_chunk seed 0", "[2/3] tiny_token seed 0",
-                                                      "[3/3] bad seed 0"]
+    assert [line.split(":")[0] for line in lines] == [
+        "[1/3] tiny_chunk seed 0",
+        "[2/3] tiny_token seed 0",
+        "[3/3] bad seed 0",
+    ]
     assert "(finished earlier)" in lines[0] and "FAILED: exit status" in lines[2]
     log = open(os.path.join(out, failure["run_dir"], "ablate.log"), encoding="utf-8").read()
     assert "no_such_credit" in log  # the run's own error message, not a generic one
@@ -399,8 +471,14 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     edited = tmp_path / "edited" / "tiny_chunk.py"
     edited.parent.mkdir()
     edited.write_text(tiny_config("tiny_chunk", "chunk").replace("return c", "c.objective.gamma = 0.5\n    return c"))
-    manifest = ablate.sweep([ablate.resolve_config(str(edited), CONFIG_DIR), configs[1]], seeds=[0], out=out,
-                            overrides=overrides, threshold=0.0, train_command=TRAIN)
+    manifest = ablate.sweep(
+        [ablate.resolve_config(str(edited), CONFIG_DIR), configs[1]],
+        seeds=[0],
+        out=out,
+        overrides=overrides,
+        threshold=0.0,
+        train_command=TRAIN,
+    )
     assert {d: os.path.getmtime(os.path.join(d, "summary.json")) for d in before} == before
     (failure,) = manifest["failed"]
     assert failure["config"] == "tiny_chunk" and "objective.gamma: 0.95 -> 0.5" in failure["error"]
@@ -423,16 +501,20 @@ def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path
     assert key("il_warmup_off") is None  # no warm start to share
     assert key("grpo") == key("credit_chunk")  # group_size: how RL samples
     changed_il = tmp_path / "il_lr.py"
-    changed_il.write_text(tiny_config("il_lr", "chunk").replace(
-        "return c", "c.train.il_warmup_steps = 2\n    c.optimizer.il_lr = 1e-2\n    return c"))
+    changed_il.write_text(
+        tiny_config("il_lr", "chunk").replace(
+            "return c", "c.train.il_warmup_steps = 2\n    c.optimizer.il_lr = 1e-2\n    return c"
+        )
+    )
     same_il = tmp_path / "same.py"
     same_il.write_text(tiny_config("same", "token"))
     assert ablate.warm_start_key(str(changed_il)) != ablate.warm_start_key(str(same_il)) is not None
     # With il_lr = 0 the warm start trains at optimizer.lr: then the RL learning rate is not an RL-phase key.
     rl_lr = {"optimizer.lr": 4e-4}
     assert ablate.warm_start_key(str(same_il), rl_lr) == ablate.warm_start_key(str(same_il))
-    assert ablate.warm_start_key(str(same_il), {**rl_lr, "optimizer.il_lr": 0.0}) != \
-        ablate.warm_start_key(str(same_il), {"optimizer.il_lr": 0.0})
+    assert ablate.warm_start_key(str(same_il), {**rl_lr, "optimizer.il_lr": 0.0}) != ablate.warm_start_key(
+        str(same_il), {"optimizer.il_lr": 0.0}
+    )
     bad = tmp_path / "bad.py"
     bad.write_text(tiny_config("bad", "no_such_credit"))
     assert ablate.warm_start_key(str(bad)) is None  # its own run reports the error

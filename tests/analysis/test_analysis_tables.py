@@ -21,8 +21,9 @@ SEEDS = 4
 FINAL_STEP = 10
 
 
-def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: float | None = None,
-              before: float = 0.1) -> None:
+def write_run(
+    run_dir: str, seed: int, task_success: np.ndarray | None, rate: float | None = None, before: float = 0.1
+) -> None:
     """A finished run folder: summary.json (success_before, success_after, one evaluation at FINAL_STEP),
     metrics.jsonl, config.json and, unless task_success is None (a folder from before per-task records),
     eval_tasks/ at FINAL_STEP with 2 samples per task (task_success[t] successes of 2)."""
@@ -30,12 +31,28 @@ def write_run(run_dir: str, seed: int, task_success: np.ndarray | None, rate: fl
     os.makedirs(run_dir, exist_ok=True)
     if task_success is not None:
         rate = float(task_success.sum() / (2 * len(task_success)))
-        folder.write_eval_tasks(FINAL_STEP, {"split": "eval", "samples_per_task": 2, "tasks": [
-            {"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": int(c)} for t, c in enumerate(task_success)]})
+        folder.write_eval_tasks(
+            FINAL_STEP,
+            {
+                "split": "eval",
+                "samples_per_task": 2,
+                "tasks": [
+                    {"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": int(c)}
+                    for t, c in enumerate(task_success)
+                ],
+            },
+        )
         folder.write_eval_tasks(0, {"tasks": [{"task_id": "calc/eval/0/0", "samples": 2, "successes": 0}]})
-    folder.write_summary({"success_before": before, "success_after": rate, "steps": FINAL_STEP, "seed": seed,
-                          "wall_time_s": 1.0, "eval_history": [{"step": 0, "success": before},
-                                                               {"step": FINAL_STEP, "success": rate}]})
+    folder.write_summary(
+        {
+            "success_before": before,
+            "success_after": rate,
+            "steps": FINAL_STEP,
+            "seed": seed,
+            "wall_time_s": 1.0,
+            "eval_history": [{"step": 0, "success": before}, {"step": FINAL_STEP, "success": rate}],
+        }
+    )
     with open(folder.metrics_path, "w", encoding="utf-8") as f:
         for step, success in ((0, before), (FINAL_STEP, rate)):
             f.write(json.dumps({"step": step, "eval/success": success}) + "\n")
@@ -85,7 +102,8 @@ def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_pa
     assert float(row["diff_p"]) == pytest.approx(p_value, rel=1e-9)
     assert float(row["diff_p_holm"]) == pytest.approx(min(1.0, 2 * p_value), rel=1e-9)
     assert (float(row["diff_ci_low"]), float(row["diff_ci_high"])) == pytest.approx(
-        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=np.std(d, ddof=1) / SEEDS**0.5), rel=1e-9)
+        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=np.std(d, ddof=1) / SEEDS**0.5), rel=1e-9
+    )
     assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(np.std(d, ddof=1), SEEDS))
     assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, np.std(d, ddof=1))
     wins = sum(int((better[s] > ref[s]).sum()) for s in range(SEEDS))
@@ -94,13 +112,18 @@ def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_pa
     assert float(row["sign_p_tasks"]) == pytest.approx(min(1.0, 2 * 0.5**wins), rel=1e-9)
     assert (row["seeds_better"], row["sign_p_seeds"]) == ("4", "0.125")
     # The interval is the stats module's on the same numbers (the plumbing), around the seeds' mean.
-    arm = analysis.arm_estimate([analysis.TaskOutcomes.from_records(
-        [{"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": c} for t, c in enumerate(better[s])])
-        for s in range(SEEDS)])
-    assert (float(row["success_after_ci_low"]), float(row["success_after_ci_high"])) == \
-        pytest.approx((arm.low, arm.high))
-    assert float(row["success_after_ci_low"]) <= float(row["success_after_mean"]) <= \
-        float(row["success_after_ci_high"])
+    arm = analysis.arm_estimate(
+        [
+            analysis.TaskOutcomes.from_records(
+                [{"task_id": f"calc/eval/0/{t}", "samples": 2, "successes": c} for t, c in enumerate(better[s])]
+            )
+            for s in range(SEEDS)
+        ]
+    )
+    assert (float(row["success_after_ci_low"]), float(row["success_after_ci_high"])) == pytest.approx(
+        (arm.low, arm.high)
+    )
+    assert float(row["success_after_ci_low"]) <= float(row["success_after_mean"]) <= float(row["success_after_ci_high"])
     same = table["same"]
     assert float(same["diff_mean"]) == 0.0 and same["verdict"] == "inconclusive" and same["sign_p_tasks"] == "1.0"
     assert table["ref"]["diff_mean"] == "" and table["ref"]["verdict"] == ""
@@ -156,8 +179,10 @@ def test_old_run_folders_fall_back_to_seeds_and_the_table_says_so(tmp_path, four
     assert float(old["diff_mean"]) == pytest.approx(np.mean([0.5 - r for r in ref_rates]))
     md = open(tmp_path / "table.md", encoding="utf-8").read()
     assert "] (seeds only)" in md
-    assert "- old: run folders without per-task records: seeds resampled, tasks not; run folders without per-task " \
+    assert (
+        "- old: run folders without per-task records: seeds resampled, tasks not; run folders without per-task "
         "records: no task sign test\n" in md
+    )
     # One seed without records: no interval, and the table says why instead of printing nan.
     one = write_ablation(str(tmp_path / "one"), {"a": {0: None}, "b": {0: None}})
     rows, _ = analysis.ablation_rows(one, 0.5, resamples=200)

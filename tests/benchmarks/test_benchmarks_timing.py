@@ -5,8 +5,12 @@ import importlib.util
 import os
 import time
 
-TIMING = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments",
-                      "benchmarks", "timing.py")
+TIMING = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "experiments",
+    "benchmarks",
+    "timing.py",
+)
 
 
 def load_timing():
@@ -27,6 +31,7 @@ def test_round_robin_times_each_call_after_a_pause_without_counting_it():
         def fn():
             calls.append((name, time.perf_counter()))
             time.sleep(seconds)
+
         return fn
 
     times = time_round_robin({"a": work("a", 0.01), "b": work("b", 0.03)}, rounds=3, pause_s=0.05)

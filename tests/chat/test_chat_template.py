@@ -68,7 +68,7 @@ EMAIL = {
     "type": "function",
     "function": {
         "name": "send_email",
-        "description": "Send an e-mail \"as is\" (no \\ escaping).",
+        "description": 'Send an e-mail "as is" (no \\ escaping).',
         "parameters": {
             "type": "object",
             "properties": {
@@ -87,13 +87,34 @@ EMAIL = {
 TOOL_POOL = [WEATHER, SEARCH, CALC, EMAIL]
 
 # Text pieces with the characters a template could mishandle: non-ASCII, quotes, braces, backslashes, tags.
-WORDS = ["the", "answer", "is", "42", "Grüße", "日本語", "naïve", "🙂", '{"k": [1, 2]}', "back\\slash", 'say "hi"',
-         "a < b > c", "tab\there", "<tool_call>", "line\nbreak"]
+WORDS = [
+    "the",
+    "answer",
+    "is",
+    "42",
+    "Grüße",
+    "日本語",
+    "naïve",
+    "🙂",
+    '{"k": [1, 2]}',
+    "back\\slash",
+    'say "hi"',
+    "a < b > c",
+    "tab\there",
+    "<tool_call>",
+    "line\nbreak",
+]
 
 # The ways reasoning is written inline in an assistant's content.
-INLINE_THINK = ["<think>\n{r}\n</think>\n\n{a}", "<think>{r}</think>{a}", "{r}\n</think>\n\n{a}",
-                "\n\n<think>\n\n{r}\n\n</think>\n\n\n{a}", "<think>\n\n</think>\n\n{a}",
-                "pre<think>{r}</think>mid</think>\n{a}", "<think>x<think>{r}\n</think>{a}"]
+INLINE_THINK = [
+    "<think>\n{r}\n</think>\n\n{a}",
+    "<think>{r}</think>{a}",
+    "{r}\n</think>\n\n{a}",
+    "\n\n<think>\n\n{r}\n\n</think>\n\n\n{a}",
+    "<think>\n\n</think>\n\n{a}",
+    "pre<think>{r}</think>mid</think>\n{a}",
+    "<think>x<think>{r}\n</think>{a}",
+]
 PARTS = [{"type": "text", "text": "content as a list of parts"}]  # not a string: rendered as ''
 REASONING_CONTENT = ["", "\n", "Let me think.", "\nstep 1\nstep 2\n\n", "\n\nunicode: ∑ 日本\n"]
 
@@ -106,8 +127,13 @@ def _text(rng, max_words=6):
 
 def _args(rng, depth=0):
     """Call arguments: nested objects, lists, unicode, integers, floats, booleans and nulls."""
-    leaves = [lambda: _text(rng, 2), lambda: rng.randint(-5, 10**6), lambda: round(rng.uniform(-1, 1), 3),
-              lambda: rng.random() < 0.5, lambda: None]
+    leaves = [
+        lambda: _text(rng, 2),
+        lambda: rng.randint(-5, 10**6),
+        lambda: round(rng.uniform(-1, 1), 3),
+        lambda: rng.random() < 0.5,
+        lambda: None,
+    ]
     args = {}
     for key in rng.sample(["city", "query", "n", "ratio", "ok", "opt", "ключ", "filters", "items"], rng.randint(0, 4)):
         if depth < 2 and key in ("filters", "items"):
@@ -188,17 +214,22 @@ def generate_conversations(n=N_CONVERSATIONS, seed=0):
 
 def _is_real_query(message):
     content = message.get("content")
-    return (message["role"] == "user" and isinstance(content, str)
-            and not (content.startswith("<tool_response>") and content.endswith("</tool_response>")))
+    return (
+        message["role"] == "user"
+        and isinstance(content, str)
+        and not (content.startswith("<tool_response>") and content.endswith("</tool_response>"))
+    )
 
 
 def conversation_shapes(messages, tools, options):
     """The shapes of one conversation, as labels (to check that the generator covers them all)."""
-    shapes = {"system first" if messages[0]["role"] == "system" else "no system",
-              f"ends with {messages[-1]['role']}",
-              "tools" if tools else f"tools={tools!r}",
-              "generation prompt" if options["add_generation_prompt"] else "no generation prompt",
-              f"enable_thinking={options.get('enable_thinking', 'unset')}"}
+    shapes = {
+        "system first" if messages[0]["role"] == "system" else "no system",
+        f"ends with {messages[-1]['role']}",
+        "tools" if tools else f"tools={tools!r}",
+        "generation prompt" if options["add_generation_prompt"] else "no generation prompt",
+        f"enable_thinking={options.get('enable_thinking', 'unset')}",
+    }
     queries = sum(_is_real_query(m) for m in messages)
     shapes.add({0: "no real query", 1: "one real query"}.get(queries, "several real queries"))
     for i, message in enumerate(messages):
@@ -229,8 +260,11 @@ def conversation_shapes(messages, tools, options):
         calls = message.get("tool_calls") or []
         if calls:
             shapes.add("several calls in a turn" if len(calls) > 1 else "one call in a turn")
-            shapes.add({"": "empty content before calls", "\n": "newline-only content before calls"}.get(
-                content if isinstance(content, str) else "", "content before calls"))
+            shapes.add(
+                {"": "empty content before calls", "\n": "newline-only content before calls"}.get(
+                    content if isinstance(content, str) else "", "content before calls"
+                )
+            )
         for call in calls:
             shapes.add("call with function wrapper" if "function" in call else "call without wrapper")
             args = call.get("function", call)["arguments"]
@@ -245,17 +279,49 @@ CONVERSATIONS = generate_conversations()
 
 def test_generator_covers_every_shape():
     counts = Counter(shape for conversation in CONVERSATIONS for shape in conversation_shapes(*conversation))
-    expected = {"system first", "no system", "system in the middle", "tools", "tools=None", "tools=[]",
-                "one real query", "several real queries", "no real query", "tool_response-wrapped user message",
-                "non-string user content", "non-string assistant content", "non-string tool content",
-                "non-string system content", "reasoning_content", "empty reasoning_content",
-                "reasoning under another name", "inline <think>", "inline </think> only", "no reasoning",
-                "one call in a turn", "several calls in a turn", "content before calls", "empty content before calls",
-                "newline-only content before calls", "reasoning_content and inline <think>",
-                "call with function wrapper", "call without wrapper", "arguments as JSON string",
-                "arguments as object", "nested arguments", "consecutive tool messages", "tool content looks wrapped",
-                "ends with user", "ends with assistant", "ends with tool", "generation prompt", "no generation prompt",
-                "enable_thinking=True", "enable_thinking=False", "enable_thinking=unset"}
+    expected = {
+        "system first",
+        "no system",
+        "system in the middle",
+        "tools",
+        "tools=None",
+        "tools=[]",
+        "one real query",
+        "several real queries",
+        "no real query",
+        "tool_response-wrapped user message",
+        "non-string user content",
+        "non-string assistant content",
+        "non-string tool content",
+        "non-string system content",
+        "reasoning_content",
+        "empty reasoning_content",
+        "reasoning under another name",
+        "inline <think>",
+        "inline </think> only",
+        "no reasoning",
+        "one call in a turn",
+        "several calls in a turn",
+        "content before calls",
+        "empty content before calls",
+        "newline-only content before calls",
+        "reasoning_content and inline <think>",
+        "call with function wrapper",
+        "call without wrapper",
+        "arguments as JSON string",
+        "arguments as object",
+        "nested arguments",
+        "consecutive tool messages",
+        "tool content looks wrapped",
+        "ends with user",
+        "ends with assistant",
+        "ends with tool",
+        "generation prompt",
+        "no generation prompt",
+        "enable_thinking=True",
+        "enable_thinking=False",
+        "enable_thinking=unset",
+    }
     assert len(CONVERSATIONS) == N_CONVERSATIONS >= 200
     assert {shape: counts[shape] for shape in expected if counts[shape] < 3} == {}
     assert generate_conversations(5) == CONVERSATIONS[:5]
@@ -280,15 +346,19 @@ def test_matches_qwen_reference_byte_for_byte(variant, reference_templates):
         expected = _render_reference(reference_templates[variant], messages, tools, **options)
         if ours != expected:
             at = next((k for k, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
-            pytest.fail(f"conversation {i} differs at char {at}: ours {ours[at:at + 60]!r}, "
-                        f"Qwen's {expected[at:at + 60]!r}\nmessages={messages!r}")
+            pytest.fail(
+                f"conversation {i} differs at char {at}: ours {ours[at : at + 60]!r}, "
+                f"Qwen's {expected[at : at + 60]!r}\nmessages={messages!r}"
+            )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fails_where_qwen_reference_fails(variant, reference_templates):
     """A first system message without string content, or a call without arguments, is an error in both."""
-    broken = [[{"role": "system", "content": None}, {"role": "user", "content": "hi"}],
-              [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "f"}]}]]
+    broken = [
+        [{"role": "system", "content": None}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "f"}]}],
+    ]
     for messages in broken:
         for tools in (None, [CALC]):
             with pytest.raises(TypeError):
@@ -315,8 +385,11 @@ def test_public_names():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_single_turn_without_tools(variant):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
-                {"role": "assistant", "content": "Hi!", "reasoning_content": "\nA greeting.\n"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi!", "reasoning_content": "\nA greeting.\n"},
+    ]
     assert render(messages, variant=variant) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nA greeting.\n</think>\n\nHi!<|im_end|>\n"
@@ -328,10 +401,14 @@ def test_agentic_episode_with_tools(variant):
     messages = [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "2+3 and 4*5?"},
-        {"role": "assistant", "content": "<think>\nTwo sums.\n</think>\n\nComputing.", "tool_calls": [
-            {"type": "function", "function": {"name": "calc", "arguments": {"expression": "2+3"}}},
-            {"name": "calc", "arguments": '{"expression": "4*5"}'},
-        ]},
+        {
+            "role": "assistant",
+            "content": "<think>\nTwo sums.\n</think>\n\nComputing.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calc", "arguments": {"expression": "2+3"}}},
+                {"name": "calc", "arguments": '{"expression": "4*5"}'},
+            ],
+        },
         {"role": "tool", "content": "5"},
         {"role": "tool", "content": "20"},
         {"role": "assistant", "content": "", "tool_calls": [{"name": "calc", "arguments": {"expression": "5+20"}}]},

@@ -49,8 +49,7 @@ def test_special_tokens_are_single_ids(tok):
 
 
 def test_round_trip_on_task_text_and_arbitrary_text(tok):
-    texts = ["", " ", "12345 -678 3.25e-3", '{"name": "lookup", "arguments": {"name": "bob"}}',
-             "naïve 東京 🙂 \t\r\n"]
+    texts = ["", " ", "12345 -678 3.25e-3", '{"name": "lookup", "arguments": {"name": "bob"}}', "naïve 東京 🙂 \t\r\n"]
     for name in BUILTIN_ENVS:  # the procedural pure-Python ones (others need files or extras)
         env = make_env(name)
         for task in env.tasks("eval", 20, 5):
@@ -71,12 +70,19 @@ def test_digits_are_split_and_names_are_whole_tokens(tok):
 
 
 def test_deterministic_across_processes(tok):
-    code = ("from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer; "
-            "print(build_corpus_tokenizer().backend_tokenizer.to_str())")
+    code = (
+        "from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer; "
+        "print(build_corpus_tokenizer().backend_tokenizer.to_str())"
+    )
     digests = set()
     for seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={"PYTHONHASHSEED": seed, "PATH": ""})
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        )
         digests.add(hashlib.sha256(out.stdout.strip().encode()).hexdigest())
     digests.add(hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest())
     assert len(digests) == 1
@@ -98,8 +104,12 @@ def test_save_and_load_with_auto_tokenizer(tok, tmp_path):
     assert loaded.decode(_encode(loaded, text)) == text
 
 
-TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object",
-                                                                                        "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def test_chat_template_is_qwen3s(tok):
@@ -107,10 +117,14 @@ def test_chat_template_is_qwen3s(tok):
     system turn, the final assistant turn (after the last user query) with its think block, empty here."""
     messages = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
-            {"type": "function", "function": {"name": "g", "arguments": '{"y": 2}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+                {"type": "function", "function": {"name": "g", "arguments": '{"y": 2}'}},
+            ],
+        },
         {"role": "tool", "name": "f", "content": "r1"},
         {"role": "tool", "name": "g", "content": "r2"},
         {"role": "assistant", "content": "done"},
@@ -120,7 +134,7 @@ def test_chat_template_is_qwen3s(tok):
         "with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
         + json.dumps(TOOLS[0])
         + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
         "<args-json-object>}\n</tool_call><|im_end|>\n"
         "<|im_start|>user\nq<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
@@ -131,7 +145,8 @@ def test_chat_template_is_qwen3s(tok):
     assert tok.chat_template == QWEN3_HYBRID_TEMPLATE
     assert tok.apply_chat_template(messages, tools=TOOLS, tokenize=False) == expected
     assert tok.apply_chat_template(messages[:1], tools=TOOLS, tokenize=False, add_generation_prompt=True).endswith(
-        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_chat_template_without_tools_and_custom_system(tok):
@@ -144,8 +159,9 @@ def test_chat_template_without_tools_and_custom_system(tok):
 
 def test_rendered_tool_call_equals_parser_format(tok):
     call = ToolCall("calc", {"a": 3, "op": "+", "b": 4})
-    text = template.render([{"role": "user", "content": "q"},
-                        {"role": "assistant", "content": "", "tool_calls": [call.to_message_dict()]}])
+    text = template.render(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call.to_message_dict()]}]
+    )
     assert f"<|im_start|>assistant\n<think>\n\n</think>\n\n{format_tool_call(call)}<|im_end|>\n" in text
 
 

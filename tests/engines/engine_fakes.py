@@ -57,8 +57,14 @@ class FakeEngine(Engine):
     that sleeps `step_s` per token. A weight update takes `update_delay_s`; `poisoned` makes every log-prob
     positive (every trajectory sampled from it is invalid)."""
 
-    def __init__(self, step_s: float = 0.0, offset: int = 0, weight_version: int = 0, update_delay_s: float = 0.0,
-                 poisoned: bool = False):
+    def __init__(
+        self,
+        step_s: float = 0.0,
+        offset: int = 0,
+        weight_version: int = 0,
+        update_delay_s: float = 0.0,
+        poisoned: bool = False,
+    ):
         self.step_s = step_s
         self.update_delay_s = update_delay_s
         self.poisoned = poisoned

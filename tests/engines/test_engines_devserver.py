@@ -50,10 +50,16 @@ def slow_server():
 
 def test_single_generate_response_shape(server):
     prompt = [5, 6, 7]
-    status, out = http(server.url, "/generate", {
-        "input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 1.0},
-        "return_logprob": True, "rid": "abc",
-    })
+    status, out = http(
+        server.url,
+        "/generate",
+        {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 1.0},
+            "return_logprob": True,
+            "rid": "abc",
+        },
+    )
     assert status == 200
     want = expected_tokens(prompt, 6)
     assert out["output_ids"] == want
@@ -68,18 +74,24 @@ def test_single_generate_response_shape(server):
 
 
 def test_put_and_no_logprob(server):
-    status, out = http(server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
-                       method="PUT")
+    status, out = http(
+        server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, method="PUT"
+    )
     assert status == 200 and "output_token_logprobs" not in out["meta_info"]
 
 
 def test_batch_generate_in_order_with_rids(server):
     prompts = [[1, 2, 3], [4], [9, 9]]
-    status, outs = http(server.url, "/generate", {
-        "input_ids": prompts,
-        "sampling_params": [{"max_new_tokens": 3}, {"max_new_tokens": 4}, {"max_new_tokens": 5}],
-        "return_logprob": True, "rid": "b",
-    })
+    status, outs = http(
+        server.url,
+        "/generate",
+        {
+            "input_ids": prompts,
+            "sampling_params": [{"max_new_tokens": 3}, {"max_new_tokens": 4}, {"max_new_tokens": 5}],
+            "return_logprob": True,
+            "rid": "b",
+        },
+    )
     assert status == 200 and isinstance(outs, list) and len(outs) == 3
     for i, (p, out) in enumerate(zip(prompts, outs)):
         assert out["output_ids"] == expected_tokens(p, 3 + i)
@@ -91,9 +103,15 @@ def test_stop_token_kept_and_matched(server):
     prompt = [3, 1, 4]
     full = expected_tokens(prompt, 8)
     stop = full[2]
-    status, out = http(server.url, "/generate", {
-        "input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "stop_token_ids": [stop]}, "return_logprob": True,
-    })
+    status, out = http(
+        server.url,
+        "/generate",
+        {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 8, "stop_token_ids": [stop]},
+            "return_logprob": True,
+        },
+    )
     assert status == 200
     cut = full.index(stop) + 1
     assert out["output_ids"] == full[:cut]  # the matched stop token is included
@@ -126,9 +144,15 @@ def test_default_max_new_tokens_is_sglangs_128(server):
 
 def test_routed_experts_base64(server):
     prompt = [1, 2, 3, 4]
-    _, out = http(server.url, "/generate", {
-        "input_ids": prompt, "sampling_params": {"max_new_tokens": 3}, "return_routed_experts": True,
-    })
+    _, out = http(
+        server.url,
+        "/generate",
+        {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 3},
+            "return_routed_experts": True,
+        },
+    )
     flat = np.frombuffer(__import__("base64").b64decode(out["meta_info"]["routed_experts"]), dtype=np.int32)
     np.testing.assert_array_equal(flat.reshape(len(prompt) + 3 - 1, *ROUTED_LAYOUT), fake_routed(len(prompt) + 3))
 
@@ -139,8 +163,12 @@ VALIDATION_SHAPE = {"object", "message", "type", "param", "code"}
 @pytest.mark.parametrize(
     "body, raw, schema, fragment",
     [
-        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "tempreature": 1.0}}, None, True,
-         "unknown field `tempreature`"),
+        (
+            {"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "tempreature": 1.0}},
+            None,
+            True,
+            "unknown field `tempreature`",
+        ),
         (None, b"{not json", True, "JSON"),
         (None, b"[1, 2]", True, "JSON object"),
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": "5"}}, None, True, "max_new_tokens"),
@@ -167,8 +195,14 @@ def test_bad_requests_get_400_in_sglang_shapes(server, body, raw, schema, fragme
 
 
 def test_known_default_valued_keys_accepted(server):
-    sp = {"max_new_tokens": 2, "min_p": 0.0, "n": 1, "skip_special_tokens": False, "no_stop_trim": True,
-          "repetition_penalty": 1.0}
+    sp = {
+        "max_new_tokens": 2,
+        "min_p": 0.0,
+        "n": 1,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "repetition_penalty": 1.0,
+    }
     assert http(server.url, "/generate", {"input_ids": [1], "sampling_params": sp})[0] == 200
 
 
@@ -205,9 +239,14 @@ def test_abort_pause_continue_flush(slow_server):
 
     async def run():
         async with aiohttp.ClientSession() as sess:
+
             async def gen(rid, n=200, prompt=(1, 2)):
-                body = {"input_ids": list(prompt), "sampling_params": {"max_new_tokens": n}, "return_logprob": True,
-                        "rid": rid}
+                body = {
+                    "input_ids": list(prompt),
+                    "sampling_params": {"max_new_tokens": n},
+                    "return_logprob": True,
+                    "rid": rid,
+                }
                 async with sess.post(url + "/generate", json=body) as r:
                     return r.status, await r.json()
 
@@ -276,8 +315,10 @@ def test_text_prompts_and_trimmed_text_with_a_tokenizer():
     try:
         prompt = tok.encode("the fox", add_special_tokens=False)
         full = expected_tokens(prompt, 6)
-        body = {"text": "the fox", "sampling_params": {"max_new_tokens": 6, "stop_token_ids": [full[3]],
-                                                         "skip_special_tokens": False}}
+        body = {
+            "text": "the fox",
+            "sampling_params": {"max_new_tokens": 6, "stop_token_ids": [full[3]], "skip_special_tokens": False},
+        }
         status, out = http(s.url, "/generate", body)
         assert status == 200 and out["meta_info"]["prompt_tokens"] == len(prompt)
         cut = full.index(full[3]) + 1
@@ -288,6 +329,7 @@ def test_text_prompts_and_trimmed_text_with_a_tokenizer():
         assert http(s.url, "/generate", body)[1]["text"] == tok.decode(full[:cut])
         status, outs = http(s.url, "/generate", {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}})
         assert status == 200 and [o["output_ids"] for o in outs] == [
-            expected_tokens(tok.encode(t, add_special_tokens=False), 2) for t in ("a", "b")]
+            expected_tokens(tok.encode(t, add_special_tokens=False), 2) for t in ("a", "b")
+        ]
     finally:
         s.shutdown()

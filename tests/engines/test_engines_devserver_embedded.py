@@ -58,8 +58,11 @@ def direct(ckpts):
 
 def test_sglang_client_on_two_embedded_dev_servers(ckpts, direct):
     servers = [
-        DevServer(EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW), model_path=ckpts[0],
-                  enable_return_routed_experts=True).serve_in_thread()
+        DevServer(
+            EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW),
+            model_path=ckpts[0],
+            enable_return_routed_experts=True,
+        ).serve_in_thread()
         for _ in range(2)
     ]
 
@@ -89,13 +92,13 @@ def test_sglang_client_on_two_embedded_dev_servers(ckpts, direct):
             s.shutdown()
 
 
-
 def test_sglang_client_counts_the_servers_cached_tokens(ckpts, direct):
     """A second turn sent over HTTP finds its first turn's row in the embedded engine behind the dev server: the
     server reports the reused tokens as meta_info.cached_tokens, the client as each result's cached_tokens and in
     prefix_counts(), equal to the engine's own counts."""
-    server = DevServer(EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW), model_path=ckpts[0],
-                       enable_return_routed_experts=True).serve_in_thread()
+    server = DevServer(
+        EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW), model_path=ckpts[0], enable_return_routed_experts=True
+    ).serve_in_thread()
 
     async def go():
         eng = SGLangEngine([server.url], routed_experts_layout=(2, 2), backoff_s=0.05)
@@ -118,9 +121,11 @@ def test_sglang_client_counts_the_servers_cached_tokens(ckpts, direct):
     finally:
         server.shutdown()
 
+
 def _http(url, body=None):
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         text = resp.read().decode()
         return resp.status, (json.loads(text) if text else None)
@@ -128,8 +133,22 @@ def _http(url, body=None):
 
 def test_devserver_cli_subprocess(ckpts, direct):
     port = free_port()
-    cmd = [sys.executable, "-m", "ipa_jax.engines.devserver", "--model", ckpts[0], "--port", str(port),
-           "--max-len", "64", "--max-batch", "4", "--batch-buckets", "4", "--enable-return-routed-experts"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ipa_jax.engines.devserver",
+        "--model",
+        ckpts[0],
+        "--port",
+        str(port),
+        "--max-len",
+        "64",
+        "--max-batch",
+        "4",
+        "--batch-buckets",
+        "4",
+        "--enable-return-routed-experts",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -143,10 +162,15 @@ def test_devserver_cli_subprocess(ckpts, direct):
                 pass
             assert time.time() < deadline, "dev server did not become healthy"
             time.sleep(0.5)
-        status, outs = _http(url + "/generate", {
-            "input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 20, "temperature": 0},
-            "return_logprob": True, "return_routed_experts": True,
-        })
+        status, outs = _http(
+            url + "/generate",
+            {
+                "input_ids": PROMPTS,
+                "sampling_params": {"max_new_tokens": 20, "temperature": 0},
+                "return_logprob": True,
+                "return_routed_experts": True,
+            },
+        )
         assert status == 200 and len(outs) == 3
         for out, want in zip(outs, direct[0]):
             assert out["output_ids"] == want.token_ids

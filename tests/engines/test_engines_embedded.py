@@ -81,7 +81,7 @@ def reference(model):
                 logits, _ = forward(p, pad(rows)[0])
                 for i, r in enumerate(rows):
                     r.append(int(jnp.argmax(logits[i, len(r) - 1])))
-            return [r[len(x):] for r, x in zip(rows, prompts)]
+            return [r[len(x) :] for r, x in zip(rows, prompts)]
 
         def forward(self, rows):
             return forward(params, pad(rows)[0])
@@ -102,7 +102,7 @@ def test_greedy_equals_argmax_of_full_forward(engine, reference, loop):
         assert r.token_ids == want[i]
         assert r.finish_reason == "length" and r.weight_version == 0
         # greedy reports the model's log-prob of the chosen token
-        np.testing.assert_allclose(r.logprobs, lp[i, len(p): len(full[i])], atol=1e-5)
+        np.testing.assert_allclose(r.logprobs, lp[i, len(p) : len(full[i])], atol=1e-5)
         # routed experts: row t = experts used when processing token t of prompt + output (last never fed)
         assert r.routed_experts.shape == (len(full[i]) - 1, 2, 2)
         np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
@@ -114,7 +114,7 @@ def test_sampled_logprobs_equal_token_logprobs(engine, reference, loop):
     lp = reference.logprobs(full)
     for i, (p, r) in enumerate(zip(PROMPTS, results)):
         assert len(r.token_ids) == 20
-        assert np.max(np.abs(np.array(r.logprobs) - lp[i, len(p): len(full[i])])) < 1e-5
+        assert np.max(np.abs(np.array(r.logprobs) - lp[i, len(p) : len(full[i])])) < 1e-5
     assert len({tuple(r.token_ids) for r in results}) == 3
 
 
@@ -143,8 +143,11 @@ def test_truncated_sampling_logprobs_are_of_the_sampled_distribution(engine, ref
 def test_stop_tokens_and_max_new_tokens_per_row(engine, reference, loop):
     greedy = reference.greedy(PROMPTS, 20)
     stop = greedy[0][4]
-    params = [sp(temperature=0.0, stop_token_ids=[stop]), sp(6, temperature=0.0),
-              sp(temperature=0.0, stop_token_ids=[999])]
+    params = [
+        sp(temperature=0.0, stop_token_ids=[stop]),
+        sp(6, temperature=0.0),
+        sp(temperature=0.0, stop_token_ids=[999]),
+    ]
     r0, r1, r2 = loop.run_until_complete(engine.generate(PROMPTS, params))
     cut = greedy[0].index(stop) + 1
     assert r0.token_ids == greedy[0][:cut] and r0.finish_reason == "stop" and r0.matched_stop == stop
@@ -164,8 +167,9 @@ def test_stop_strings(model, reference, loop):
     greedy = reference.greedy(PROMPTS, 20)
     text = LetterTokenizer().decode(greedy[1])
     stop = text[7:9]
-    eng = EmbeddedEngine(model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,),
-                         tokenizer=LetterTokenizer())
+    eng = EmbeddedEngine(
+        model, max_len=64, max_batch=4, decode_chunk=8, batch_buckets=(4,), tokenizer=LetterTokenizer()
+    )
     try:
         params = [sp(temperature=0.0), sp(temperature=0.0, stop=[stop]), sp(temperature=0.0)]
         _, r, _ = loop.run_until_complete(eng.generate(PROMPTS, params))
@@ -326,7 +330,7 @@ def test_kv_cache_grows_with_the_rows(model, reference, loop, monkeypatch):
     full = [p + r.token_ids for p, r in zip(prompts, results)]
     lp = reference.logprobs(full)
     for i, (p, r) in enumerate(zip(prompts, results)):
-        np.testing.assert_allclose(r.logprobs, lp[i, len(p): len(full[i])], atol=1e-5)
+        np.testing.assert_allclose(r.logprobs, lp[i, len(p) : len(full[i])], atol=1e-5)
 
 
 def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, loop):
@@ -343,15 +347,16 @@ def test_prefix_cache_prefills_only_a_turns_new_tokens(model, ckpts, reference, 
         second = [p + r.token_ids + [5, 6] for p, r in zip(PROMPTS, first)]
         results = loop.run_until_complete(eng.generate(second, sp(8, temperature=0.0)))
         # each row's cache: its prompt and the 5 output tokens it fed (the 6th was sampled, never fed)
-        assert eng.prefix_counts() == PrefixCounts(sum(map(len, PROMPTS)) + 3 * (1 + 2),
-                                                   sum(len(p) + 5 for p in PROMPTS))
+        assert eng.prefix_counts() == PrefixCounts(
+            sum(map(len, PROMPTS)) + 3 * (1 + 2), sum(len(p) + 5 for p in PROMPTS)
+        )
         assert [r.cached_tokens for r in results] == [len(p) + 5 for p in PROMPTS]
         full = [c + r.token_ids for c, r in zip(second, results)]
         lp = reference.logprobs(full)
         _, routed = reference.forward(full)
         assert [r.token_ids for r in results] == reference.greedy(second, 8)
         for i, (c, r) in enumerate(zip(second, results)):
-            np.testing.assert_allclose(r.logprobs, lp[i, len(c): len(full[i])], atol=1e-5)
+            np.testing.assert_allclose(r.logprobs, lp[i, len(c) : len(full[i])], atol=1e-5)
             np.testing.assert_array_equal(r.routed_experts, np.asarray(routed[i, : len(full[i]) - 1]))
         eng.set_params_from_model(other, 0)
         reused = eng.prefix_counts().reused
@@ -377,4 +382,3 @@ def test_request_validation(engine, loop):
         loop.run_until_complete(engine.generate([[]], SamplingParams(2)))
     (r,) = loop.run_until_complete(engine.generate([[1]], SamplingParams(0)))
     assert r.token_ids == [] and r.finish_reason == "length"
-

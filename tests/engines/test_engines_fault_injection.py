@@ -18,8 +18,15 @@ from ipa_jax.engines import SamplingParams, SGLangEngine, SGLangHTTPError
 from ipa_jax.engines.sglang import PoolUnavailable
 
 # Seconds, not the production minutes: each hang costs the test at most these.
-FAST = dict(backoff_s=0.05, max_backoff_s=0.2, probe_interval_s=0.1, down_after_failures=1, request_timeout_s=1.0,
-            control_timeout_s=1.0, outage_budget_s=10.0)
+FAST = dict(
+    backoff_s=0.05,
+    max_backoff_s=0.2,
+    probe_interval_s=0.1,
+    down_after_failures=1,
+    request_timeout_s=1.0,
+    control_timeout_s=1.0,
+    outage_budget_s=10.0,
+)
 
 
 def run(coro, timeout_s: float = 60.0):
@@ -248,8 +255,9 @@ def test_the_dev_server_refuses_non_finite_weights(tmp_path):
     server = DevServer(EmbeddedEngine(model, max_len=32, max_batch=1), model_path=good)
     server.serve_in_thread()
     try:
-        status, body = http(server.url, "/update_weights_from_disk", {"model_path": bad, "weight_version": "1"},
-                            timeout_s=60)
+        status, body = http(
+            server.url, "/update_weights_from_disk", {"model_path": bad, "weight_version": "1"}, timeout_s=60
+        )
         assert status == 400 and not body["success"] and "non-finite" in body["message"]
         assert served_version(server) == 0 and http(server.url, "/get_model_info")[1]["model_path"] == good
     finally:

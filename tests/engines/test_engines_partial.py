@@ -52,8 +52,9 @@ class GateTokenizer:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     base = tmp_path_factory.mktemp("partial")
-    return make_tiny_hf_checkpoint(base / "old", moe=False, seed=0), make_tiny_hf_checkpoint(base / "new", moe=False,
-                                                                                           seed=1)
+    return make_tiny_hf_checkpoint(base / "old", moe=False, seed=0), make_tiny_hf_checkpoint(
+        base / "new", moe=False, seed=1
+    )
 
 
 @functools.cache
@@ -74,7 +75,7 @@ def hf_greedy(path: str, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             tokens.append(int(hf_model(path)(torch.tensor([tokens])).logits[0, -1].argmax()))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def check_split(ckpts, tokens: list[int], logprobs: list[float], split: int) -> None:
@@ -86,15 +87,22 @@ def check_split(ckpts, tokens: list[int], logprobs: list[float], split: int) -> 
     assert tokens[:split] == hf_greedy(old, PROMPT, split)
     assert tokens[split:] == hf_greedy(new, PROMPT + tokens[:split], MAX_NEW - split)
     got = np.asarray(logprobs)
-    on_old, on_new = hf_logprobs(old, full)[len(PROMPT):], hf_logprobs(new, full)[len(PROMPT):]
+    on_old, on_new = hf_logprobs(old, full)[len(PROMPT) :], hf_logprobs(new, full)[len(PROMPT) :]
     np.testing.assert_allclose(got[:split], on_old[:split], atol=1e-4)
     np.testing.assert_allclose(got[split:], on_new[split:], atol=1e-4)
     assert np.abs(on_old - on_new).min() > 1e-3  # each token's log-prob tells the two checkpoints apart
 
 
 def engine(path: str, gate: GateTokenizer, partial: str = "finish") -> EmbeddedEngine:
-    return EmbeddedEngine(from_pretrained(path), max_len=64, max_batch=4, batch_buckets=(4,),
-                          decode_chunk=DECODE_CHUNK, tokenizer=gate, partial=partial)
+    return EmbeddedEngine(
+        from_pretrained(path),
+        max_len=64,
+        max_batch=4,
+        batch_buckets=(4,),
+        decode_chunk=DECODE_CHUNK,
+        tokenizer=gate,
+        partial=partial,
+    )
 
 
 async def release_once_aborted(eng: EmbeddedEngine, gate: GateTokenizer) -> None:
@@ -125,9 +133,14 @@ def test_devserver_pause_abort_update_continue_round_trip(ckpts):
     sampling = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "stop": [NEVER]}
 
     async def go():
-        long = asyncio.create_task(asyncio.to_thread(
-            http, server.url, "/generate",
-            {"input_ids": PROMPT, "sampling_params": sampling, "return_logprob": True, "rid": "long"}))
+        long = asyncio.create_task(
+            asyncio.to_thread(
+                http,
+                server.url,
+                "/generate",
+                {"input_ids": PROMPT, "sampling_params": sampling, "return_logprob": True, "rid": "long"},
+            )
+        )
         await asyncio.to_thread(gate.entered.wait, 60)
         pause = asyncio.create_task(asyncio.to_thread(http, server.url, "/pause_generation", {"mode": "abort"}))
         await release_once_aborted(server.engine, gate)
@@ -135,14 +148,18 @@ def test_devserver_pause_abort_update_continue_round_trip(ckpts):
         status, first = await long
         assert status == 200
         status, update = await asyncio.to_thread(
-            http, server.url, "/update_weights_from_disk", {"model_path": ckpts[1], "weight_version": "1"})
+            http, server.url, "/update_weights_from_disk", {"model_path": ckpts[1], "weight_version": "1"}
+        )
         assert status == 200 and update["success"] is True
         assert (await asyncio.to_thread(http, server.url, "/continue_generation", {}))[0] == 200
         prefix = [x[1] for x in first["meta_info"]["output_token_logprobs"]]
         rest = {**sampling, "max_new_tokens": MAX_NEW - len(prefix)}
         status, second = await asyncio.to_thread(
-            http, server.url, "/generate",
-            {"input_ids": PROMPT + prefix, "sampling_params": rest, "return_logprob": True, "rid": "long-1"})
+            http,
+            server.url,
+            "/generate",
+            {"input_ids": PROMPT + prefix, "sampling_params": rest, "return_logprob": True, "rid": "long-1"},
+        )
         assert status == 200
         return first, second
 

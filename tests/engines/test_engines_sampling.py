@@ -59,8 +59,9 @@ def test_sampling_distribution_chi_square(temperature, top_p, top_k):
 def test_rows_have_independent_params_and_greedy():
     logits = jnp.asarray(np.stack([LOGITS, LOGITS[::-1], LOGITS]), jnp.float32)
     temperature = jnp.array([0.0, 0.0, 1.0])
-    tokens, logprobs = sample_tokens(jax.random.key(1), logits, temperature, jnp.array([1.0, 0.5, 1.0]),
-                                     jnp.array([-1, 2, 1], jnp.int32))
+    tokens, logprobs = sample_tokens(
+        jax.random.key(1), logits, temperature, jnp.array([1.0, 0.5, 1.0]), jnp.array([-1, 2, 1], jnp.int32)
+    )
     assert tokens.tolist()[:2] == [0, 5]
     # greedy reports the model's own log-prob (as SGLang); top_k=1 is a point mass
     log_softmax = LOGITS - np.log(np.exp(LOGITS).sum())

@@ -17,7 +17,11 @@ def test_build_commands_flags_and_gpu_assignment():
     cfg = m.LaunchConfig(
         model_path="/ckpt/step0",
         urls=("http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://10.0.0.2:30000"),
-        weight_version=7, routed_experts=True, mem_fraction_static=0.7, tp_size=2, extra_args=("--x", "1"),
+        weight_version=7,
+        routed_experts=True,
+        mem_fraction_static=0.7,
+        tp_size=2,
+        extra_args=("--x", "1"),
     )
     cmds = m.build_commands(cfg, python="py")
     assert len(cmds) == 3
@@ -28,8 +32,9 @@ def test_build_commands_flags_and_gpu_assignment():
         assert args["--mem-fraction-static"] == "0.7" and args["--tp-size"] == "2"
         assert "--enable-return-routed-experts" in cmd and cmd[-2:] == ["--x", "1"]
         assert "--skip-tokenizer-init" not in cmd
-    hosts_ports_gpus = [(c[c.index("--host") + 1], c[c.index("--port") + 1], c[c.index("--base-gpu-id") + 1])
-                        for c in cmds]
+    hosts_ports_gpus = [
+        (c[c.index("--host") + 1], c[c.index("--port") + 1], c[c.index("--base-gpu-id") + 1]) for c in cmds
+    ]
     assert hosts_ports_gpus == [("127.0.0.1", "30000", "0"), ("127.0.0.1", "30001", "2"), ("10.0.0.2", "30000", "0")]
     plain = m.build_commands(m.LaunchConfig("/m", ("http://h:1",), skip_tokenizer_init=True), python="py")[0]
     assert "--enable-return-routed-experts" not in plain and "--skip-tokenizer-init" in plain
@@ -57,14 +62,18 @@ def test_build_commands_rejects_bad_settings(kw, fragment):
         m.build_commands(m.LaunchConfig(**kw))
 
 
-needs_no_sglang = pytest.mark.skipif(m.missing_requirements() is None,
-                                     reason="sglang and CUDA are available here")
+needs_no_sglang = pytest.mark.skipif(m.missing_requirements() is None, reason="sglang and CUDA are available here")
 
 
 @needs_no_sglang
 def test_script_exits_clearly_without_sglang_or_cuda():
-    out = subprocess.run([sys.executable, SCRIPT, "--model_path=/m", "--ports=30000"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--model_path=/m", "--ports=30000"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "cannot start SGLang servers" in out.stderr and "ipa_jax.engines.devserver" in out.stderr
     assert out.stdout == ""  # nothing was started
@@ -73,9 +82,20 @@ def test_script_exits_clearly_without_sglang_or_cuda():
 def test_script_dry_run_reads_the_config():
     urls = "('http://127.0.0.1:31000','http://127.0.0.1:31001')"
     out = subprocess.run(
-        [sys.executable, SCRIPT, "--config=configs/base.py", "--config.model.path=/ckpt",
-         f"--config.rollout.sglang_urls={urls}", "--config.model.routing_replay=True", "--dry_run"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "SGLANG_API_KEY": "s3cret"},
+        [
+            sys.executable,
+            SCRIPT,
+            "--config=configs/base.py",
+            "--config.model.path=/ckpt",
+            f"--config.rollout.sglang_urls={urls}",
+            "--config.model.routing_replay=True",
+            "--dry_run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "SGLANG_API_KEY": "s3cret"},
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()

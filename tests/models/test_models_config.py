@@ -41,14 +41,17 @@ def test_reads_transformers_config_json(moe, tmp_path):
     assert Qwen3Config.from_hf_dict(cfg.to_hf_dict()) == cfg
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(model_type="qwen3"), "dense but sets"),
-    (dict(use_sliding_window=True), "use_sliding_window"),
-    (dict(some_new_feature=3), "some_new_feature"),
-    (dict(model_type="llama"), "model_type"),
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(hidden_act="gelu"), "hidden_act"),
+        (dict(model_type="qwen3"), "dense but sets"),
+        (dict(use_sliding_window=True), "use_sliding_window"),
+        (dict(some_new_feature=3), "some_new_feature"),
+        (dict(model_type="llama"), "model_type"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+    ],
+)
 def test_unsupported_fields_raise(bad, match):
     d = dict(tiny_hf_dict(True), model_type="qwen3_moe")
     d.update(bad)
@@ -67,13 +70,22 @@ def test_invalid_config_values_raise():
         tiny_qwen3_config(moe_block_rows=-8)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "default", "rope_theta": 10000.0},
-    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e6},
-    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128, "rope_theta": 1e4,
-     "beta_fast": 16, "beta_slow": 2},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e6},
+        {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 128,
+            "rope_theta": 1e4,
+            "beta_fast": 16,
+            "beta_slow": 2,
+        },
+    ],
+)
 def test_rope_frequencies_match_transformers(rope):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -102,5 +114,7 @@ def test_mesh_config_and_rules():
         logical_to_spec(("embed", "emb"))
     # k_proj has 2 KV heads x head_dim 2 = 4 columns: they cannot be split 8 ways over "tensor".
     with pytest.raises(ValueError, match=r"k_proj.*cannot be split 8 ways"):
-        init_model(tiny_qwen3_config(moe=False, head_dim=2, num_attention_heads=4, num_key_value_heads=2),
-                   mesh=make_mesh(MeshConfig(1, 1, 1, 8)))
+        init_model(
+            tiny_qwen3_config(moe=False, head_dim=2, num_attention_heads=4, num_key_value_heads=2),
+            mesh=make_mesh(MeshConfig(1, 1, 1, 8)),
+        )

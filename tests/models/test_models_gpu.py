@@ -34,8 +34,13 @@ def _masks():
     mask[1, :20] = False
     segments = np.zeros((B, T), np.int32)
     segments[2] = np.repeat([0, 1, 2], [50, 60, 18])
-    positions = np.stack([np.arange(T), np.maximum(np.cumsum(mask[1]) - 1, 0),
-                          np.asarray(segment_positions(jnp.asarray(segments[2:])))[0]])
+    positions = np.stack(
+        [
+            np.arange(T),
+            np.maximum(np.cumsum(mask[1]) - 1, 0),
+            np.asarray(segment_positions(jnp.asarray(segments[2:])))[0],
+        ]
+    )
     return jnp.asarray(mask), jnp.asarray(positions), jnp.asarray(segments)
 
 
@@ -50,8 +55,12 @@ def test_cudnn_attention_is_as_accurate_as_the_reference_in_bfloat16():
         def f(q, k, v):
             return jnp.where(real, fn(q.astype(dtype), k.astype(dtype), v.astype(dtype), visible, D**-0.5), 0.0)
 
-        return jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))),
-                                                             (0, 1, 2))(q, k, v)))(q, k, v)
+        return jax.jit(
+            lambda q, k, v: (
+                f(q, k, v),
+                jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32))), (0, 1, 2))(q, k, v),
+            )
+        )(q, k, v)
 
     want, want_grads = value_and_grads(reference_attention, jnp.float32)
     ref16, ref16_grads = value_and_grads(reference_attention, jnp.bfloat16)

@@ -56,8 +56,13 @@ def _np_experts(x, experts, weights, wg, wu, wd):
 def expert_weights():
     rng = np.random.RandomState(0)
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
-    return (f32(rng.randn(N, H)), f32(rng.rand(N, K)), f32(0.3 * rng.randn(E, H, W)), f32(0.3 * rng.randn(E, H, W)),
-            f32(0.3 * rng.randn(E, W, H)))
+    return (
+        f32(rng.randn(N, H)),
+        f32(rng.rand(N, K)),
+        f32(0.3 * rng.randn(E, H, W)),
+        f32(0.3 * rng.randn(E, H, W)),
+        f32(0.3 * rng.randn(E, W, H)),
+    )
 
 
 def _routings():
@@ -73,8 +78,10 @@ def _loss(fn, x, experts, weights, wg, wu, wd):
 
 
 # One compile per path, shared by every routing (same shapes).
-_DISPATCH_GRADS = {name: jax.jit(jax.value_and_grad(lambda *a, fn=fn: _loss(fn, *a), argnums=(0, 2, 3, 4, 5)))
-                   for name, fn in DISPATCH.items()}
+_DISPATCH_GRADS = {
+    name: jax.jit(jax.value_and_grad(lambda *a, fn=fn: _loss(fn, *a), argnums=(0, 2, 3, 4, 5)))
+    for name, fn in DISPATCH.items()
+}
 _DISPATCH = {name: jax.jit(fn) for name, fn in DISPATCH.items()}
 
 
@@ -98,8 +105,9 @@ def test_blocked_path_at_any_block_size_equals_numpy_and_the_dense_gradients(exp
     grad_fn = jax.jit(jax.value_and_grad(lambda *a: _loss(blocked, *a), argnums=(0, 2, 3, 4, 5)))
     for routing in _routings().values():
         experts = jnp.asarray(routing, jnp.int32)
-        assert _rel(jax.jit(blocked)(x, experts, weights, wg, wu, wd), _np_experts(x, experts, weights, wg, wu,
-                                                                                     wd)) < 1e-5
+        assert (
+            _rel(jax.jit(blocked)(x, experts, weights, wg, wu, wd), _np_experts(x, experts, weights, wg, wu, wd)) < 1e-5
+        )
         _, g_dense = _DISPATCH_GRADS["dense"](x, experts, weights, wg, wu, wd)
         for gd, g in zip(g_dense, grad_fn(x, experts, weights, wg, wu, wd)[1]):
             assert _rel(g, gd) < 1e-5
@@ -163,8 +171,9 @@ def test_block_router_statistics_match_numpy():
     np.testing.assert_array_equal(np.asarray(stats["expert_counts"]), counts)
 
 
-MOE_CFG = dict(moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,), num_experts=8,
-               num_experts_per_tok=2)
+MOE_CFG = dict(
+    moe=True, num_hidden_layers=2, decoder_sparse_step=1, mlp_only_layers=(1,), num_experts=8, num_experts_per_tok=2
+)
 
 
 def _moe_loss(mesh, rows: int = 4, **config):
@@ -253,7 +262,8 @@ def test_tokamax_per_batch_shard_under_shard_map_equals_the_unsharded_reference(
     shard_map instance (tokamax's ragged_dot, like jax's, has no vmap rule with shared weights)."""
     mesh = make_mesh(MeshConfig(1, 4, 1, 2))
     assert moe_dispatch("tokamax", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
-        "tokamax", 4, mesh, ("data", "fsdp", "expert"))
+        "tokamax", 4, mesh, ("data", "fsdp", "expert")
+    )
     params, grad_fn, own = _moe_grad_fn(mesh)
     g_ref, out_ref = moe_reference
     g_path, out_path = grad_fn(params, own, "tokamax")
@@ -289,20 +299,24 @@ def test_auto_is_blocked_on_cpu_dense_for_few_tokens_and_tokens_group_by_batch_s
     assert moe_dispatch("ragged", 4) == MoeDispatch("ragged", 1)  # ragged_dot cannot be vmapped over groups
     mesh = make_mesh(MeshConfig(1, 2, 2, 2))  # megablox's groups are shard_map instances over the batch axes
     assert moe_dispatch("megablox", 4, mesh, ("data", "fsdp", "expert")) == MoeDispatch(
-        "megablox", 4, mesh, ("data", "fsdp", "expert"))
+        "megablox", 4, mesh, ("data", "fsdp", "expert")
+    )
     assert moe_dispatch("megablox", 1, mesh, ("data",)) == MoeDispatch("megablox", 1)
     # Experts split over the expert axis: expert parallelism for every path (an axis of size 1 is none).
     assert moe_dispatch("ragged", 4, mesh, ("data", "fsdp", "expert"), ("expert",)) == MoeDispatch(
-        "ragged", 4, mesh, ("data", "fsdp", "expert"), ("expert",))
+        "ragged", 4, mesh, ("data", "fsdp", "expert"), ("expert",)
+    )
     assert moe_dispatch("blocked", 1, mesh, ("data", "fsdp", "expert"), ("expert",)) == MoeDispatch(
-        "blocked", 1, mesh, (), ("expert",))
+        "blocked", 1, mesh, (), ("expert",)
+    )
     assert moe_dispatch("blocked", 4, mesh, ("data", "fsdp", "expert"), ("data",)) == MoeDispatch("blocked", 4)
     with pytest.raises(ValueError, match="moe_impl"):
         resolve_moe_impl("sparse")
 
 
-@pytest.mark.parametrize("platform, tokamax, want", [("gpu", True, "tokamax"), ("gpu", False, "blocked"),
-                                                     ("tpu", True, "megablox")])
+@pytest.mark.parametrize(
+    "platform, tokamax, want", [("gpu", True, "tokamax"), ("gpu", False, "blocked"), ("tpu", True, "megablox")]
+)
 def test_auto_on_accelerators(monkeypatch, platform, tokamax, want):
     monkeypatch.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(platform=platform)])
     if not tokamax:
@@ -332,7 +346,8 @@ def test_tokamax_backward_is_grouped(expert_weights):
     x, weights, wg, wu, wd = expert_weights
     experts = jnp.asarray(_routings()["random"], jnp.int32)
     jaxpr = jax.make_jaxpr(jax.grad(lambda *a: _loss(moe_module.swiglu_experts_tokamax, *a), argnums=(0, 3, 4, 5)))(
-        x, experts, weights, wg, wu, wd)
+        x, experts, weights, wg, wu, wd
+    )
 
     def eqns(jaxpr):
         for eqn in jaxpr.eqns:
@@ -367,6 +382,7 @@ def test_matmuls_remat_keeps_the_grouped_matmuls_and_trains_like_no_remat(capsys
         if policy == "matmuls":
             jax.ad_checkpoint.print_saved_residuals(lambda p, loss=loss, own=own: loss(p, own, "tokamax")[0], params)
     assert "named 'moe_grouped_matmul'" in capsys.readouterr().out
-    np.testing.assert_allclose(trained["matmuls"][0], trained["none"][0], rtol=1e-6)
+    # float32: XLA fuses the recomputed forward differently, so sums may be reordered (3.5e-6 seen on AMD EPYC)
+    np.testing.assert_allclose(trained["matmuls"][0], trained["none"][0], rtol=1e-5)
     _assert_same_grads(trained["matmuls"][1], trained["none"][1])
     _assert_same_grads(trained["matmuls"][2], trained["none"][2])

@@ -20,8 +20,17 @@ CONFIGS = {
     "dense_untied_yarn": (False, dict(num_hidden_layers=3, rope_parameters=YARN)),
     "dense_tied_mqa": (False, dict(num_hidden_layers=2, tie_word_embeddings=True, num_key_value_heads=1)),
     "moe_norm_mlp_only": (True, dict(num_hidden_layers=3, norm_topk_prob=True, mlp_only_layers=[0])),
-    "moe_nonorm_step2_tied": (True, dict(num_hidden_layers=3, norm_topk_prob=False, decoder_sparse_step=2,
-                                         tie_word_embeddings=True, num_experts=8, num_experts_per_tok=2)),
+    "moe_nonorm_step2_tied": (
+        True,
+        dict(
+            num_hidden_layers=3,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            tie_word_embeddings=True,
+            num_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
     "qwen3_attention_bias": (False, dict(attention_bias=True)),
     "qwen2_tied": (False, dict(family="qwen2", tie_word_embeddings=True)),
 }
@@ -43,9 +52,12 @@ def _hf_logits(path, ids, mask, position_ids=None, **kw):
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask.astype(np.int64)),
-                    position_ids=None if position_ids is None else torch.tensor(position_ids, dtype=torch.long),
-                    **kw)
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=None if position_ids is None else torch.tensor(position_ids, dtype=torch.long),
+            **kw,
+        )
     return out
 
 
@@ -130,8 +142,12 @@ def test_fused_expert_layout_loads_like_per_expert(hf_checkpoint, tmp_path):
     for layer in (1, 2):
         base = f"model.layers.{layer}.mlp.experts"
         experts = range(4)
-        fused[f"{base}.gate_up_proj"] = np.stack([np.concatenate(
-            [per_expert[f"{base}.{e}.gate_proj.weight"], per_expert[f"{base}.{e}.up_proj.weight"]]) for e in experts])
+        fused[f"{base}.gate_up_proj"] = np.stack(
+            [
+                np.concatenate([per_expert[f"{base}.{e}.gate_proj.weight"], per_expert[f"{base}.{e}.up_proj.weight"]])
+                for e in experts
+            ]
+        )
         fused[f"{base}.down_proj"] = np.stack([per_expert[f"{base}.{e}.down_proj.weight"] for e in experts])
     write_safetensors(str(tmp_path / "model.safetensors"), fused)
     (tmp_path / "config.json").write_text(open(os.path.join(src, "config.json")).read())
@@ -153,8 +169,11 @@ def test_bfloat16_checkpoint(hf_checkpoint, tmp_path):
     ids, mask = _inputs()
     ours = np.asarray(_forward(model, jnp.asarray(ids), None, jnp.asarray(mask)).logits, np.float32)
     with torch.no_grad():
-        ref = hf(input_ids=torch.tensor(ids, dtype=torch.long),
-                 attention_mask=torch.tensor(mask.astype(np.int64))).logits.float().numpy()
+        ref = (
+            hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask.astype(np.int64)))
+            .logits.float()
+            .numpy()
+        )
     # bf16 rounding differs op by op between XLA and torch: only the scale of the agreement is checked.
     assert _max_err_valid(ours, ref, mask) < 0.05 * np.abs(ref).max()
 

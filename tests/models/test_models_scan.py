@@ -63,8 +63,9 @@ def test_scanned_equals_unrolled_forward_replay_and_gradients(models):
     for routed in (OWN_ROUTING, out_ref.aux["routed_experts"]):  # own routing, then the unrolled model's replayed
         g_scan, out_scan = grad_fn(params, nnx.graphdef(scanned), routed)
         np.testing.assert_allclose(np.asarray(out_scan.logits), np.asarray(out_ref.logits), atol=1e-5)
-        np.testing.assert_array_equal(np.asarray(out_scan.aux["routed_experts"]),
-                                      np.asarray(out_ref.aux["routed_experts"]))
+        np.testing.assert_array_equal(
+            np.asarray(out_scan.aux["routed_experts"]), np.asarray(out_ref.aux["routed_experts"])
+        )
         for name in ("load_balancing_loss", "router_z_loss"):
             np.testing.assert_allclose(float(out_scan.aux[name]), float(out_ref.aux[name]), rtol=1e-6)
         want = {path: np.asarray(var[...]) for path, var in nnx.to_flat_state(g_ref)}
@@ -85,8 +86,9 @@ def test_scanned_save_and_cache_prefill(models, tmp_path):
     unrolled, scanned, _, (ids, mask), (_, out_ref) = models
     save_pretrained(scanned, tmp_path)  # per-layer HF tensors, read back unrolled
     reloaded = from_pretrained(tmp_path)
-    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(reloaded, nnx.Param)),
-                                 nnx.to_flat_state(nnx.state(unrolled, nnx.Param))):
+    for (path, a), (_, b) in zip(
+        nnx.to_flat_state(nnx.state(reloaded, nnx.Param)), nnx.to_flat_state(nnx.state(unrolled, nnx.Param))
+    ):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
     # With a KV cache the stacked layers run one by one (their parameter slices): same logits as without.
     prefill = nnx.jit(lambda m, ids, mask, cache: m(ids, attention_mask=mask, cache=cache).logits)

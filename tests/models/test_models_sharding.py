@@ -14,10 +14,17 @@ MESHES = [(8, 1, 1, 1), (2, 2, 2, 1), (1, 2, 2, 2)]
 AXES = ("data", "fsdp", "expert", "tensor")
 # Mesh axes each parameter is split over, written out by hand from the sharding design (not from the rules).
 EXPECTED_SPLIT = {
-    "embed_tokens": ("tensor", "fsdp"), "lm_head": ("fsdp", "tensor"),
-    "q_proj": ("fsdp", "tensor"), "k_proj": ("fsdp", "tensor"), "v_proj": ("fsdp", "tensor"),
-    "o_proj": ("tensor", "fsdp"), "gate_proj": ("fsdp", "tensor"), "up_proj": ("fsdp", "tensor"),
-    "down_proj": ("tensor", "fsdp"), "gate": ("fsdp",), "weight": (),
+    "embed_tokens": ("tensor", "fsdp"),
+    "lm_head": ("fsdp", "tensor"),
+    "q_proj": ("fsdp", "tensor"),
+    "k_proj": ("fsdp", "tensor"),
+    "v_proj": ("fsdp", "tensor"),
+    "o_proj": ("tensor", "fsdp"),
+    "gate_proj": ("fsdp", "tensor"),
+    "up_proj": ("fsdp", "tensor"),
+    "down_proj": ("tensor", "fsdp"),
+    "gate": ("fsdp",),
+    "weight": (),
 }
 EXPERT_SPLIT = ("expert", "fsdp", "tensor")
 
@@ -69,7 +76,8 @@ def test_init_model_on_mesh_matches_unsharded():
     cfg = tiny_qwen3_config(moe=True)
     mesh = make_mesh(MeshConfig(1, 2, 2, 2))
     sharded, plain = init_model(cfg, seed=3, mesh=mesh), init_model(cfg, seed=3)
-    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(sharded, nnx.Param)),
-                              nnx.to_flat_state(nnx.state(plain, nnx.Param))):
+    for (p, a), (_, b) in zip(
+        nnx.to_flat_state(nnx.state(sharded, nnx.Param)), nnx.to_flat_state(nnx.state(plain, nnx.Param))
+    ):
         assert len(a[...].sharding.device_set) == 8
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))

@@ -59,12 +59,15 @@ def bernoulli_kl(b, l):
 
 def at_level(v, ck, level):
     """A row's token values v [n] -> the mean over each token's unit at `level` (ck: the tokens' chunk ids)."""
-    return {"none": np.zeros(len(v)), "token": v, "chunk": np.array([v[ck == k].mean() for k in ck]),
-            "sequence": np.full(len(v), v.mean())}[level]
+    return {
+        "none": np.zeros(len(v)),
+        "token": v,
+        "chunk": np.array([v[ck == k].mean() for k in ck]),
+        "sequence": np.full(len(v), v.mean()),
+    }[level]
 
 
-def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, entropies=None, failures=None,
-              old=None):
+def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, entropies=None, failures=None, old=None):
     """Policy ratio l / p and mismatch ratio q / b: p = q = old when given, else p = b, q = l."""
     l = np.asarray(l, np.float64)
     b = np.asarray(b, np.float64)
@@ -154,18 +157,37 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
         loss += cfg.il_weight * num_il / max(den_il, 1)
         grad = grad - cfg.il_weight * ex / max(den_il, 1)
         magnitude += abs(cfg.il_weight) * np.sum(np.abs(np.where(ex, l, 0))) / max(den_il, 1)
-    acceptance = {"none": 1.0, "sequence": admitted[action.any(1)].mean(),
-                  "chunk": chunks_admitted / max(chunks, 1)}[cfg.trust_region_level]
-    return Reference(keep=keep_all, kl=kl_all, acceptance_rate=acceptance, loss=loss, num_rl=num_rl, den_rl=den_rl,
-                     num_il=num_il, den_il=den_il, grad=grad,
-                     weights=out["weights"], returns=out["returns"], chunk_ratios=out["chunk_ratios"],
-                     sequence_kl=seq_kl, admitted=admitted, retained=retained, scale_magnitude=magnitude,
-                     negatives=negatives, mismatch_ratio=out["mismatch_ratio"], mismatch_dropped=counts["dropped"],
-                     mismatch_capped=counts["capped"], clipped=counts["clipped"])
+    acceptance = {"none": 1.0, "sequence": admitted[action.any(1)].mean(), "chunk": chunks_admitted / max(chunks, 1)}[
+        cfg.trust_region_level
+    ]
+    return Reference(
+        keep=keep_all,
+        kl=kl_all,
+        acceptance_rate=acceptance,
+        loss=loss,
+        num_rl=num_rl,
+        den_rl=den_rl,
+        num_il=num_il,
+        den_il=den_il,
+        grad=grad,
+        weights=out["weights"],
+        returns=out["returns"],
+        chunk_ratios=out["chunk_ratios"],
+        sequence_kl=seq_kl,
+        admitted=admitted,
+        retained=retained,
+        scale_magnitude=magnitude,
+        negatives=negatives,
+        mismatch_ratio=out["mismatch_ratio"],
+        mismatch_dropped=counts["dropped"],
+        mismatch_capped=counts["capped"],
+        clipped=counts["clipped"],
+    )
 
 
-def random_batch(rng: np.random.Generator, B: int = 4, T: int = 32, drift: float | None = None,
-                 expert_fraction: float = 0.3) -> dict[str, np.ndarray]:
+def random_batch(
+    rng: np.random.Generator, B: int = 4, T: int = 32, drift: float | None = None, expert_fraction: float = 0.3
+) -> dict[str, np.ndarray]:
     """Ragged rows: prompt, then alternating action turns (one chunk each) and observations, then padding.
     Some prompt tokens are expert targets. drift = scale of b - l (random per row when None)."""
     action = np.zeros((B, T), bool)
@@ -178,8 +200,8 @@ def random_batch(rng: np.random.Generator, B: int = 4, T: int = 32, drift: float
         t, k = prompt, 0
         while t < length:
             turn = int(rng.integers(1, 6))
-            action[i, t:min(t + turn, length)] = True
-            chunk_ids[i, t:min(t + turn, length)] = k
+            action[i, t : min(t + turn, length)] = True
+            chunk_ids[i, t : min(t + turn, length)] = k
             k += 1
             t += turn + int(rng.integers(0, 4))  # observation tokens between turns
     l = np.where(action, -rng.exponential(1.5, (B, T)), 0.0)

@@ -36,10 +36,10 @@ def ragged_batches(draw):
         t, k = draw(st.integers(1, length - 1)), 0
         while t < length:
             turn = draw(st.integers(1, 4))
-            action[i, t:min(t + turn, length)] = True
-            chunk_ids[i, t:min(t + turn, length)] = k
+            action[i, t : min(t + turn, length)] = True
+            chunk_ids[i, t : min(t + turn, length)] = k
             t, k = t + turn + draw(st.integers(0, 2)), k + 1
-    seed = draw(st.integers(0, 2 ** 31 - 1))
+    seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     l = np.where(action, -rng.exponential(1.0, (B, T)), 0).astype(np.float32)
     b = np.where(action, -np.abs(l + rng.normal(0, 0.3, (B, T))), 0).astype(np.float32)
@@ -65,23 +65,31 @@ def np_rows(action, chunk_ids):
 
 
 @settings(max_examples=25, deadline=None)
-@given(ragged_batches(), st.sampled_from(["chunk", "token", "trajectory"]),
-       st.sampled_from(["token", "chunk", "sequence"]),
-       st.sampled_from(["sample_mean", "token_mean", "chunk_mean", "sequence_sum"]),
-       st.sampled_from(["none", "batch_mean", "group_mean"]))
+@given(
+    ragged_batches(),
+    st.sampled_from(["chunk", "token", "trajectory"]),
+    st.sampled_from(["token", "chunk", "sequence"]),
+    st.sampled_from(["sample_mean", "token_mean", "chunk_mean", "sequence_sum"]),
+    st.sampled_from(["none", "batch_mean", "group_mean"]),
+)
 def test_blocks_match_numpy(batch, credit, level, aggregation, baseline):
     l, b, action, chunk_ids, rewards, groups = batch
     adv = compute_advantages(jnp.asarray(rewards), baseline, jnp.asarray(groups))
     r64 = rewards.astype(np.float64)
-    ref_adv = {"none": r64, "batch_mean": r64 - r64.mean(),
-               "group_mean": np.array([r64[i] - r64[groups == groups[i]].mean() for i in range(B)])}[baseline]
+    ref_adv = {
+        "none": r64,
+        "batch_mean": r64 - r64.mean(),
+        "group_mean": np.array([r64[i] - r64[groups == groups[i]].mean() for i in range(B)]),
+    }[baseline]
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-6, atol=1e-6)
     # Restricted to the rows with actions (here: all but row 1): means over those rows only, 0 elsewhere.
     rl = np.arange(B) != 1
     adv_rl = compute_advantages(jnp.asarray(rewards), baseline, jnp.asarray(groups), jnp.asarray(rl))
-    ref_rl = {"none": r64, "batch_mean": r64 - (r64[rl].mean() if rl.any() else 0.0),
-              "group_mean": np.array([r64[i] - r64[(groups == groups[i]) & rl].mean() if rl[i] else 0.0
-                                      for i in range(B)])}[baseline]
+    ref_rl = {
+        "none": r64,
+        "batch_mean": r64 - (r64[rl].mean() if rl.any() else 0.0),
+        "group_mean": np.array([r64[i] - r64[(groups == groups[i]) & rl].mean() if rl[i] else 0.0 for i in range(B)]),
+    }[baseline]
     np.testing.assert_allclose(adv_rl, np.where(rl, ref_rl, 0.0), rtol=1e-6, atol=1e-6)
     out = jax.device_get(blocks(l, b, action, chunk_ids, adv, credit, 0.9, level, aggregation))
     ref_g, ref_rho, ref_scale = np.zeros((B, T)), np.zeros((B, T)), np.zeros((B, T))
@@ -93,13 +101,19 @@ def test_blocks_match_numpy(batch, credit, level, aggregation, baseline):
         rows += 1
         K = ck.max() + 1
         steps = {"chunk": K - 1 - ck, "token": n - 1 - np.arange(n), "trajectory": np.zeros(n)}[credit]
-        ref_g[i, acts] = 0.9 ** steps * ref_adv[i]
+        ref_g[i, acts] = 0.9**steps * ref_adv[i]
         x = l[i, acts].astype(np.float64) - b[i, acts]
-        ref_rho[i, acts] = {"token": x, "chunk": np.array([x[ck == k].mean() for k in ck]),
-                            "sequence": np.full(n, x.mean())}[level]
-        ref_scale[i, acts] = {"sample_mean": np.full(n, 1 / n), "token_mean": np.ones(n),
-                              "sequence_sum": np.ones(n),
-                              "chunk_mean": np.array([1 / (K * (ck == k).sum()) for k in ck])}[aggregation]
+        ref_rho[i, acts] = {
+            "token": x,
+            "chunk": np.array([x[ck == k].mean() for k in ck]),
+            "sequence": np.full(n, x.mean()),
+        }[level]
+        ref_scale[i, acts] = {
+            "sample_mean": np.full(n, 1 / n),
+            "token_mean": np.ones(n),
+            "sequence_sum": np.ones(n),
+            "chunk_mean": np.array([1 / (K * (ck == k).sum()) for k in ck]),
+        }[aggregation]
     np.testing.assert_allclose(out["returns"], ref_g, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(out["log_rho"], ref_rho, rtol=1e-6, atol=1e-6)
     scale, den = out["aggregation"]

@@ -27,9 +27,18 @@ from ipa_jax.objectives import (
 )
 
 ALL_CHUNK_OPTIONS = ObjectiveConfig(
-    baseline="group_mean", credit="chunk", is_level="chunk", is_apply_to="all", is_clip_max=1.5,
-    mismatch_level="chunk", mismatch_range=(0.2, 5.0), trust_region_level="chunk", trust_region_delta=1e-2,
-    aggregation="chunk_mean", il_weight=0.5)
+    baseline="group_mean",
+    credit="chunk",
+    is_level="chunk",
+    is_apply_to="all",
+    is_clip_max=1.5,
+    mismatch_level="chunk",
+    mismatch_range=(0.2, 5.0),
+    trust_region_level="chunk",
+    trust_region_delta=1e-2,
+    aggregation="chunk_mean",
+    il_weight=0.5,
+)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -45,15 +54,23 @@ def terms_and_grads(log_probs, behavior, advantages, action, chunk_ids, expert, 
 
 
 def _fields(batch):
-    return batch["log_probs"], batch["behavior_log_probs"], batch["rewards"], batch["action_mask"], \
-        batch["chunk_ids"], batch["expert_mask"], batch["group_ids"]
+    return (
+        batch["log_probs"],
+        batch["behavior_log_probs"],
+        batch["rewards"],
+        batch["action_mask"],
+        batch["chunk_ids"],
+        batch["expert_mask"],
+        batch["group_ids"],
+    )
 
 
 def test_on_policy_every_ratio_is_one_and_everything_admitted():
     batch = random_batch(np.random.default_rng(0), B=6, T=32)
     l, _, r, a, c, e, g = _fields(batch)
-    config = ObjectiveConfig(**{**ALL_CHUNK_OPTIONS.__dict__, "trust_region_level": "sequence",
-                                "trust_region_delta": 0.0})
+    config = ObjectiveConfig(
+        **{**ALL_CHUNK_OPTIONS.__dict__, "trust_region_level": "sequence", "trust_region_delta": 0.0}
+    )
     _, _, diag, _ = terms_and_grads(l, l, compute_advantages(r, "group_mean", g), a, c, e, config)
     np.testing.assert_array_equal(np.asarray(diag["chunk_ratios"])[a], 1.0)
     np.testing.assert_array_equal(diag["sequence_kl"], 0.0)  # clamped at 0: delta = 0 still admits
@@ -90,10 +107,16 @@ def test_chunk_returns_are_discounted_advantages():
     g = np.asarray(credit_returns(jnp.array([2.0]), a, c, "chunk", 0.5))
     np.testing.assert_allclose(g, [[0, 0.5, 0.5, 0, 1, 0, 2, 2, 2, 0]])
     g = np.asarray(credit_returns(jnp.array([2.0]), a, c, "token", 0.5))
-    np.testing.assert_allclose(g, [[0, 2 * 0.5 ** 5, 2 * 0.5 ** 4, 0, 2 * 0.5 ** 3, 0, 0.5, 1, 2, 0]])
+    np.testing.assert_allclose(g, [[0, 2 * 0.5**5, 2 * 0.5**4, 0, 2 * 0.5**3, 0, 0.5, 1, 2, 0]])
     np.testing.assert_allclose(credit_returns(jnp.array([2.0]), a, c, "trajectory", 0.5), 2 * a)
-    diag = ipa_loss(np.where(a, -1.0, 0).astype(np.float32), np.where(a, -1.0, 0).astype(np.float32),
-                    np.array([3.0], np.float32), a, c, gamma=0.9)[1]
+    diag = ipa_loss(
+        np.where(a, -1.0, 0).astype(np.float32),
+        np.where(a, -1.0, 0).astype(np.float32),
+        np.array([3.0], np.float32),
+        a,
+        c,
+        gamma=0.9,
+    )[1]
     np.testing.assert_allclose(diag["chunk_returns"], np.where(a, 3 * 0.9 ** (2 - c), 0), rtol=1e-6)
     np.testing.assert_array_equal(diag["num_chunks"], [3])
 
@@ -179,7 +202,7 @@ def test_bf16_inputs_give_the_float32_result_within_bf16_rounding():
     # ... hence within bf16 rounding of the float32 result: each term w * l / T_i moves by a few bf16 ulps
     # (2^-8 relative: l, and exp(l - b) through l - b), relative to the summed term magnitudes.
     magnitude = np.sum(np.abs(np.asarray(diag32["weights"]) * l) / a.sum(1, keepdims=True)) / len(r)
-    np.testing.assert_allclose(loss16, loss32, rtol=0, atol=4 * 2 ** -8 * magnitude)
+    np.testing.assert_allclose(loss16, loss32, rtol=0, atol=4 * 2**-8 * magnitude)
     assert abs(float(loss16) - float(loss32)) > 0  # the inputs really were rounded
     grad16 = jax.grad(lambda x: run(x, b16)[0])(l16)
     assert grad16.dtype == jnp.bfloat16
@@ -189,8 +212,9 @@ def test_float64_stays_float64():
     with jax.enable_x64(True):  # scoped: the rest of the suite stays in 32-bit mode
         batch = random_batch(np.random.default_rng(7), B=3, T=16)
         l, b, r, a, c, e, g = _fields(batch)
-        loss, diag = policy_loss(l.astype(np.float64), b.astype(np.float64), r.astype(np.float64), a, c, e,
-                                 config=ObjectiveConfig())
+        loss, diag = policy_loss(
+            l.astype(np.float64), b.astype(np.float64), r.astype(np.float64), a, c, e, config=ObjectiveConfig()
+        )
         assert loss.dtype == jnp.float64 and diag["weights"].dtype == jnp.float64
         loss32, _ = policy_loss(l, b, r, a, c, e, config=ObjectiveConfig())
         assert loss32.dtype == jnp.float32
@@ -201,14 +225,14 @@ def test_presets_run_under_jit_with_static_options():
     l, b, r, a, c, *_ = _fields(batch)
     ent = batch["entropies"]
     flash = jax.jit(flash_reinforce_loss, static_argnames=("delta", "negative_token_fraction"))
-    eager_loss, eager_diag = flash_reinforce_loss(l, b, r, a, delta=1e-2, negative_token_fraction=0.5,
-                                                  entropies=ent)
+    eager_loss, eager_diag = flash_reinforce_loss(l, b, r, a, delta=1e-2, negative_token_fraction=0.5, entropies=ent)
     jit_loss, jit_diag = flash(l, b, r, a, delta=1e-2, negative_token_fraction=0.5, entropies=ent)
     np.testing.assert_allclose(jit_loss, eager_loss, rtol=1e-6)
     for key in ("advantages", "sequence_kl", "admitted", "acceptance_rate", "policy_tokens", "retained_tokens"):
         np.testing.assert_allclose(jit_diag[key], eager_diag[key], rtol=1e-6)
-    ipa = jax.jit(ipa_loss, static_argnames=("gamma", "baseline", "negative_is_clip", "chunk_ratio_range",
-                                             "aggregation"))
+    ipa = jax.jit(
+        ipa_loss, static_argnames=("gamma", "baseline", "negative_is_clip", "chunk_ratio_range", "aggregation")
+    )
     loss, diag = ipa(l, b, r, a, c, gamma=0.9, chunk_ratio_range=(0.0, 5.0))
     assert np.isfinite(float(loss))
     for key in ("chunk_returns", "chunk_ratios", "kept_fraction", "num_chunks"):

@@ -33,21 +33,61 @@ from ipa_jax.objectives import (
 CONFIGS = {
     "ipa_seed": (ipa_seed_config(), {"sign"}),
     "ipa_roll": (ipa_roll_config(), {"dropped", "sign"}),
-    "recompute_sequence_mismatch_cap_diff_kept": (ObjectiveConfig(
-        baseline="batch_mean", old_logprobs="recompute", is_level="token", is_apply_to="all", is_clip_max=1.02,
-        mismatch_level="sequence", mismatch_range=(0.5, 2.0), mismatch_is_cap=1.05, mismatch_prob_diff=0.05,
-        trust_region_level="sequence", trust_region_delta=3e-2, aggregation="sample_mean", row_denominator="kept",
-        il_weight=0.5), {"dropped", "capped", "clipped"}),
-    "recompute_chunk_trust_region_token_mismatch": (ObjectiveConfig(
-        baseline="group_mean", credit="token", gamma=0.9, old_logprobs="recompute", is_level="sequence",
-        sign_by="reward", is_clip_max=0.5, mismatch_level="token", mismatch_range=(0.2, 5.0), mismatch_is_cap=1.2,
-        mismatch_prob_diff=0.2, trust_region_level="chunk", trust_region_delta=1e-2, aggregation="chunk_mean"),
-        {"dropped", "capped", "clipped", "sign"}),
-    "behavior_reward_sign_entropy_filter": (ObjectiveConfig(
-        baseline="batch_mean", credit="trajectory", sign_by="reward", is_level="token", is_clip_max=0.8,
-        mismatch_level="chunk", mismatch_range=(0.0, 3.0), mismatch_is_cap=1.1, mismatch_prob_diff=0.1,
-        negative_token_fraction=0.5, aggregation="token_mean", il_weight=0.0),
-        {"dropped", "capped", "clipped", "sign"}),
+    "recompute_sequence_mismatch_cap_diff_kept": (
+        ObjectiveConfig(
+            baseline="batch_mean",
+            old_logprobs="recompute",
+            is_level="token",
+            is_apply_to="all",
+            is_clip_max=1.02,
+            mismatch_level="sequence",
+            mismatch_range=(0.5, 2.0),
+            mismatch_is_cap=1.05,
+            mismatch_prob_diff=0.05,
+            trust_region_level="sequence",
+            trust_region_delta=3e-2,
+            aggregation="sample_mean",
+            row_denominator="kept",
+            il_weight=0.5,
+        ),
+        {"dropped", "capped", "clipped"},
+    ),
+    "recompute_chunk_trust_region_token_mismatch": (
+        ObjectiveConfig(
+            baseline="group_mean",
+            credit="token",
+            gamma=0.9,
+            old_logprobs="recompute",
+            is_level="sequence",
+            sign_by="reward",
+            is_clip_max=0.5,
+            mismatch_level="token",
+            mismatch_range=(0.2, 5.0),
+            mismatch_is_cap=1.2,
+            mismatch_prob_diff=0.2,
+            trust_region_level="chunk",
+            trust_region_delta=1e-2,
+            aggregation="chunk_mean",
+        ),
+        {"dropped", "capped", "clipped", "sign"},
+    ),
+    "behavior_reward_sign_entropy_filter": (
+        ObjectiveConfig(
+            baseline="batch_mean",
+            credit="trajectory",
+            sign_by="reward",
+            is_level="token",
+            is_clip_max=0.8,
+            mismatch_level="chunk",
+            mismatch_range=(0.0, 3.0),
+            mismatch_is_cap=1.1,
+            mismatch_prob_diff=0.1,
+            negative_token_fraction=0.5,
+            aggregation="token_mean",
+            il_weight=0.0,
+        ),
+        {"dropped", "capped", "clipped", "sign"},
+    ),
 }
 SEEDS = range(3)
 
@@ -67,18 +107,36 @@ def off_policy_batch(rng: np.random.Generator, B: int, T: int) -> dict:
 @functools.partial(jax.jit, static_argnames="config")
 def loss_diag_grad(batch: dict, config: ObjectiveConfig):
     def f(log_probs):
-        return policy_loss(log_probs, batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
-                           batch["chunk_ids"], batch["expert_mask"], batch["group_ids"], batch["entropies"], config,
-                           old_log_probs=batch["old_log_probs"] if config.needs_old_log_probs else None)
+        return policy_loss(
+            log_probs,
+            batch["behavior_log_probs"],
+            batch["rewards"],
+            batch["action_mask"],
+            batch["chunk_ids"],
+            batch["expert_mask"],
+            batch["group_ids"],
+            batch["entropies"],
+            config,
+            old_log_probs=batch["old_log_probs"] if config.needs_old_log_probs else None,
+        )
 
     (loss, diag), grad = jax.value_and_grad(f, has_aux=True)(batch["log_probs"])
     return loss, diag, grad
 
 
 def run_reference(config: ObjectiveConfig, batch: dict):
-    return reference(config, batch["log_probs"], batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
-                     batch["chunk_ids"], batch["expert_mask"], batch["group_ids"], batch["entropies"],
-                     old=batch["old_log_probs"] if config.needs_old_log_probs else None)
+    return reference(
+        config,
+        batch["log_probs"],
+        batch["behavior_log_probs"],
+        batch["rewards"],
+        batch["action_mask"],
+        batch["chunk_ids"],
+        batch["expert_mask"],
+        batch["group_ids"],
+        batch["entropies"],
+        old=batch["old_log_probs"] if config.needs_old_log_probs else None,
+    )
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -117,8 +175,14 @@ def test_on_policy_recompute_is_the_behaviour_loss_with_behaviour_equal_to_curre
     """old_log_probs == log_probs: the policy ratio is exactly 1 (no truncation; the trust region's D = 0 admits
     every row even at delta 0), and loss and gradient equal the behaviour-ratio loss where behaviour == current.
     Without a mismatch correction the sampler's log-probs then do not matter at all."""
-    config = dataclasses.replace(ipa_roll_config(), baseline="batch_mean", trust_region_level="sequence",
-                                 trust_region_delta=0.0, mismatch_is_cap=1.2, mismatch_prob_diff=0.1)
+    config = dataclasses.replace(
+        ipa_roll_config(),
+        baseline="batch_mean",
+        trust_region_level="sequence",
+        trust_region_delta=0.0,
+        mismatch_is_cap=1.2,
+        mismatch_prob_diff=0.1,
+    )
     batch = random_batch(np.random.default_rng(11), B=5, T=40)
     l = batch["log_probs"]
     on_policy = {**batch, "behavior_log_probs": l, "old_log_probs": l}
@@ -140,8 +204,15 @@ def test_on_policy_recompute_is_the_behaviour_loss_with_behaviour_equal_to_curre
 def test_behavior_mode_is_the_one_ratio_objective():
     """old_logprobs="behavior" (no old log-probs) is the objective from before the option existed: the same float64
     reference with old = None, and recompute with old == behaviour gives the same loss (mismatch ratio 1)."""
-    config = ObjectiveConfig(baseline="batch_mean", is_level="chunk", is_clip_max=1.0, mismatch_level="chunk",
-                             trust_region_level="sequence", trust_region_delta=5e-3, il_weight=0.5)
+    config = ObjectiveConfig(
+        baseline="batch_mean",
+        is_level="chunk",
+        is_clip_max=1.0,
+        mismatch_level="chunk",
+        trust_region_level="sequence",
+        trust_region_delta=5e-3,
+        il_weight=0.5,
+    )
     batch = random_batch(np.random.default_rng(5), B=5, T=40)
     batch["old_log_probs"] = batch["behavior_log_probs"]
     loss, _, grad = jax.device_get(loss_diag_grad(batch, config))
@@ -161,8 +232,14 @@ def test_sign_by_reward_splits_on_the_raw_score():
     l = np.where(a, -1.0, 0).astype(np.float32)
     b = np.where(a, -1.0 - np.log(2.0), 0).astype(np.float32)  # token ratio 2 everywhere
     r = np.array([0.5, 0.0, 2.5], np.float32)  # A = -0.5, -1, 1.5
-    base = ObjectiveConfig(baseline="batch_mean", credit="trajectory", is_level="token", is_clip_max=1.0,
-                           mismatch_level="none", il_weight=0.0)
+    base = ObjectiveConfig(
+        baseline="batch_mean",
+        credit="trajectory",
+        is_level="token",
+        is_clip_max=1.0,
+        mismatch_level="none",
+        il_weight=0.0,
+    )
     for sign_by, negatives in (("advantage", [True, True, False]), ("reward", [False, True, False])):
         _, diag = policy_loss(l, b, r, a, config=dataclasses.replace(base, sign_by=sign_by))
         np.testing.assert_array_equal(diag["negatives"], negatives)
@@ -198,9 +275,18 @@ def test_kept_row_denominator_divides_each_row_by_its_kept_tokens():
 @functools.partial(jax.jit, static_argnames="config")
 def terms_and_grads(batch, adv, config, denominators):
     def f(l):
-        terms, _ = objective_terms(l, batch["behavior_log_probs"], adv, batch["action_mask"], batch["chunk_ids"],
-                                   batch["expert_mask"], config, batch["entropies"], old_log_probs=batch["old"],
-                                   rewards=batch["rewards"])
+        terms, _ = objective_terms(
+            l,
+            batch["behavior_log_probs"],
+            adv,
+            batch["action_mask"],
+            batch["chunk_ids"],
+            batch["expert_mask"],
+            config,
+            batch["entropies"],
+            old_log_probs=batch["old"],
+            rewards=batch["rewards"],
+        )
         return combine_terms(terms, config, denominators), terms
 
     (loss, terms), grad = jax.value_and_grad(f, has_aux=True)(batch["log_probs"])
@@ -230,14 +316,27 @@ def test_microbatching_with_every_off_policy_option():
 
 
 def test_presets_reproduce_the_published_settings():
-    assert PRESETS == {"ipa": ipa_config(), "ipa_seed": ipa_seed_config(), "ipa_roll": ipa_roll_config(),
-                       "flash_reinforce": flash_reinforce_config()}
+    assert PRESETS == {
+        "ipa": ipa_config(),
+        "ipa_seed": ipa_seed_config(),
+        "ipa_roll": ipa_roll_config(),
+        "flash_reinforce": flash_reinforce_config(),
+    }
     seed = ipa_seed_config()  # the ROME paper's pseudo-code: discount, IS clip, mismatch threshold, R > 0, sum / B
     assert (seed.gamma, seed.is_clip_max, seed.mismatch_range, seed.mismatch_level) == (0.95, 10.0, (0.0, 5.0), "token")
-    assert (seed.sign_by, seed.is_level, seed.is_apply_to, seed.aggregation) == \
-        ("reward", "chunk", "negatives", "sequence_sum")
+    assert (seed.sign_by, seed.is_level, seed.is_apply_to, seed.aggregation) == (
+        "reward",
+        "chunk",
+        "negatives",
+        "sequence_sum",
+    )
     roll = ipa_roll_config()  # ROLL: TOPR in [0, 1] on scores <= 0, segment ratios, mean over kept tokens per row
-    assert (roll.old_logprobs, roll.sign_by, roll.is_clip_max, roll.is_level, roll.row_denominator) == \
-        ("recompute", "reward", 1.0, "chunk", "kept")
+    assert (roll.old_logprobs, roll.sign_by, roll.is_clip_max, roll.is_level, roll.row_denominator) == (
+        "recompute",
+        "reward",
+        1.0,
+        "chunk",
+        "kept",
+    )
     assert (roll.mismatch_level, roll.mismatch_range, roll.mismatch_is_cap) == ("chunk", (0.0, 5.0), float("inf"))
     assert ipa_config().old_logprobs == "behavior" and ipa_config().sign_by == "advantage"

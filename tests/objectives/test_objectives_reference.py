@@ -19,20 +19,48 @@ CONFIGS = {
     "flash_entropy_filter": flash_reinforce_config(delta=1e-2, negative_token_fraction=0.5),
     "ipa_batch_mean_chunk_mean": ipa_config(gamma=0.9, baseline="batch_mean", aggregation="chunk_mean"),
     "group_token_sequence_is": ObjectiveConfig(
-        baseline="group_mean", credit="token", gamma=0.9, is_level="sequence", is_apply_to="all", is_clip_max=2.0,
-        mismatch_level="token", mismatch_range=(0.5, 2.0), trust_region_level="chunk", trust_region_delta=1e-2,
-        aggregation="token_mean", rl_weight=1.0, il_weight=0.5),
+        baseline="group_mean",
+        credit="token",
+        gamma=0.9,
+        is_level="sequence",
+        is_apply_to="all",
+        is_clip_max=2.0,
+        mismatch_level="token",
+        mismatch_range=(0.5, 2.0),
+        trust_region_level="chunk",
+        trust_region_delta=1e-2,
+        aggregation="token_mean",
+        rl_weight=1.0,
+        il_weight=0.5,
+    ),
     "trajectory_no_is_sequence_sum": ObjectiveConfig(
-        baseline="batch_mean", credit="trajectory", is_level="none", mismatch_level="none",
-        trust_region_level="sequence", trust_region_delta=float("inf"), aggregation="sequence_sum",
-        rl_weight=0.7, il_weight=2.0),
+        baseline="batch_mean",
+        credit="trajectory",
+        is_level="none",
+        mismatch_level="none",
+        trust_region_level="sequence",
+        trust_region_delta=float("inf"),
+        aggregation="sequence_sum",
+        rl_weight=0.7,
+        il_weight=2.0,
+    ),
     "token_is_negatives_unclipped": ObjectiveConfig(
-        baseline="none", credit="chunk", gamma=1.0, is_level="token", is_apply_to="negatives", is_clip_max=None,
-        mismatch_level="token", mismatch_range=(0.0, 3.0), aggregation="sample_mean", il_weight=0.0),
+        baseline="none",
+        credit="chunk",
+        gamma=1.0,
+        is_level="token",
+        is_apply_to="negatives",
+        is_clip_max=None,
+        mismatch_level="token",
+        mismatch_range=(0.0, 3.0),
+        aggregation="sample_mean",
+        il_weight=0.0,
+    ),
     # The positive control: every advantage negated (successes become the negatives the IS ratio weights).
     "ipa_advantage_sign_flipped": dataclasses.replace(ipa_config(), advantage_sign=-1),
-    "flash_group_advantage_sign_flipped": dataclasses.replace(flash_reinforce_config(), baseline="group_mean",
-                                                              advantage_sign=-1),
+    "flash_group_advantage_sign_flipped": dataclasses.replace(
+        flash_reinforce_config(), baseline="group_mean", advantage_sign=-1
+    ),
 }
 SEEDS = range(8)
 
@@ -40,17 +68,34 @@ SEEDS = range(8)
 @functools.partial(jax.jit, static_argnames="config")
 def loss_diag_grad(batch: dict, config: ObjectiveConfig):
     def f(log_probs):
-        return policy_loss(log_probs, batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
-                           batch["chunk_ids"], batch["expert_mask"], batch["group_ids"], batch["entropies"], config)
+        return policy_loss(
+            log_probs,
+            batch["behavior_log_probs"],
+            batch["rewards"],
+            batch["action_mask"],
+            batch["chunk_ids"],
+            batch["expert_mask"],
+            batch["group_ids"],
+            batch["entropies"],
+            config,
+        )
 
     (loss, diag), grad = jax.value_and_grad(f, has_aux=True)(batch["log_probs"])
     return loss, diag, grad
 
 
 def run_reference(config, batch):
-    return reference(config, batch["log_probs"], batch["behavior_log_probs"], batch["rewards"],
-                     batch["action_mask"], batch["chunk_ids"], batch["expert_mask"], batch["group_ids"],
-                     batch["entropies"])
+    return reference(
+        config,
+        batch["log_probs"],
+        batch["behavior_log_probs"],
+        batch["rewards"],
+        batch["action_mask"],
+        batch["chunk_ids"],
+        batch["expert_mask"],
+        batch["group_ids"],
+        batch["entropies"],
+    )
 
 
 def assert_close_to(actual, expected, magnitude, rtol=1e-6):
@@ -110,8 +155,7 @@ def test_preset_gradient_is_weight_over_denominator(preset):
         fn = jax.jit(lambda x: flash_reinforce_loss(x, b, r, a, delta=5e-3)[0])
         A = r.astype(np.float64) - r.mean(dtype=np.float64)
         x = l.astype(np.float64) - b
-        d = np.array([np.mean(kl) for kl in
-                      [_kl(b[i][a[i]], l[i][a[i]]) for i in range(len(r))]])
+        d = np.array([np.mean(kl) for kl in [_kl(b[i][a[i]], l[i][a[i]]) for i in range(len(r))]])
         admitted = np.maximum(d, 0) <= 5e-3
         w = np.where(a & admitted[:, None], np.exp(x) * A[:, None], 0)
     else:
@@ -145,11 +189,27 @@ def test_failures_override_selects_the_filtered_rows():
     batch = random_batch(np.random.default_rng(99), B=5, T=40)
     batch["rewards"] = np.array([0.0, 1.0, 0.0, 3.0, 1.0], np.float32)  # A < 0 for rows 0, 1, 2, 4
     failures = batch["rewards"] <= 0
-    loss, diag = flash(batch["log_probs"], batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
-                       delta=float("inf"), negative_token_fraction=0.3, entropies=batch["entropies"],
-                       failures=failures)
-    ref = reference(config, batch["log_probs"], batch["behavior_log_probs"], batch["rewards"],
-                    batch["action_mask"], None, None, entropies=batch["entropies"], failures=failures)
+    loss, diag = flash(
+        batch["log_probs"],
+        batch["behavior_log_probs"],
+        batch["rewards"],
+        batch["action_mask"],
+        delta=float("inf"),
+        negative_token_fraction=0.3,
+        entropies=batch["entropies"],
+        failures=failures,
+    )
+    ref = reference(
+        config,
+        batch["log_probs"],
+        batch["behavior_log_probs"],
+        batch["rewards"],
+        batch["action_mask"],
+        None,
+        None,
+        entropies=batch["entropies"],
+        failures=failures,
+    )
     assert_close_to(loss, ref.loss, ref.scale_magnitude)
     filtered = np.asarray(diag["retained_tokens"]) < batch["action_mask"].sum(1)
     np.testing.assert_array_equal(filtered, failures)

@@ -41,6 +41,7 @@ def setitem(index, value):
     def fn(x):
         x[index] = value
         return x
+
     return fn
 
 
@@ -51,11 +52,17 @@ BAD = {
     "empty": (with_("log_probs", lambda x: x[:0]), "log_probs: must be a non-empty [B, T]"),
     "mask_not_bool": (with_("action_mask", lambda x: x.astype(np.int32)), "action_mask: must be a boolean"),
     "row_without_actions": (
-        {**with_("action_mask", setitem(1, False)), "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32),
-         "expert_mask": np.array([[0, 0, 0, 1, 0], [0] * 5], bool)},
-        "action_mask: row 1 has no action token"),
-    "action_at_position_0": (with_("action_mask", setitem((0, 0), True)), "action_mask: row 0 has an action at "
-                                                                           "position 0"),
+        {
+            **with_("action_mask", setitem(1, False)),
+            "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32),
+            "expert_mask": np.array([[0, 0, 0, 1, 0], [0] * 5], bool),
+        },
+        "action_mask: row 1 has no action token",
+    ),
+    "action_at_position_0": (
+        with_("action_mask", setitem((0, 0), True)),
+        "action_mask: row 0 has an action at position 0",
+    ),
     "nan_log_prob": (with_("log_probs", setitem((0, 1), np.nan)), "log_probs: action log-prob nan at row 0"),
     "inf_behavior": (with_("behavior_log_probs", setitem((1, 2), -np.inf)), "behavior_log_probs: action log-prob"),
     "positive_log_prob": (with_("log_probs", setitem((1, 3), 0.25)), "is NaN, inf or > 0"),
@@ -81,8 +88,9 @@ def test_bad_input_raises_naming_the_problem(case):
 def test_good_input_passes_and_tokens_are_checked_against_the_vocabulary():
     validate_objective_inputs(**good(), config=ObjectiveConfig())
     # A row of expert tokens only is a pure imitation row, not an error.
-    validate_objective_inputs(**{**with_("action_mask", setitem(1, False)),
-                                 "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32)})
+    validate_objective_inputs(
+        **{**with_("action_mask", setitem(1, False)), "chunk_ids": np.array([[-1, 0, 0, -1, 1], [-1] * 5], np.int32)}
+    )
     tokens = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]])
     validate_objective_inputs(**good(), tokens=tokens, vocab_size=10)
     with pytest.raises(ValueError, match=r"tokens: id 9 in row 1 is outside the vocabulary \[0, 8\)"):
@@ -98,39 +106,41 @@ def test_inputs_the_config_needs():
     with pytest.raises(ValueError, match="group_ids: required"):
         validate_objective_inputs(**{**batch, "group_ids": None}, config=ObjectiveConfig(baseline="group_mean"))
     with pytest.raises(ValueError, match="entropies: required"):
-        validate_objective_inputs(**{**batch, "entropies": None},
-                                  config=ObjectiveConfig(negative_token_fraction=0.5))
+        validate_objective_inputs(**{**batch, "entropies": None}, config=ObjectiveConfig(negative_token_fraction=0.5))
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("baseline", "mean", "ObjectiveConfig.baseline: 'mean' is not one of"),
-    ("credit", "turn", "ObjectiveConfig.credit"),
-    ("is_level", "seq", "ObjectiveConfig.is_level"),
-    ("is_apply_to", "positives", "ObjectiveConfig.is_apply_to"),
-    ("mismatch_level", "row", "ObjectiveConfig.mismatch_level"),
-    ("old_logprobs", "proximal", "ObjectiveConfig.old_logprobs"),
-    ("sign_by", "score", "ObjectiveConfig.sign_by"),
-    ("row_denominator", "kept_tokens", "ObjectiveConfig.row_denominator"),
-    ("row_denominator", "kept", "ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean"),
-    ("mismatch_is_cap", 0.0, r"ObjectiveConfig.mismatch_is_cap: must be > 0"),
-    ("mismatch_is_cap", float("nan"), "ObjectiveConfig.mismatch_is_cap"),
-    ("mismatch_prob_diff", -0.1, r"ObjectiveConfig.mismatch_prob_diff: must be >= 0"),
-    ("trust_region_level", "token", "ObjectiveConfig.trust_region_level"),
-    ("aggregation", "mean", "ObjectiveConfig.aggregation"),
-    ("advantage_sign", 0, "ObjectiveConfig.advantage_sign: must be 1 or -1"),
-    ("advantage_sign", -0.5, "ObjectiveConfig.advantage_sign"),
-    ("advantage_sign", True, "ObjectiveConfig.advantage_sign"),
-    ("gamma", 0.0, "ObjectiveConfig.gamma: must be in"),
-    ("gamma", 1.5, "ObjectiveConfig.gamma"),
-    ("trust_region_delta", -1e-3, "ObjectiveConfig.trust_region_delta: must be >= 0"),
-    ("trust_region_delta", float("nan"), "ObjectiveConfig.trust_region_delta"),
-    ("negative_token_fraction", 1.5, r"ObjectiveConfig.negative_token_fraction: must be in \[0, 1\]"),
-    ("negative_token_fraction", -0.1, "ObjectiveConfig.negative_token_fraction"),
-    ("mismatch_range", (2.0, 1.0), "ObjectiveConfig.mismatch_range"),
-    ("mismatch_range", (-1.0, 1.0), "ObjectiveConfig.mismatch_range"),
-    ("is_clip_max", 0.0, "ObjectiveConfig.is_clip_max"),
-    ("il_weight", float("inf"), "ObjectiveConfig.il_weight"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("baseline", "mean", "ObjectiveConfig.baseline: 'mean' is not one of"),
+        ("credit", "turn", "ObjectiveConfig.credit"),
+        ("is_level", "seq", "ObjectiveConfig.is_level"),
+        ("is_apply_to", "positives", "ObjectiveConfig.is_apply_to"),
+        ("mismatch_level", "row", "ObjectiveConfig.mismatch_level"),
+        ("old_logprobs", "proximal", "ObjectiveConfig.old_logprobs"),
+        ("sign_by", "score", "ObjectiveConfig.sign_by"),
+        ("row_denominator", "kept_tokens", "ObjectiveConfig.row_denominator"),
+        ("row_denominator", "kept", "ObjectiveConfig.row_denominator: 'kept' divides each row of sample_mean"),
+        ("mismatch_is_cap", 0.0, r"ObjectiveConfig.mismatch_is_cap: must be > 0"),
+        ("mismatch_is_cap", float("nan"), "ObjectiveConfig.mismatch_is_cap"),
+        ("mismatch_prob_diff", -0.1, r"ObjectiveConfig.mismatch_prob_diff: must be >= 0"),
+        ("trust_region_level", "token", "ObjectiveConfig.trust_region_level"),
+        ("aggregation", "mean", "ObjectiveConfig.aggregation"),
+        ("advantage_sign", 0, "ObjectiveConfig.advantage_sign: must be 1 or -1"),
+        ("advantage_sign", -0.5, "ObjectiveConfig.advantage_sign"),
+        ("advantage_sign", True, "ObjectiveConfig.advantage_sign"),
+        ("gamma", 0.0, "ObjectiveConfig.gamma: must be in"),
+        ("gamma", 1.5, "ObjectiveConfig.gamma"),
+        ("trust_region_delta", -1e-3, "ObjectiveConfig.trust_region_delta: must be >= 0"),
+        ("trust_region_delta", float("nan"), "ObjectiveConfig.trust_region_delta"),
+        ("negative_token_fraction", 1.5, r"ObjectiveConfig.negative_token_fraction: must be in \[0, 1\]"),
+        ("negative_token_fraction", -0.1, "ObjectiveConfig.negative_token_fraction"),
+        ("mismatch_range", (2.0, 1.0), "ObjectiveConfig.mismatch_range"),
+        ("mismatch_range", (-1.0, 1.0), "ObjectiveConfig.mismatch_range"),
+        ("is_clip_max", 0.0, "ObjectiveConfig.is_clip_max"),
+        ("il_weight", float("inf"), "ObjectiveConfig.il_weight"),
+    ],
+)
 def test_config_rejects_bad_values(field, value, message):
     base = ObjectiveConfig(aggregation="token_mean") if field == "row_denominator" else ObjectiveConfig()
     with pytest.raises(ValueError, match=message):
@@ -156,12 +166,22 @@ def test_old_log_probs_are_given_exactly_when_the_config_recomputes():
     with pytest.raises(ValueError, match="old_log_probs: shape"):
         validate_objective_inputs(**batch, config=recompute, old_log_probs=batch["log_probs"][:, :4])
     with pytest.raises(ValueError, match="old_log_probs: action log-prob nan at row 1"):
-        validate_objective_inputs(**batch, config=recompute,
-                                  old_log_probs=np.where(batch["action_mask"] & (np.arange(2) == 1)[:, None], np.nan,
-                                                         batch["log_probs"]))
+        validate_objective_inputs(
+            **batch,
+            config=recompute,
+            old_log_probs=np.where(batch["action_mask"] & (np.arange(2) == 1)[:, None], np.nan, batch["log_probs"]),
+        )
     with pytest.raises(ValueError, match="old_log_probs: required"):  # the jitted objective checks it too
-        jax.jit(lambda x: policy_loss(x, batch["behavior_log_probs"], batch["rewards"], batch["action_mask"],
-                                      batch["chunk_ids"], config=recompute))(batch["log_probs"])
+        jax.jit(
+            lambda x: policy_loss(
+                x,
+                batch["behavior_log_probs"],
+                batch["rewards"],
+                batch["action_mask"],
+                batch["chunk_ids"],
+                config=recompute,
+            )
+        )(batch["log_probs"])
 
 
 def test_config_is_hashable_and_normalises_lists():

@@ -25,10 +25,19 @@ from ipa_jax.train import distributed  # noqa: E402
 distributed.initialize(f"localhost:{port}", int(num_processes), int(process_id))
 assert jax.device_count() == 8 and jax.process_count() == int(num_processes)
 REPRODUCIBLE = {
-    "model.tokenizer": tokenizer_dir, "train.steps": 3, "train.il_warmup_steps": 1, "train.eval_episodes": 2,
-    "resample.mode": "none", "resample.tasks_per_round": 2, "resample.samples_per_anchor": 3, "resample.num_tasks": 4,
+    "model.tokenizer": tokenizer_dir,
+    "train.steps": 3,
+    "train.il_warmup_steps": 1,
+    "train.eval_episodes": 2,
+    "resample.mode": "none",
+    "resample.tasks_per_round": 2,
+    "resample.samples_per_anchor": 3,
+    "resample.num_tasks": 4,
     # A task whose 3 samples all fail gets its whole expert episode: with the imitation term, every step updates.
-    "resample.il_fallback": True, "resample.il_whole_episode": True, "objective.il_weight": 0.5,
-    "rollout.concurrency": 1, "rollout.engine_devices": 4,
+    "resample.il_fallback": True,
+    "resample.il_whole_episode": True,
+    "objective.il_weight": 0.5,
+    "rollout.concurrency": 1,
+    "rollout.engine_devices": 4,
 }
 run(tiny_config(run_dir, **{**REPRODUCIBLE, **overrides}))

@@ -42,8 +42,9 @@ def test_base_and_tiny_configs_validate():
     assert exp.objective == OBJECTIVE_PRESETS["ipa"]
 
 
-@pytest.mark.parametrize("name", sorted(os.path.basename(p)[:-3]
-                                         for p in glob.glob(os.path.join(REPO, "configs", "*.py"))))
+@pytest.mark.parametrize(
+    "name", sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "configs", "*.py")))
+)
 def test_every_top_level_config_validates(name):
     """configs/*.py load, validate and convert to dataclasses (configs/ablations/: test_analysis_sweep.py)."""
     exp = validate(load_config(os.path.join(REPO, "configs", f"{name}.py")))
@@ -83,48 +84,51 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
         validate(c)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("objective.gamma=1.5", "gamma"),
-    ("objective.aggregation='sample_men'", "aggregation"),
-    ("objective.trust_region_delta=-1.0", "trust_region_delta"),
-    ("objective.old_logprobs='proximal'", "objective.old_logprobs"),
-    ("objective.sign_by='score'", "objective.sign_by"),
-    ("objective.mismatch_is_cap=0.0", "objective.mismatch_is_cap"),
-    ("objective.mismatch_prob_diff=-0.1", "objective.mismatch_prob_diff"),
-    ("objective.row_denominator='all'", "objective.row_denominator"),
-    ("optimizer.lr=0.0", "optimizer.lr"),
-    ("optimizer.lr=inf", "optimizer.lr"),  # every parameter non-finite after one step
-    ("optimizer.eps=inf", "optimizer.eps"),
-    ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio"),
-    ("train.microbatches=3", "train.microbatches"),
-    ("train.il_warmup_steps=100", "train.il_warmup_steps"),
-    ("train.il_warmup_target=1.5", "train.il_warmup_target"),
-    ("train.il_warmup_window=0", "train.il_warmup_window"),
-    ("train.max_consecutive_skipped=-1", "train.max_consecutive_skipped"),
-    ("train.max_consecutive_zero_grad=-1", "train.max_consecutive_zero_grad"),
-    ("queue.forced_lag=9", "queue.forced_lag"),
-    ("rollout.engine='sglang'", "rollout.sglang_urls"),
-    ("rollout.top_p=0.0", "rollout.top_p"),
-    ("rollout.max_context=100", "rollout.max_context"),
-    ("rollout.request_timeout_s=0.0", "rollout.request_timeout_s"),
-    ("rollout.control_timeout_s=inf", "rollout.control_timeout_s"),
-    ("rollout.outage_budget_s=-1.0", "rollout.outage_budget_s"),
-    ("rollout.min_sync_servers=2", "rollout.min_sync_servers"),  # more than the pool's URLs
-    ("rollout.keep_weight_folders=0", "rollout.keep_weight_folders"),
-    ("rollout.seed_offset=-1", "rollout.seed_offset"),
-    ("train.reward_flip_fraction=1.5", "train.reward_flip_fraction"),
-    ("queue.stall_timeout_s=-5.0", "queue.stall_timeout_s"),
-    ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
-    ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
-    ("model.moe_impl='fast'", "model.moe_impl"),
-    ("model.remat='everything'", "model.remat"),
-    ("model.moe_block_rows=-1", "model.moe_block_rows"),
-    ("model.routing_replay=True", "model.routing_replay"),  # dense model
-    ("model.arch.num_key_value_heads=3", "model.arch.num_key_value_heads"),
-    ("mesh.data=0", "mesh.data"),
-    ("checkpoint.keep=0", "checkpoint.keep"),
-    ("logging.every=0", "logging.every"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("objective.gamma=1.5", "gamma"),
+        ("objective.aggregation='sample_men'", "aggregation"),
+        ("objective.trust_region_delta=-1.0", "trust_region_delta"),
+        ("objective.old_logprobs='proximal'", "objective.old_logprobs"),
+        ("objective.sign_by='score'", "objective.sign_by"),
+        ("objective.mismatch_is_cap=0.0", "objective.mismatch_is_cap"),
+        ("objective.mismatch_prob_diff=-0.1", "objective.mismatch_prob_diff"),
+        ("objective.row_denominator='all'", "objective.row_denominator"),
+        ("optimizer.lr=0.0", "optimizer.lr"),
+        ("optimizer.lr=inf", "optimizer.lr"),  # every parameter non-finite after one step
+        ("optimizer.eps=inf", "optimizer.eps"),
+        ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio"),
+        ("train.microbatches=3", "train.microbatches"),
+        ("train.il_warmup_steps=100", "train.il_warmup_steps"),
+        ("train.il_warmup_target=1.5", "train.il_warmup_target"),
+        ("train.il_warmup_window=0", "train.il_warmup_window"),
+        ("train.max_consecutive_skipped=-1", "train.max_consecutive_skipped"),
+        ("train.max_consecutive_zero_grad=-1", "train.max_consecutive_zero_grad"),
+        ("queue.forced_lag=9", "queue.forced_lag"),
+        ("rollout.engine='sglang'", "rollout.sglang_urls"),
+        ("rollout.top_p=0.0", "rollout.top_p"),
+        ("rollout.max_context=100", "rollout.max_context"),
+        ("rollout.request_timeout_s=0.0", "rollout.request_timeout_s"),
+        ("rollout.control_timeout_s=inf", "rollout.control_timeout_s"),
+        ("rollout.outage_budget_s=-1.0", "rollout.outage_budget_s"),
+        ("rollout.min_sync_servers=2", "rollout.min_sync_servers"),  # more than the pool's URLs
+        ("rollout.keep_weight_folders=0", "rollout.keep_weight_folders"),
+        ("rollout.seed_offset=-1", "rollout.seed_offset"),
+        ("train.reward_flip_fraction=1.5", "train.reward_flip_fraction"),
+        ("queue.stall_timeout_s=-5.0", "queue.stall_timeout_s"),
+        ("train.reward_range=(1.0, -1.0)", "train.reward_range"),
+        ("objective.baseline='group_mean'", "objective.baseline"),  # online with group_size 1
+        ("model.moe_impl='fast'", "model.moe_impl"),
+        ("model.remat='everything'", "model.remat"),
+        ("model.moe_block_rows=-1", "model.moe_block_rows"),
+        ("model.routing_replay=True", "model.routing_replay"),  # dense model
+        ("model.arch.num_key_value_heads=3", "model.arch.num_key_value_heads"),
+        ("mesh.data=0", "mesh.data"),
+        ("checkpoint.keep=0", "checkpoint.keep"),
+        ("logging.every=0", "logging.every"),
+    ],
+)
 def test_bad_values_raise_naming_the_key(override, key):
     config = load_config(TINY, [override])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
@@ -146,8 +150,11 @@ def test_rollout_seed_offset_moves_the_rollout_engines_sampling_seed_only(monkey
         build.build_online_engines(exp, None, str(tmp_path))
     assert seeds == [4, 3, 4, 10]
     with pytest.raises(ConfigError, match=r"rollout\.seed_offset.*own seeds"):
-        validate(load_config(TINY, ["rollout.engine='sglang'", "rollout.sglang_urls=('http://h:1',)",
-                                    "rollout.seed_offset=1"]))
+        validate(
+            load_config(
+                TINY, ["rollout.engine='sglang'", "rollout.sglang_urls=('http://h:1',)", "rollout.seed_offset=1"]
+            )
+        )
 
 
 def test_offline_data_that_does_not_exist_is_a_config_error(tmp_path):
@@ -161,8 +168,12 @@ def test_a_task_space_too_small_is_a_config_error_naming_the_minimum(eval_episod
     """calculator with one operation on 2..8: 7 * 3 * 7 tasks in all, split by content hash, fewer than 64 eval and
     256 train tasks; the message counts them (enumerated here, not drawn) and names what a run needs."""
     env = CalculatorEnv(ops=1, low=2, high=8)
-    splits = [env._split_of(f"Compute {a} {op} {b}.", {"nums": [a, b], "ops": [op]})
-              for a in range(2, 9) for op in "+-*" for b in range(2, 9)]
+    splits = [
+        env._split_of(f"Compute {a} {op} {b}.", {"nums": [a, b], "ops": [op]})
+        for a in range(2, 9)
+        for op in "+-*"
+        for b in range(2, 9)
+    ]
     online = os.path.join(REPO, "configs", "quickstart.py")
     config = load_config(online, {"env.kwargs.ops": 1, "env.kwargs.high": 8, "train.eval_episodes": eval_episodes})
     with pytest.raises(ConfigError) as error:
@@ -192,8 +203,14 @@ def test_preset_then_explicit_fields():
 def test_every_published_preset_and_off_policy_field_is_reachable_from_the_config():
     for name, preset in PRESETS.items():
         assert validate(load_config(TINY, [f"objective.preset={name}"])).objective == preset
-    fields = dict(old_logprobs="recompute", sign_by="reward", mismatch_level="sequence", mismatch_is_cap=1.2,
-                  mismatch_prob_diff=0.2, row_denominator="kept")
+    fields = dict(
+        old_logprobs="recompute",
+        sign_by="reward",
+        mismatch_level="sequence",
+        mismatch_is_cap=1.2,
+        mismatch_prob_diff=0.2,
+        row_denominator="kept",
+    )
     exp = validate(load_config(TINY, [f"objective.{k}={v}" for k, v in fields.items()]))
     assert exp.objective == dataclasses.replace(OBJECTIVE_PRESETS["ipa"], **fields)
     assert validate(config_from_dict(exp.to_dict())) == exp
@@ -206,9 +223,18 @@ def test_override_parsing_and_env_kwargs(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("")
     b.write_text("")
-    c = load_config(TINY, ["objective.mismatch_range=(0.5, 2.0)", "objective.is_clip_max=inf",
-                           f"train.data=('{a}', '{b}')", "checkpoint.async_save=false",
-                           "env.kwargs.num_hops=3", "env.kwargs.mode=hard", "objective.trust_region_delta=inf"])
+    c = load_config(
+        TINY,
+        [
+            "objective.mismatch_range=(0.5, 2.0)",
+            "objective.is_clip_max=inf",
+            f"train.data=('{a}', '{b}')",
+            "checkpoint.async_save=false",
+            "env.kwargs.num_hops=3",
+            "env.kwargs.mode=hard",
+            "objective.trust_region_delta=inf",
+        ],
+    )
     exp = validate(c)
     assert exp.objective.mismatch_range == (0.5, 2.0) and exp.objective.is_clip_max is None
     assert exp.objective.trust_region_delta == float("inf")
@@ -239,9 +265,17 @@ def test_apply_overrides_mapping():
 def test_launcher_rejects_misspelled_flag_in_one_line(tmp_path):
     # The real command line: experiments/train.py with --config.KEY=VALUE overrides.
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}",
-         "--config.objective.gamam=0.9", f"--config.train.run_dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            sys.executable,
+            os.path.join(REPO, "experiments", "train.py"),
+            f"--config={TINY}",
+            "--config.objective.gamam=0.9",
+            f"--config.train.run_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert proc.returncode == 2
@@ -267,8 +301,13 @@ def test_every_config_key_has_help_and_one_default():
 
 
 def test_config_help_flag_lists_keys(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}",
-                           "--config_help"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}", "--config_help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "train.steps" in proc.stdout and "optimizer updates in all" in proc.stdout
 
@@ -277,8 +316,10 @@ def test_config_files_load_from_any_directory_without_importing_torch(tmp_path):
     # Config files load their bases by path, so any working directory works. Nothing the launchers import before
     # loading a tokenizer imports torch (transformers' AutoTokenizer and GenerationConfig do whenever it is
     # installed, seconds of start-up for every CLI call).
-    code = ("import sys; import ipa_jax.analysis; from ipa_jax.pipeline import load_config, validate; "
-            f"print(validate(load_config({CREDIT!r})).objective); print('torch' in sys.modules)")
+    code = (
+        "import sys; import ipa_jax.analysis; from ipa_jax.pipeline import load_config, validate; "
+        f"print(validate(load_config({CREDIT!r})).objective); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "credit='token'" in out.stdout and out.stdout.split()[-1] == "False"
@@ -287,8 +328,23 @@ def test_config_files_load_from_any_directory_without_importing_torch(tmp_path):
 def test_learner_side_model_fields_reach_the_model_config():
     from ipa_jax.pipeline.build import model_config
 
-    exp = validate(load_config(TINY, {"model.scan_layers": True, "model.moe_impl": "tokamax", "model.remat": "matmuls",
-                                      "model.attention_impl": "reference", "model.moe_block_rows": 64}))
+    exp = validate(
+        load_config(
+            TINY,
+            {
+                "model.scan_layers": True,
+                "model.moe_impl": "tokamax",
+                "model.remat": "matmuls",
+                "model.attention_impl": "reference",
+                "model.moe_block_rows": 64,
+            },
+        )
+    )
     qwen = model_config(exp.model)
     assert (qwen.scan_layers, qwen.moe_impl, qwen.remat_policy, qwen.attention_impl, qwen.moe_block_rows) == (
-        True, "tokamax", "matmuls", "reference", 64)
+        True,
+        "tokamax",
+        "matmuls",
+        "reference",
+        64,
+    )

@@ -25,9 +25,10 @@ from ipa_jax.train.optimizer import apply_direction, make_optimizer
 ABLATIONS = os.path.join(REPO, "configs", "ablations")
 CONTROLS = ("control_il_continue", "control_no_update", "credit_token_matched")
 # Each base's reference arm, and the arms that must start RL from its warm start.
-ARMS = {"credit_chunk": CONTROLS + ("credit_token", "credit_trajectory", "agg_token_mean"),
-        "longhorizon_credit_chunk": tuple(f"longhorizon_{name}" for name in CONTROLS + ("credit_token",
-                                                                                         "agg_token_mean"))}
+ARMS = {
+    "credit_chunk": CONTROLS + ("credit_token", "credit_trajectory", "agg_token_mean"),
+    "longhorizon_credit_chunk": tuple(f"longhorizon_{name}" for name in CONTROLS + ("credit_token", "agg_token_mean")),
+}
 
 
 def _path(name: str) -> str:
@@ -59,9 +60,18 @@ def test_imitation_control_is_the_warm_start_continued(prefix):
 
 
 def test_expert_source_feeds_fresh_expert_episodes_after_the_warm_start(tmp_path, tokenizer_dir):
-    exp = validate(tiny_config(tmp_path / "run", **{"model.tokenizer": tokenizer_dir, "train.steps": 2,
-                                                    "train.il_warmup_steps": 1, "objective.rl_weight": 0.0,
-                                                    "objective.il_weight": 1.0}))
+    exp = validate(
+        tiny_config(
+            tmp_path / "run",
+            **{
+                "model.tokenizer": tokenizer_dir,
+                "train.steps": 2,
+                "train.il_warmup_steps": 1,
+                "objective.rl_weight": 0.0,
+                "objective.il_weight": 1.0,
+            },
+        )
+    )
     source = OnlineSource(exp, build_state(exp, build_mesh(exp.mesh)), RunFolder(str(tmp_path / "run")))
     try:
         warm = source.next_trajectories(4)
@@ -79,8 +89,9 @@ def test_expert_source_needs_an_imitation_term(tmp_path):
     with pytest.raises(ConfigError, match="objective.il_weight"):
         validate(tiny_config(tmp_path, **{"rollout.source": "expert"}))  # the ipa preset: il_weight 0
     # With the IL fallback the resampling source provides imitation targets: auto stays resample.
-    exp = validate(tiny_config(tmp_path, **{"objective.rl_weight": 0.0, "objective.il_weight": 1.0,
-                                            "resample.il_fallback": True}))
+    exp = validate(
+        tiny_config(tmp_path, **{"objective.rl_weight": 0.0, "objective.il_weight": 1.0, "resample.il_fallback": True})
+    )
     assert exp.online_source == "resample"
 
 

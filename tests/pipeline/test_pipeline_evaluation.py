@@ -41,8 +41,18 @@ SCRIPT = os.path.join(REPO, "experiments", "evaluate.py")
 def trained_run(tmp_path_factory, tokenizer_dir):
     """A run folder: two IL steps, checkpoints 1 and 2, hf/, the tokenizer given (model.tokenizer)."""
     run_dir = str(tmp_path_factory.mktemp("runs") / "tiny")
-    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 2, "train.il_warmup_steps": 2,
-                                "checkpoint.every": 1, "checkpoint.export_hf": True}))
+    run(
+        tiny_config(
+            run_dir,
+            **{
+                "model.tokenizer": tokenizer_dir,
+                "train.steps": 2,
+                "train.il_warmup_steps": 2,
+                "checkpoint.every": 1,
+                "checkpoint.export_hf": True,
+            },
+        )
+    )
     return run_dir
 
 
@@ -95,8 +105,16 @@ def test_evaluate_policy_counts_successes_per_task_and_leaves_out_aborted_episod
     tasks = env.tasks("eval", 5, seed=EVAL_SEED)
     right = dict(zip([t.task_id for t in tasks], [0, 1, 3, 2, 0]))
     engine = AnsweringEngine(chat, tasks, right, aborted=[tasks[4].task_id])
-    report = asyncio.run(evaluate_policy(engine, chat, tasks, AgentConfig(max_new_tokens=32, temperature=0.5),
-                                         lambda task: make_env("calculator"), k=3))
+    report = asyncio.run(
+        evaluate_policy(
+            engine,
+            chat,
+            tasks,
+            AgentConfig(max_new_tokens=32, temperature=0.5),
+            lambda task: make_env("calculator"),
+            k=3,
+        )
+    )
     assert report.tasks == 5 and report.k == 3 and report.episodes == 12 and report.aborted == 3
     assert [sum(t["successes"]) for t in report.per_task] == [0, 1, 3, 2, 0]
     assert [len(t["successes"]) for t in report.per_task] == [3, 3, 3, 3, 0]
@@ -107,10 +125,15 @@ def test_evaluate_policy_counts_successes_per_task_and_leaves_out_aborted_episod
     assert {e["finish_reason"] for e in report.per_episode} == {"answer"} and len(report.trajectories) == 12
     # The eval_tasks/ record: finished samples and successes per task (the aborted task: 0 of 0).
     record = eval_tasks_record(report)
-    assert [(t["task_id"], t["samples"], t["successes"]) for t in record["tasks"]] == \
-        list(zip([t.task_id for t in tasks], [3, 3, 3, 3, 0], [0, 1, 3, 2, 0]))
-    assert (record["split"], record["task_seed"], record["samples_per_task"], record["temperature"]) == \
-        ("eval", EVAL_SEED, 3, 0.5)
+    assert [(t["task_id"], t["samples"], t["successes"]) for t in record["tasks"]] == list(
+        zip([t.task_id for t in tasks], [3, 3, 3, 3, 0], [0, 1, 3, 2, 0])
+    )
+    assert (record["split"], record["task_seed"], record["samples_per_task"], record["temperature"]) == (
+        "eval",
+        EVAL_SEED,
+        3,
+        0.5,
+    )
     assert (record["episodes"], record["aborted"], record["success"]) == (12, 3, report.success)
     json.dumps(record)  # JSON values only
 
@@ -162,16 +185,22 @@ def test_report_numbers_are_those_of_its_episodes(trained_run, tmp_path):
     folder = RunFolder(trained_run)
     assert folder.eval_tasks_steps() == [0, 2]
     record = folder.read_eval_tasks(2)
-    assert record["tasks"] == [{"task_id": t["task_id"], "samples": 1, "successes": sum(t["successes"])}
-                               for t in greedy.per_task]
+    assert record["tasks"] == [
+        {"task_id": t["task_id"], "samples": 1, "successes": sum(t["successes"])} for t in greedy.per_task
+    ]
     assert record["success"] == pytest.approx(logged["eval/success"]) and record["samples_per_task"] == 1
-    assert sum(t["successes"] for t in record["tasks"]) / sum(t["samples"] for t in record["tasks"]) == \
-        pytest.approx(logged["eval/success"])
+    assert sum(t["successes"] for t in record["tasks"]) / sum(t["samples"] for t in record["tasks"]) == pytest.approx(
+        logged["eval/success"]
+    )
 
 
 def test_cli_on_a_run_folder_prints_the_table_and_writes_the_report(trained_run):
-    proc = subprocess.run([sys.executable, SCRIPT, f"--run={trained_run}", "--episodes=4", "--k=2",
-                           "--temperature=1.0", "--step=1"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, f"--run={trained_run}", "--episodes=4", "--k=2", "--temperature=1.0", "--step=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = os.path.join(trained_run, "eval", "step_00000001_k2_t1.json")
     assert f"report: {path}" in proc.stdout
@@ -219,5 +248,6 @@ def test_a_missing_step_names_the_available_ones(trained_run):
     with pytest.raises(PolicyError, match=r"no checkpoint of step 7; available steps: 1, 2"):
         load_run_policy(trained_run, step=7)
     exp, policy = load_run_policy(trained_run, step=1, load_model=False)
-    assert policy.step == 1 and policy.model is None and validate(load_config(
-        RunFolder(trained_run).config_path)) == exp
+    assert (
+        policy.step == 1 and policy.model is None and validate(load_config(RunFolder(trained_run).config_path)) == exp
+    )

@@ -24,8 +24,17 @@ from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.py")
-TINY_ARCH = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+TINY_ARCH = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +57,23 @@ def _conversation():
 
 def test_folder_holds_weights_config_tokenizer_and_generation_config(policy):
     _, _, path = policy
-    assert sorted(os.listdir(path)) == ["config.json", "generation_config.json", "model.safetensors",
-                                        "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(path)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     tok_config = json.load(open(os.path.join(path, "tokenizer_config.json")))
     assert tok_config["eos_token"] == IM_END and tok_config["pad_token"] == ENDOFTEXT
     assert "<|im_start|>" in tok_config["chat_template"]  # in tokenizer_config.json, where every version reads it
     ids = {token: i for i, (token, _) in enumerate(QWEN_TOKENS)}
     config = json.load(open(os.path.join(path, "config.json")))
     assert (config["eos_token_id"], config["pad_token_id"], config["bos_token_id"]) == (
-        [ids[IM_END], ids[ENDOFTEXT]], ids[ENDOFTEXT], ids[ENDOFTEXT])
+        [ids[IM_END], ids[ENDOFTEXT]],
+        ids[ENDOFTEXT],
+        ids[ENDOFTEXT],
+    )
     assert Qwen3Config.from_pretrained_dir(path).eos_token_id == (ids[IM_END], ids[ENDOFTEXT])  # ipa_jax reads it
 
 
@@ -71,7 +88,10 @@ def test_tokenizer_round_trips_ids_special_tokens_and_chat_template(policy):
         assert loaded.apply_chat_template(messages, **kw) == tokenizer.apply_chat_template(messages, **kw)
     assert loaded.convert_tokens_to_ids([t for t, _ in QWEN_TOKENS]) == list(range(len(QWEN_TOKENS)))
     assert (loaded.eos_token_id, loaded.pad_token_id, loaded.bos_token_id) == (
-        tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id)
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+    )
     assert loaded.get_vocab() == tokenizer.get_vocab()
 
 
@@ -104,7 +124,7 @@ def test_generate_with_the_exported_generation_config_stops_at_the_chat_stop_tok
     force = LogitsProcessorList([ForceAt(ids.shape[1], steps=(2, 4), tokens=(im_end, endoftext))])
     gen.update(do_sample=False, max_new_tokens=16)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen, logits_processor=force)
-    new = out[:, ids.shape[1]:].tolist()
+    new = out[:, ids.shape[1] :].tolist()
     assert len(new[1]) == 5 and new[1][4] == endoftext and not {im_end, endoftext} & set(new[1][:4])
     assert new[0][:3] == new[1][:2] + [im_end] and new[0][3:] == [endoftext, endoftext]
 

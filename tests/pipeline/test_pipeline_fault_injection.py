@@ -21,15 +21,24 @@ from ipa_jax.train import TrainingStopped
 from ipa_jax.trajectory import Trajectory, build_chunk_ids, write_jsonl
 
 # The pool's timeouts in seconds (production: minutes); the fake servers generate instantly.
-POOL = {"rollout.engine": "sglang", "rollout.request_timeout_s": 2.0, "rollout.control_timeout_s": 2.0,
-        "rollout.probe_interval_s": 0.2, "rollout.keep_weight_folders": 1, "train.il_warmup_steps": 0,
-        "checkpoint.export_hf": False, "model.arch": {**TINY["model.arch"], "num_experts": 0}}
+POOL = {
+    "rollout.engine": "sglang",
+    "rollout.request_timeout_s": 2.0,
+    "rollout.control_timeout_s": 2.0,
+    "rollout.probe_interval_s": 0.2,
+    "rollout.keep_weight_folders": 1,
+    "train.il_warmup_steps": 0,
+    "checkpoint.export_hf": False,
+    "model.arch": {**TINY["model.arch"], "num_experts": 0},
+}
 OFFLINE_TINY = os.path.join(REPO, "configs", "offline_tiny.py")
 
 
 def pool_config(run_dir, tokenizer_dir, servers, **overrides):
-    return tiny_config(run_dir, **{**POOL, "model.tokenizer": tokenizer_dir,
-                                   "rollout.sglang_urls": tuple(s.url for s in servers), **overrides})
+    return tiny_config(
+        run_dir,
+        **{**POOL, "model.tokenizer": tokenizer_dir, "rollout.sglang_urls": tuple(s.url for s in servers), **overrides},
+    )
 
 
 def consumed_uids(run_dir) -> list[str]:
@@ -37,8 +46,9 @@ def consumed_uids(run_dir) -> list[str]:
 
 
 @pytest.mark.slow
-def test_servers_killed_during_rl_then_a_crash_the_run_resumes_consistently(tmp_path, tokenizer_dir, fake_server,
-                                                                            caplog):
+def test_servers_killed_during_rl_then_a_crash_the_run_resumes_consistently(
+    tmp_path, tokenizer_dir, fake_server, caplog
+):
     """Both servers SIGKILLed after step 1 and restarted 1 s later: the weight sync waits for them and the run goes on.
     Then the learner dies after step 3 with its last checkpoint at step 2 (a kill): the rerun resumes there, and
     trajectories/train.jsonl holds exactly what the checkpointed learner consumed, then the new batch; only the newest
@@ -63,8 +73,10 @@ def test_servers_killed_during_rl_then_a_crash_the_run_resumes_consistently(tmp_
             raise RuntimeError("killed after step 3")
 
     learner = build_learner(exp, source, run_dir=run_dir, mesh=mesh, state=state, after_update=faults)
-    with caplog.at_level(logging.WARNING, logger="ipa_jax.engines.sglang"), \
-            pytest.raises(RuntimeError, match="killed after step 3"):
+    with (
+        caplog.at_level(logging.WARNING, logger="ipa_jax.engines.sglang"),
+        pytest.raises(RuntimeError, match="killed after step 3"),
+    ):
         try:
             learner.run()
         finally:
@@ -99,8 +111,9 @@ def test_a_pool_down_past_its_outage_budget_stops_the_run_with_a_checkpoint(tmp_
     assert RunFolder(run_dir).latest_checkpoint_step() == 0  # resumable once the servers are back
 
 
-def test_a_run_whose_rollouts_are_all_invalid_stops_naming_the_drop_reasons(tmp_path, tokenizer_dir, fake_server,
-                                                                         caplog):
+def test_a_run_whose_rollouts_are_all_invalid_stops_naming_the_drop_reasons(
+    tmp_path, tokenizer_dir, fake_server, caplog
+):
     """Every rollout of a poisoned server is invalid (log-probs > 0): the drops are logged (rate-limited), and after
     queue.stall_timeout_s without an admitted trajectory the run stops with a checkpoint and the reasons."""
     server = fake_server(poisoned=True)
@@ -130,14 +143,26 @@ def _offline_rows(n: int, seed: int = 0) -> list[Trajectory]:
     """n valid rows of 24 tokens: a prompt of 4, then one chunk of 20 sampled tokens."""
     rng = np.random.default_rng(seed)
     action = np.arange(24) >= 4
-    return [Trajectory(uid=f"t{seed}-{i}", tokens=rng.integers(0, 128, 24), action_mask=action,
-                       behavior_logprobs=np.where(action, -4.8, 0.0), chunk_ids=build_chunk_ids(action, [23]),
-                       expert_mask=np.zeros(24, bool), reward=float(i % 2), policy_version=0) for i in range(n)]
+    return [
+        Trajectory(
+            uid=f"t{seed}-{i}",
+            tokens=rng.integers(0, 128, 24),
+            action_mask=action,
+            behavior_logprobs=np.where(action, -4.8, 0.0),
+            chunk_ids=build_chunk_ids(action, [23]),
+            expert_mask=np.zeros(24, bool),
+            reward=float(i % 2),
+            policy_version=0,
+        )
+        for i in range(n)
+    ]
 
 
 def _offline_config(data, run_dir, **overrides):
-    return load_config(OFFLINE_TINY, {"train.data": (str(data),), "train.run_dir": str(run_dir),
-                                      "logging.tensorboard": False, **overrides})
+    return load_config(
+        OFFLINE_TINY,
+        {"train.data": (str(data),), "train.run_dir": str(run_dir), "logging.tensorboard": False, **overrides},
+    )
 
 
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
@@ -145,8 +170,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     complete checkpoint, says so, moves the damaged one aside and trains the same steps again, to the same losses."""
     data = tmp_path / "data.jsonl"
     write_jsonl(data, _offline_rows(16))
-    config = _offline_config(data, tmp_path / "run", **{"train.steps": 4, "checkpoint.every": 2,
-                                                        "train.batch_size": 8})
+    config = _offline_config(data, tmp_path / "run", **{"train.steps": 4, "checkpoint.every": 2, "train.batch_size": 8})
     run(config)
     folder = RunFolder(tmp_path / "run")
     first = {r["step"]: r["loss"] for r in folder.read_metrics() if "loss" in r}

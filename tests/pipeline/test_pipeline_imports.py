@@ -26,10 +26,12 @@ def test_run_folder_and_analysis_import_without_jax(tmp_path):
 
 
 def test_pipeline_run_is_the_function_also_after_its_module_is_imported():
-    script = ("import ipa_jax.pipeline.run\n"  # the submodule first
-              "from ipa_jax.pipeline import ConfigError, run\n"
-              "from ipa_jax.pipeline.run import changes_since\n"
-              "print(callable(run), run.__module__, ConfigError.__module__, changes_since.__module__)")
+    script = (
+        "import ipa_jax.pipeline.run\n"  # the submodule first
+        "from ipa_jax.pipeline import ConfigError, run\n"
+        "from ipa_jax.pipeline.run import changes_since\n"
+        "print(callable(run), run.__module__, ConfigError.__module__, changes_since.__module__)"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "ipa_jax.pipeline.run", "ipa_jax.pipeline.config", "ipa_jax.pipeline.run"]

@@ -27,8 +27,12 @@ WORKER = os.path.join(HERE, "online_worker.py")
 
 
 def _env(devices: int) -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices),
-            "PYTHONPATH": os.pathsep.join([REPO, HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": xla_flags(devices),
+        "PYTHONPATH": os.pathsep.join([REPO, HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _free_port() -> int:
@@ -39,9 +43,16 @@ def _free_port() -> int:
 
 def _start(run_dir, tokenizer_dir, processes: int, **overrides) -> list[subprocess.Popen]:
     port = str(_free_port())
-    return [subprocess.Popen([sys.executable, WORKER, str(run_dir), tokenizer_dir, str(processes), str(i), port,
-                              json.dumps(overrides)], env=_env(8 // processes), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True) for i in range(processes)]
+    return [
+        subprocess.Popen(
+            [sys.executable, WORKER, str(run_dir), tokenizer_dir, str(processes), str(i), port, json.dumps(overrides)],
+            env=_env(8 // processes),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
@@ -91,14 +102,21 @@ def test_a_pool_down_at_process_0s_weight_sync_stops_both_with_one_checkpoint(tm
     process, and both save the step-0 checkpoint together."""
     run_dir = tmp_path / "run"
     dead = f"http://127.0.0.1:{_free_port()}"
-    overrides = {"rollout.engine": "sglang", "rollout.sglang_urls": [dead], "rollout.outage_budget_s": 1.0,
-                 "rollout.control_timeout_s": 2.0, "rollout.probe_interval_s": 0.2, "checkpoint.export_hf": False,
-                 "model.scan_layers": True}
+    overrides = {
+        "rollout.engine": "sglang",
+        "rollout.sglang_urls": [dead],
+        "rollout.outage_budget_s": 1.0,
+        "rollout.control_timeout_s": 2.0,
+        "rollout.probe_interval_s": 0.2,
+        "checkpoint.export_hf": False,
+        "model.scan_layers": True,
+    }
     procs = _start(run_dir, tokenizer_dir, 2, **overrides)
     errors = [p.communicate(timeout=600)[1] for p in procs]
     assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for e in errors]
-    assert all("TrainingStopped: weight sync to version 0 failed" in e and "outage budget" in e for e in errors), \
-        [e[-3000:] for e in errors]
+    assert all("TrainingStopped: weight sync to version 0 failed" in e and "outage budget" in e for e in errors), [
+        e[-3000:] for e in errors
+    ]
     assert os.listdir(run_dir / "checkpoints") == ["0"]
     # The initial weights, built here on one process and rounded to bfloat16 by NumPy.
     exp = validate(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, **overrides}))
@@ -135,8 +153,9 @@ def test_sigterm_to_one_process_stops_both_with_one_checkpoint_and_both_resume(t
     assert os.listdir(run_dir / "checkpoints") == [str(reached)]
     consumed = len(RunFolder(run_dir).read_trajectories("train"))
     # Both processes resume from that checkpoint (process 0's source position) and train one more step.
-    errors = _finish(_start(run_dir, tokenizer_dir, 2, **{**LONG, "train.steps": reached + 1,
-                                                          "train.allow_config_change": True}))
+    errors = _finish(
+        _start(run_dir, tokenizer_dir, 2, **{**LONG, "train.steps": reached + 1, "train.allow_config_change": True})
+    )
     assert f"resumed from step {reached}" in errors[0], errors[0][-3000:]
     assert _last_step(run_dir) == reached + 1 and json.load(open(run_dir / "summary.json"))["steps"] == reached + 1
     assert len(RunFolder(run_dir).read_trajectories("train")) == consumed + 8
@@ -150,5 +169,6 @@ def test_a_crash_of_process_0_ends_the_other_process(tmp_path, tokenizer_dir):
     procs[0].send_signal(signal.SIGKILL)
     procs[0].wait()
     _, error = procs[1].communicate(timeout=300)
-    assert procs[1].returncode != 0 and ("Connection closed by peer" in error or "heartbeat" in error.lower()), \
-        error[-3000:]
+    assert procs[1].returncode != 0 and ("Connection closed by peer" in error or "heartbeat" in error.lower()), error[
+        -3000:
+    ]

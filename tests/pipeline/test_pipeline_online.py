@@ -43,8 +43,9 @@ def test_expert_trajectory_is_the_chat_template_of_the_expert_conversation(token
         head, last = rendered.rsplit("<|im_start|>assistant\n", 1)
         think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         assert last.startswith("<think>\n\n</think>\n\n")
-        assert traj.tokens.tolist() == tok.encode(head.replace("<|im_start|>assistant\n", think)
-                                                  + "<|im_start|>assistant\n" + last)
+        assert traj.tokens.tolist() == tok.encode(
+            head.replace("<|im_start|>assistant\n", think) + "<|im_start|>assistant\n" + last
+        )
         # Imitation targets: exactly the assistant turns (text through <|im_end|>), the final answer's
         # <|im_end|> included (without it the policy never learns to stop after answering); no action token.
         assert not traj.action_mask.any() and traj.expert_mask[-1] and (traj.chunk_ids == -1).all()
@@ -88,9 +89,19 @@ def test_one_learner_step_through_a_dev_server_with_the_sglang_client(tmp_path, 
     server.serve_in_thread()
     try:
         run_dir = tmp_path / "run"
-        run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "model.path": init, "rollout.engine": "sglang",
-                                    "rollout.sglang_urls": (server.url,), "train.steps": 1,
-                                    "train.il_warmup_steps": 0}))
+        run(
+            tiny_config(
+                run_dir,
+                **{
+                    "model.tokenizer": tokenizer_dir,
+                    "model.path": init,
+                    "rollout.engine": "sglang",
+                    "rollout.sglang_urls": (server.url,),
+                    "train.steps": 1,
+                    "train.il_warmup_steps": 0,
+                },
+            )
+        )
     finally:
         server.shutdown()
     _check_rl_steps(run_dir, steps=1)
@@ -113,9 +124,20 @@ def test_one_learner_step_with_distributed_weight_sync_to_a_dev_server_process(t
     server = ServerProcess(devserver_argv(init, max_len=448, max_batch=8), start_timeout_s=120.0)
     try:
         run_dir = tmp_path / "run"
-        run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "model.path": init, "rollout.engine": "sglang",
-                                    "rollout.sglang_urls": (server.url,), "rollout.weight_sync": "distributed",
-                                    "train.steps": 1, "train.il_warmup_steps": 0}))
+        run(
+            tiny_config(
+                run_dir,
+                **{
+                    "model.tokenizer": tokenizer_dir,
+                    "model.path": init,
+                    "rollout.engine": "sglang",
+                    "rollout.sglang_urls": (server.url,),
+                    "rollout.weight_sync": "distributed",
+                    "train.steps": 1,
+                    "train.il_warmup_steps": 0,
+                },
+            )
+        )
         with urllib.request.urlopen(server.url + "/get_model_info", timeout=10) as response:
             assert int(json.load(response)["weight_version"]) == 1
     finally:
@@ -128,16 +150,18 @@ def test_disk_weight_sync_from_an_object_store_run_folder_is_a_config_error(tmp_
     from ipa_jax.pipeline.build import build_online_engines
     from ipa_jax.pipeline.config import ConfigError
 
-    exp = validate(tiny_config(tmp_path / "run", **{"rollout.engine": "sglang",
-                                                    "rollout.sglang_urls": ("http://127.0.0.1:1",)}))
+    exp = validate(
+        tiny_config(tmp_path / "run", **{"rollout.engine": "sglang", "rollout.sglang_urls": ("http://127.0.0.1:1",)})
+    )
     with pytest.raises(ConfigError, match="rollout.weight_sync.*object store"):
         build_online_engines(exp, None, "gs://bucket/run/weights")
 
 
 def test_ctrl_c_keeps_finished_trajectories_and_checkpoints(tmp_path, tokenizer_dir):
     run_dir = str(tmp_path / "run")
-    exp = validate(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5,
-                                           "train.il_warmup_steps": 1}))
+    exp = validate(
+        tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 5, "train.il_warmup_steps": 1})
+    )
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
     source = OnlineSource(exp, state, RunFolder(run_dir))
@@ -182,8 +206,19 @@ def test_rl_steps_through_the_queue_with_the_embedded_engine(quickstart_run):
 def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(quickstart_run):
     run_dir = quickstart_run
     summary = json.load(open(run_dir / "summary.json"))
-    for key in ("success_before", "success_after", "tool_calls_before", "tool_calls_after", "steps", "wall_time_s",
-                "run_dir", "name", "config", "seed", "admitted_fraction_mean"):
+    for key in (
+        "success_before",
+        "success_after",
+        "tool_calls_before",
+        "tool_calls_after",
+        "steps",
+        "wall_time_s",
+        "run_dir",
+        "name",
+        "config",
+        "seed",
+        "admitted_fraction_mean",
+    ):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["run_dir"] == str(run_dir)
     assert [e["step"] for e in summary["eval_history"]] == [0, 2, 4]
@@ -196,8 +231,9 @@ def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(quic
     # experiments/forks.py on the exported policy: every anchor 0..K of each task, `samples` episodes each.
     exp = validate(tiny_config(run_dir))
     estimates = probe_policy(exp, str(run_dir / "hf"), tokenizer=str(run_dir / "tokenizer"), num_tasks=2, samples=3)
-    assert [e.task_id for e in estimates] == [t.task_id for t in make_env("calculator", **dict(exp.env.kwargs))
-                                              .tasks("eval", 2, seed=0)]
+    assert [e.task_id for e in estimates] == [
+        t.task_id for t in make_env("calculator", **dict(exp.env.kwargs)).tasks("eval", 2, seed=0)
+    ]
     assert all(e.anchors == (0, 1, 2) and e.samples == (3, 3, 3) for e in estimates)  # two calls, then the answer
     samples = read_jsonl(str(run_dir / "samples" / "step_00000004.jsonl"))
     assert {t.info["split"] for t in samples} == {"train", "eval"}
@@ -206,13 +242,25 @@ def test_shortened_quickstart_writes_metrics_checkpoint_samples_and_summary(quic
 
 def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
     run_dir = tmp_path / "run"
-    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 1, "train.il_warmup_steps": 0,
-                                "resample.mode": "rollback", "resample.tasks_per_round": 2,
-                                "resample.samples_per_anchor": 4, "resample.num_tasks": 5}))
+    run(
+        tiny_config(
+            run_dir,
+            **{
+                "model.tokenizer": tokenizer_dir,
+                "train.steps": 1,
+                "train.il_warmup_steps": 0,
+                "resample.mode": "rollback",
+                "resample.tasks_per_round": 2,
+                "resample.samples_per_anchor": 4,
+                "resample.num_tasks": 5,
+            },
+        )
+    )
     consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
     # Rollback starts every task at its last chunk: the expert's tool-call turns are the (unmasked) prefix.
-    assert len(consumed) == 8 and all(t.info["resample"]["anchor"] == t.info["resample"]["num_expert_chunks"] > 0
-                                      for t in consumed)
+    assert len(consumed) == 8 and all(
+        t.info["resample"]["anchor"] == t.info["resample"]["num_expert_chunks"] > 0 for t in consumed
+    )
     rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert any(k.startswith("source/resample_") for k in rows[0])
     # forks.json: per task, the outcomes seen at each anchor (here the consumed episodes at the last anchor).
@@ -238,9 +286,21 @@ def test_ipa_roll_preset_trains_online_on_forced_lag_and_logs_both_ratios(tmp_pa
     staleness. (The one IL step moves the weights: the random policy's rewards are all 0, so its RL steps would
     not.)"""
     run_dir = tmp_path / "run"
-    run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "train.steps": 3, "train.il_warmup_steps": 1,
-                                "objective.preset": "ipa_roll", "queue.forced_lag": 1, "queue.max_policy_lag": 1,
-                                "optimizer.warmup_steps": 0, "optimizer.warmup_ratio": 0.0}))
+    run(
+        tiny_config(
+            run_dir,
+            **{
+                "model.tokenizer": tokenizer_dir,
+                "train.steps": 3,
+                "train.il_warmup_steps": 1,
+                "objective.preset": "ipa_roll",
+                "queue.forced_lag": 1,
+                "queue.max_policy_lag": 1,
+                "optimizer.warmup_steps": 0,
+                "optimizer.warmup_ratio": 0.0,
+            },
+        )
+    )
     rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["il_loss"] > 0 and rows[0]["lr"] > 0
     assert "policy_lag_mean" not in rows[0]  # the IL step trains on scripted expert episodes: no sampling policy
@@ -261,14 +321,26 @@ def test_readme_environment_example_trains_from_the_command_line_keys(tmp_path, 
     """The README's own-environment example, as written there, registered through env.module (a file path) and
     trained for one IL and one RL step."""
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    section = readme[readme.index("## Your own environment"):]
-    code = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
+    section = readme[readme.index("## Your own environment") :]
+    code = section[
+        section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
+    ]
     module = tmp_path / "my_envs.py"
     module.write_text(code)
     run_dir = tmp_path / "run"
-    summary = run(tiny_config(run_dir, **{"model.tokenizer": tokenizer_dir, "env.module": str(module),
-                                          "env.name": "reverse", "env.kwargs": {}, "train.steps": 2,
-                                          "train.il_warmup_steps": 1}))
+    summary = run(
+        tiny_config(
+            run_dir,
+            **{
+                "model.tokenizer": tokenizer_dir,
+                "env.module": str(module),
+                "env.name": "reverse",
+                "env.kwargs": {},
+                "train.steps": 2,
+                "train.il_warmup_steps": 1,
+            },
+        )
+    )
     assert summary["env"] == "reverse" and summary["steps"] == 2
     consumed = read_jsonl(os.path.join(run_dir, "trajectories", "train.jsonl"))
     assert {t.info["task_id"].split("/")[0] for t in consumed} == {"reverse"}
@@ -285,7 +357,10 @@ def test_summary_accounts_for_the_wall_time(quickstart_run):
     assert abs(sum(parts) - summary["wall_time_s"]) < 1e-6 * summary["wall_time_s"]
     assert all(p > 0 for p in parts), parts  # 4 steps, syncs, 3 evaluations, batches; setup
     assert 0 < summary["time_generation_s"] < summary["wall_time_s"] and 0 < summary["time_tools_s"]
-    assert 0 <= summary["time_generation_during_steps_s"] <= min(summary["time_generation_s"],
-                                                                 summary["time_learner_step_s"])
+    assert (
+        0
+        <= summary["time_generation_during_steps_s"]
+        <= min(summary["time_generation_s"], summary["time_learner_step_s"])
+    )
     lines = format_summary(summary)
     assert "wall time: learner steps" in lines and "rollout threads busy: generating" in lines

@@ -22,8 +22,14 @@ TINY = os.path.join(REPO, "configs", "offline_tiny.py")
 def finished_run(tmp_path):
     data = tmp_path / "data.jsonl"
     write_jsonl(data, offline_rows(16))
-    overrides = {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"), "train.steps": 2,
-                 "checkpoint.every": 1, "logging.tensorboard": False, "train.batch_size": 8}
+    overrides = {
+        "train.data": (str(data),),
+        "train.run_dir": str(tmp_path / "run"),
+        "train.steps": 2,
+        "checkpoint.every": 1,
+        "logging.tensorboard": False,
+        "train.batch_size": 8,
+    }
     run(load_config(TINY, overrides))
     return overrides, RunFolder(tmp_path / "run")
 
@@ -92,15 +98,27 @@ def test_updates_skipped_in_a_row_stop_the_run_with_a_checkpoint(tmp_path):
     (TrainingStopped, status 1 on the command line) with a checkpoint and no summary."""
     data = tmp_path / "data.jsonl"
     write_jsonl(data, offline_rows(16))
-    config = load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
-                                "train.steps": 8, "train.batch_size": 8, "checkpoint.every": 0,
-                                "logging.tensorboard": False, "optimizer.lr": 1e30,
-                                "train.max_consecutive_skipped": 3})
+    config = load_config(
+        TINY,
+        {
+            "train.data": (str(data),),
+            "train.run_dir": str(tmp_path / "run"),
+            "train.steps": 8,
+            "train.batch_size": 8,
+            "checkpoint.every": 0,
+            "logging.tensorboard": False,
+            "optimizer.lr": 1e30,
+            "train.max_consecutive_skipped": 3,
+        },
+    )
     with pytest.raises(TrainingStopped) as stopped:
         run(config)
-    assert re.fullmatch(r"the last 3 updates \(steps 1-3\) were all skipped as non-finite \(at step 3: the update "
-                        r"would not be finite at lr 1e\+30; loss [\d.]+, grad_norm [\d.]+\); "
-                        r"train\.max_consecutive_skipped = 3", str(stopped.value))
+    assert re.fullmatch(
+        r"the last 3 updates \(steps 1-3\) were all skipped as non-finite \(at step 3: the update "
+        r"would not be finite at lr 1e\+30; loss [\d.]+, grad_norm [\d.]+\); "
+        r"train\.max_consecutive_skipped = 3",
+        str(stopped.value),
+    )
     folder = RunFolder(tmp_path / "run")
     assert folder.latest_checkpoint_step() == 3 and not folder.has_summary()
     assert [r["skipped_total"] for r in folder.read_metrics() if "loss" in r] == [1, 2, 3]
@@ -118,16 +136,27 @@ def test_rl_updates_with_zero_gradient_in_a_row_stop_the_run_with_the_remedy(tmp
             tr.expert_mask, tr.action_mask = tr.action_mask, np.zeros(24, bool)
             tr.behavior_logprobs, tr.chunk_ids = np.zeros(24), np.full(24, -1)
     write_jsonl(data, rows)
-    config = load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
-                                "train.steps": 8, "train.batch_size": 8, "train.il_warmup_steps": 2,
-                                "checkpoint.every": 0, "logging.tensorboard": False,
-                                "train.max_consecutive_zero_grad": 3})
+    config = load_config(
+        TINY,
+        {
+            "train.data": (str(data),),
+            "train.run_dir": str(tmp_path / "run"),
+            "train.steps": 8,
+            "train.batch_size": 8,
+            "train.il_warmup_steps": 2,
+            "checkpoint.every": 0,
+            "logging.tensorboard": False,
+            "train.max_consecutive_zero_grad": 3,
+        },
+    )
     with pytest.raises(TrainingStopped) as stopped:
         run(config)
-    assert re.fullmatch(r"the last 3 RL updates \(steps 3-5\) had a zero gradient \(every advantage 0, batch reward "
-                        r"mean 0\): use a baseline \(objective\.baseline=batch_mean\) or a longer warm start "
-                        r"\(train\.il_warmup_steps\) so that rewards differ; train\.max_consecutive_zero_grad = 3",
-                        str(stopped.value))
+    assert re.fullmatch(
+        r"the last 3 RL updates \(steps 3-5\) had a zero gradient \(every advantage 0, batch reward "
+        r"mean 0\): use a baseline \(objective\.baseline=batch_mean\) or a longer warm start "
+        r"\(train\.il_warmup_steps\) so that rewards differ; train\.max_consecutive_zero_grad = 3",
+        str(stopped.value),
+    )
     assert sum("RL update 3 has a zero gradient" in r.getMessage() for r in caplog.records) == 1
     grad_norms = [r["grad_norm"] for r in RunFolder(tmp_path / "run").read_metrics() if "loss" in r]
     assert len(grad_norms) == 5 and min(grad_norms[:2]) > 0 and grad_norms[2:] == [0.0] * 3
@@ -136,9 +165,20 @@ def test_rl_updates_with_zero_gradient_in_a_row_stop_the_run_with_the_remedy(tmp
 def test_skipped_updates_are_in_the_summary_and_its_console_lines(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     write_jsonl(data, offline_rows(16))
-    summary = run(load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(tmp_path / "run"),
-                                     "train.steps": 2, "train.batch_size": 8, "checkpoint.every": 0,
-                                     "logging.tensorboard": False,
-                                     "optimizer.lr": 1e30, "train.max_consecutive_skipped": 0}))
+    summary = run(
+        load_config(
+            TINY,
+            {
+                "train.data": (str(data),),
+                "train.run_dir": str(tmp_path / "run"),
+                "train.steps": 2,
+                "train.batch_size": 8,
+                "checkpoint.every": 0,
+                "logging.tensorboard": False,
+                "optimizer.lr": 1e30,
+                "train.max_consecutive_skipped": 0,
+            },
+        )
+    )
     assert summary["skipped_updates"] == 2 == RunFolder(tmp_path / "run").read_summary()["skipped_updates"]
     assert "steps: 2 (0 IL warm start, 2 skipped as non-finite)" in capsys.readouterr().out

@@ -34,22 +34,71 @@ TINY_CONFIG = os.path.join(REPO, "configs", "offline_tiny.py")
 # Every metric name the learner logs, with its tag. A new name must be added here, in the group it belongs to
 # (test_every_logged_name_is_in_the_table fails until it is).
 TRAIN = (  # train_step's metrics and the learner's own numbers about the update
-    "loss", "rl_loss", "il_loss", "grad_norm", "lr", "skipped", "skipped_total", "reward_mean", "reward_std",
-    "advantage_mean", "advantage_std", "advantage_min", "advantage_max", "admitted_fraction", "kept_token_fraction",
-    "il_rows", "il_greedy_match", "kept_chunk_fraction", "is_ratio_mean", "is_ratio_max", "clip_fraction",
-    "mismatch_abs", "mismatch_kl", "mismatch_ratio_mean", "mismatch_masked_fraction", "mismatch_capped_fraction",
-    "chunks_mean", "chunks_max", "action_tokens", "real_tokens", "nonfinite_weights",
-    "load_balancing_loss", "router_z_loss", "entropy", "dropped_trajectories", "dropped_total", "policy_lag_mean",
-    "policy_lag_max", "rl_start",
+    "loss",
+    "rl_loss",
+    "il_loss",
+    "grad_norm",
+    "lr",
+    "skipped",
+    "skipped_total",
+    "reward_mean",
+    "reward_std",
+    "advantage_mean",
+    "advantage_std",
+    "advantage_min",
+    "advantage_max",
+    "admitted_fraction",
+    "kept_token_fraction",
+    "il_rows",
+    "il_greedy_match",
+    "kept_chunk_fraction",
+    "is_ratio_mean",
+    "is_ratio_max",
+    "clip_fraction",
+    "mismatch_abs",
+    "mismatch_kl",
+    "mismatch_ratio_mean",
+    "mismatch_masked_fraction",
+    "mismatch_capped_fraction",
+    "chunks_mean",
+    "chunks_max",
+    "action_tokens",
+    "real_tokens",
+    "nonfinite_weights",
+    "load_balancing_loss",
+    "router_z_loss",
+    "entropy",
+    "dropped_trajectories",
+    "dropped_total",
+    "policy_lag_mean",
+    "policy_lag_max",
+    "rl_start",
 )
 PERF = ("step_time_s", "tokens_per_s", "mfu", "seq_len")
 EVAL = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s", "pass_at_k")
-ROLLOUT = ("episodes_per_s", "generated_tokens_per_s", "success_rate", "finished", "failed",
-           "partial_interrupted_per_update", "partial_resumed_per_update", "partial_interrupted", "partial_resumed",
-           "prefix_reused_fraction")
+ROLLOUT = (
+    "episodes_per_s",
+    "generated_tokens_per_s",
+    "success_rate",
+    "finished",
+    "failed",
+    "partial_interrupted_per_update",
+    "partial_resumed_per_update",
+    "partial_interrupted",
+    "partial_resumed",
+    "prefix_reused_fraction",
+)
 RESAMPLE = ("episodes", "success_rate", "il_groups", "rollback_moves", "rollback_anchor_frac", "tasks_at_start")
-QUEUE = ("depth", "dropped_total", "dropped_stale", "dropped_invalid", "dropped_duplicate", "lag_taken_mean",
-         "put_per_s", "admitted_fraction")
+QUEUE = (
+    "depth",
+    "dropped_total",
+    "dropped_stale",
+    "dropped_invalid",
+    "dropped_duplicate",
+    "lag_taken_mean",
+    "put_per_s",
+    "admitted_fraction",
+)
 EXPECTED_TAGS = {
     **{name: f"train/{name}" for name in TRAIN},
     **{name: f"perf/{name}" for name in PERF},
@@ -80,17 +129,30 @@ def _trajectory(i: int, length: int = 20, vocab: int = 128) -> Trajectory:
     action[3:8] = action[10:length] = True
     expert = np.zeros(length, bool)
     expert[1:3] = True
-    return Trajectory(uid=f"t{i}", tokens=tokens, action_mask=action, behavior_logprobs=np.where(action, -4.8, 0.0),
-                      chunk_ids=build_chunk_ids(action, [7]), expert_mask=expert, reward=float(i % 2),
-                      policy_version=0)
+    return Trajectory(
+        uid=f"t{i}",
+        tokens=tokens,
+        action_mask=action,
+        behavior_logprobs=np.where(action, -4.8, 0.0),
+        chunk_ids=build_chunk_ids(action, [7]),
+        expert_mask=expert,
+        reward=float(i % 2),
+        policy_version=0,
+    )
 
 
 def _logged_names() -> set[str]:
     """The names one online training line and one evaluation carry, from the code that makes them: train_step's
     metrics (traced, not run), Learner._host_metrics over an online source with a queue, a worker and resampling,
     and the evaluation's episode metrics."""
-    moe = ("model.arch.num_experts=4", "model.arch.num_experts_per_tok=2", "model.arch.moe_intermediate_size=16",
-           "model.load_balancing_coef=0.01", "model.router_z_coef=0.001", "train.batch_size=8")
+    moe = (
+        "model.arch.num_experts=4",
+        "model.arch.num_experts_per_tok=2",
+        "model.arch.moe_intermediate_size=16",
+        "model.load_balancing_coef=0.01",
+        "model.router_z_coef=0.001",
+        "train.batch_size=8",
+    )
     exp = validate(load_config(TINY_CONFIG, moe))
     mesh = build_mesh(exp.mesh)
     state = build_state(exp, mesh)
@@ -100,21 +162,36 @@ def _logged_names() -> set[str]:
     metrics = jax.eval_shape(fn, state, batch, None)[1]
 
     zeros = lambda: collections.defaultdict(float)  # noqa: E731  (stats() with every key at 0)
-    resampler = SimpleNamespace(metrics=functools.partial(
-        Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros())))
-    engines = SimpleNamespace(_counted=PartialCounts(), _prefix_counted=PrefixCounts(),
-                              rollout=SimpleNamespace(partial_counts=PartialCounts, prefix_counts=PrefixCounts))
+    resampler = SimpleNamespace(
+        metrics=functools.partial(Resampler.metrics, SimpleNamespace(experts={}, _anchor={}, totals=zeros()))
+    )
+    engines = SimpleNamespace(
+        _counted=PartialCounts(),
+        _prefix_counted=PrefixCounts(),
+        rollout=SimpleNamespace(partial_counts=PartialCounts, prefix_counts=PrefixCounts),
+    )
     sources = [cls.__new__(cls) for cls in (QueueSource, ResamplingSource)]  # the fields metrics() reads only
     for source in sources:
-        source.__dict__.update(rl_started_at=time.perf_counter(), wait_s=0.0, queue=SimpleNamespace(stats=zeros),
-                               worker=SimpleNamespace(stats=zeros), resample=SimpleNamespace(resampler=resampler),
-                               engines=SimpleNamespace(
-                                   partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
-                                   prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines)))
+        source.__dict__.update(
+            rl_started_at=time.perf_counter(),
+            wait_s=0.0,
+            queue=SimpleNamespace(stats=zeros),
+            worker=SimpleNamespace(stats=zeros),
+            resample=SimpleNamespace(resampler=resampler),
+            engines=SimpleNamespace(
+                partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
+                prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines),
+            ),
+        )
     union = lambda: {name: v for source in sources for name, v in source.metrics().items()}  # noqa: E731
     online = SimpleNamespace(local=SimpleNamespace(metrics=union))
-    learner = SimpleNamespace(rl_start=0, dropped_total=0, flops_per_token=lambda t: 1.0, peak_flops=1.0,
-                              source=SimpleNamespace(metrics=functools.partial(OnlineSource.metrics, online)))
+    learner = SimpleNamespace(
+        rl_start=0,
+        dropped_total=0,
+        flops_per_token=lambda t: 1.0,
+        peak_flops=1.0,
+        source=SimpleNamespace(metrics=functools.partial(OnlineSource.metrics, online)),
+    )
     host = Learner._host_metrics(learner, {"real_tokens": 100.0}, batch, 0, np.zeros(8), 0.5)
 
     episode = SimpleNamespace(reward=1.0, info={"num_tool_calls": 1, "num_tool_errors": 0, "num_turns": 2})
@@ -135,8 +212,8 @@ def _records(path: str):
         data = f.read()
     pos = 0
     while pos < len(data):
-        (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        yield data[pos + 12:pos + 12 + length]
+        (length,) = struct.unpack("<Q", data[pos : pos + 8])
+        yield data[pos + 12 : pos + 12 + length]
         pos += 12 + length + 4
 
 
@@ -153,10 +230,22 @@ def _tensorboard_scalars(tb_dir: str) -> dict[str, dict[int, float]]:
 
 
 ROWS = {
-    1: {"loss": np.float32(2.0), "grad_norm": float("nan"), "tokens_per_s": 100.0, "source/queue_depth": 3,
-        "source/success_rate": 0.25, "skipped": np.int32(0)},
-    2: {"loss": 1.5, "grad_norm": 0.5, "tokens_per_s": 110.0, "source/queue_depth": 1, "source/success_rate": 0.5,
-        "skipped": 0},
+    1: {
+        "loss": np.float32(2.0),
+        "grad_norm": float("nan"),
+        "tokens_per_s": 100.0,
+        "source/queue_depth": 3,
+        "source/success_rate": 0.25,
+        "skipped": np.int32(0),
+    },
+    2: {
+        "loss": 1.5,
+        "grad_norm": 0.5,
+        "tokens_per_s": 110.0,
+        "source/queue_depth": 1,
+        "source/success_rate": 0.5,
+        "skipped": 0,
+    },
 }
 
 
@@ -236,11 +325,11 @@ def _wandb_records(path: str):
     block, pos, parts = 32768, 7, b""
     while pos + 7 <= len(data):
         left = block - pos % block
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if left < 7 or (length == 0 and kind == 0):  # block trailer / zero padding
             pos += left
             continue
-        parts += data[pos + 7:pos + 7 + length]
+        parts += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             yield wandb_internal_pb2.Record.FromString(parts)
@@ -269,10 +358,15 @@ def _wandb_run(offline_dir: str) -> tuple[SimpleNamespace, dict[int, dict[str, f
 @pytest.fixture
 def wandb_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'ipa_jax[wandb]')")
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
-                        "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
-                        "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
-                        "WANDB_DATA_DIR": str(tmp_path / "wandb_data")}.items():
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     return tmp_path
@@ -297,10 +391,22 @@ def test_wandb_offline_logs_grouped_tags_and_resumes_the_same_run(wandb_offline)
     logged_config = {item.key: item.value_json for item in run.config.update}
     assert json.loads(logged_config["train"]) == {"steps": 2}
     assert history == {
-        1: {"train/loss": 2.0, "train/skipped": 0, "perf/tokens_per_s": 100.0, "queue/depth": 3,
-            "rollout/success_rate": 0.25},
-        2: {"train/loss": 1.5, "train/grad_norm": 0.5, "train/skipped": 0, "perf/tokens_per_s": 110.0,
-            "queue/depth": 1, "rollout/success_rate": 0.5, "eval/success": 0.75},
+        1: {
+            "train/loss": 2.0,
+            "train/skipped": 0,
+            "perf/tokens_per_s": 100.0,
+            "queue/depth": 3,
+            "rollout/success_rate": 0.25,
+        },
+        2: {
+            "train/loss": 1.5,
+            "train/grad_norm": 0.5,
+            "train/skipped": 0,
+            "perf/tokens_per_s": 110.0,
+            "queue/depth": 1,
+            "rollout/success_rate": 0.5,
+            "eval/success": 0.75,
+        },
     }
 
     # Resuming continues the same W&B run in a new offline directory (moved out of the way: its name has the

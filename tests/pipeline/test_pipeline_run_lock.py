@@ -23,14 +23,18 @@ from ipa_jax.trajectory import write_jsonl
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "offline_tiny.py")
 # One process of a 2-process run: tries a held folder, then a free one. argv: held, free, process id, port.
-MULTI_HOST = ("import sys\nfrom ipa_jax.train import distributed\n"
-              "distributed.initialize(f'localhost:{sys.argv[4]}', 2, int(sys.argv[3]))\n"
-              "from ipa_jax.pipeline.run_lock import RunFolderBusy, run_folder_lock\n"
-              "for run_dir in sys.argv[1:3]:\n    try:\n        with run_folder_lock(run_dir):\n"
-              "            print('held', flush=True)\n    except RunFolderBusy as e:\n"
-              "        print(f'busy: {e}', flush=True)\n")
-HOLD = ("import sys, time\nfrom ipa_jax.pipeline.run_lock import run_folder_lock\n"
-        "with run_folder_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n")
+MULTI_HOST = (
+    "import sys\nfrom ipa_jax.train import distributed\n"
+    "distributed.initialize(f'localhost:{sys.argv[4]}', 2, int(sys.argv[3]))\n"
+    "from ipa_jax.pipeline.run_lock import RunFolderBusy, run_folder_lock\n"
+    "for run_dir in sys.argv[1:3]:\n    try:\n        with run_folder_lock(run_dir):\n"
+    "            print('held', flush=True)\n    except RunFolderBusy as e:\n"
+    "        print(f'busy: {e}', flush=True)\n"
+)
+HOLD = (
+    "import sys, time\nfrom ipa_jax.pipeline.run_lock import run_folder_lock\n"
+    "with run_folder_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n"
+)
 
 
 def holder_pattern(pid: int) -> str:
@@ -53,14 +57,28 @@ def test_a_held_folder_is_refused_naming_the_holder_and_free_after_release(tmp_p
 def test_a_second_trainer_exits_on_one_line_and_a_killed_holders_lock_is_taken_over(tmp_path, caplog):
     data, run_dir = tmp_path / "data.jsonl", tmp_path / "run"
     write_jsonl(data, offline_rows(16))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1),
-           "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": xla_flags(1),
+        "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    }
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        second = subprocess.run([sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}",
-                                 f"--config.train.data=('{data}',)", f"--config.train.run_dir={run_dir}"],
-                                env=env, capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(REPO, "experiments", "train.py"),
+                f"--config={TINY}",
+                f"--config.train.data=('{data}',)",
+                f"--config.train.run_dir={run_dir}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -72,11 +90,23 @@ def test_a_second_trainer_exits_on_one_line_and_a_killed_holders_lock_is_taken_o
     assert not os.path.exists(run_dir / "config.json")  # refused before writing anything
 
     with caplog.at_level(logging.WARNING):
-        summary = run(load_config(TINY, {"train.data": (str(data),), "train.run_dir": str(run_dir),
-                                         "train.steps": 2, "train.batch_size": 8, "logging.tensorboard": False}))
+        summary = run(
+            load_config(
+                TINY,
+                {
+                    "train.data": (str(data),),
+                    "train.run_dir": str(run_dir),
+                    "train.steps": 2,
+                    "train.batch_size": 8,
+                    "logging.tensorboard": False,
+                },
+            )
+        )
     assert summary["steps"] == 2 and RunFolder(run_dir).has_summary()
-    assert re.search("taking over the lock of a trainer that ended without releasing it \\(" +
-                     holder_pattern(holder.pid), caplog.text)
+    assert re.search(
+        "taking over the lock of a trainer that ended without releasing it \\(" + holder_pattern(holder.pid),
+        caplog.text,
+    )
 
 
 @pytest.mark.slow
@@ -85,18 +115,33 @@ def test_multi_host_process_0_holds_the_lock_and_every_process_learns_whether_it
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = str(sock.getsockname()[1])
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1),
-           "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": xla_flags(1),
+        "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    }
     with run_folder_lock(held):
-        procs = [subprocess.Popen([sys.executable, "-c", MULTI_HOST, str(held), str(free), str(i), port], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", MULTI_HOST, str(held), str(free), str(i), port],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
         outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-3000:] for _, err in outputs]
-    (first, then0), (other, then1) = ([line for line in out.splitlines() if line.startswith(("busy", "held"))]
-                                      for out, _ in outputs)  # gloo prints a line of its own
+    (first, then0), (other, then1) = (
+        [line for line in out.splitlines() if line.startswith(("busy", "held"))] for out, _ in outputs
+    )  # gloo prints a line of its own
     assert re.fullmatch(r"busy: .*" + holder_pattern(os.getpid()) + r".*", first)
-    assert other == f"busy: config key 'train.run_dir': {held} is in use by another trainer (process 0 could not " \
-                    "lock it: see its error): wait for it to end, stop it, or choose another train.run_dir"
+    assert (
+        other == f"busy: config key 'train.run_dir': {held} is in use by another trainer (process 0 could not "
+        "lock it: see its error): wait for it to end, stop it, or choose another train.run_dir"
+    )
     assert then0 == then1 == "held"
     assert os.path.exists(free / LOCK_FILE)
 

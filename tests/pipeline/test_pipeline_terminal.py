@@ -31,10 +31,19 @@ def terminal_tokenizer(tmp_path_factory):
 
 @pytest.mark.slow
 def test_terminal_tiny_runs_end_to_end_with_resampling(tmp_path, terminal_tokenizer):
-    overrides = {**TINY, "train.run_dir": str(tmp_path / "run"), "model.tokenizer": terminal_tokenizer,
-                 "train.steps": 4, "train.il_warmup_steps": 2, "train.buckets": (512, 1024),
-                 "rollout.max_new_tokens": 24, "resample.mode": "rollback", "resample.num_tasks": 4,
-                 "resample.tasks_per_round": 2, "resample.samples_per_anchor": 4}
+    overrides = {
+        **TINY,
+        "train.run_dir": str(tmp_path / "run"),
+        "model.tokenizer": terminal_tokenizer,
+        "train.steps": 4,
+        "train.il_warmup_steps": 2,
+        "train.buckets": (512, 1024),
+        "rollout.max_new_tokens": 24,
+        "resample.mode": "rollback",
+        "resample.num_tasks": 4,
+        "resample.tasks_per_round": 2,
+        "resample.samples_per_anchor": 4,
+    }
     summary = run(load_config(TERMINAL, overrides))
     assert summary["steps"] == 4
     folder = RunFolder(tmp_path / "run")

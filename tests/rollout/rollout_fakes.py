@@ -54,9 +54,9 @@ APPEND_ONLY_TEMPLATE = (
     "            {%- if tool_call.function is defined %}\n"
     "                {%- set tool_call = tool_call.function %}\n"
     "            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    '            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
     "            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n"
+    '            {{- \'", "arguments": \' }}\n'
     "            {%- if tool_call.arguments is string %}\n"
     "                {{- tool_call.arguments }}\n"
     "            {%- else %}\n"
@@ -140,7 +140,7 @@ class ScriptedEngine(Engine):
             versions = [self.version] * len(ids)
             if len(calls) in self.updates_mid_call:
                 self.version += 1
-                versions[len(ids) // 2:] = [self.version] * (len(ids) - len(ids) // 2)
+                versions[len(ids) // 2 :] = [self.version] * (len(ids) - len(ids) // 2)
             calls.append((list(prompt), ids, lps))
             routed = None
             if p.return_routed_experts and self.routed_layout:

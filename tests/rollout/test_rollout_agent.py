@@ -48,9 +48,16 @@ def test_expert_engine_solves_and_tokens_equal_template(chat, name):
 def random_script(chat, seed: int):
     """Whatever a random model might say: random ids (special tokens included), near-miss tool calls, answers."""
     vocab = len(chat.tokenizer)
-    pieces = ['<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>',
-              '<tool_call>\n{"name": "calc", "arguments": {"a": 3, "op": "*", "b": 4}}\n</tool_call>',
-              '<tool_call>{"name": "lookup"', "</tool_call>", '{"a": 1}', "paris", "12", "<tool_call>"]
+    pieces = [
+        '<tool_call>\n{"name": "lookup", "arguments": {"name": "alice"}}\n</tool_call>',
+        '<tool_call>\n{"name": "calc", "arguments": {"a": 3, "op": "*", "b": 4}}\n</tool_call>',
+        '<tool_call>{"name": "lookup"',
+        "</tool_call>",
+        '{"a": 1}',
+        "paris",
+        "12",
+        "<tool_call>",
+    ]
 
     def script(prompt, call_index):
         rng = random.Random(zlib.crc32(bytes(str((seed, prompt)), "utf8")))
@@ -114,8 +121,10 @@ def test_tool_errors_are_seen_and_counted(chat):
     env = make_env("lookup", extra_turns=3)
     task = env.tasks("train", 1, 0)[0]
     good = expert_turn_texts(env, task)
-    turns = ['<tool_call>\n{"name": "lookup", "arguments": {"name": \n</tool_call>',
-             '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>'] + good
+    turns = [
+        '<tool_call>\n{"name": "lookup", "arguments": {"name": \n</tool_call>',
+        '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>',
+    ] + good
     engine = ScriptedEngine(chat, lambda prompt, i: turns[i])
     traj = run(run_episode(engine, chat, task, AgentConfig(record_messages=True)))
     assert traj.reward == 1.0 and traj.num_chunks == 5
@@ -170,7 +179,7 @@ def test_prefill_reproduces_the_expert_prefix(chat):
     full = run(run_episode(engine, chat, task, uid="full"))
     # Anchor after expert chunk j (2 tool calls + responses prefilled).
     j = 2
-    prefill = messages[1: 1 + 2 * j]
+    prefill = messages[1 : 1 + 2 * j]
     traj = run(run_episode(engine, chat, task, AgentConfig(record_messages=True), uid="anchored", prefill=prefill))
     assert traj.reward == 1.0 and traj.tokens.tolist() == full.tokens.tolist()
     # Expert-masked = the first j chunks of the full episode; actions = the rest, renumbered from 0.
@@ -207,9 +216,19 @@ class SubmitEnv(LookupEnv):
 
     @property
     def tools(self):
-        return super().tools + [{"type": "function", "function": {
-            "name": "submit", "parameters": {"type": "object", "properties": {"answer": {"type": "string"}},
-                                             "required": ["answer"]}}}]
+        return super().tools + [
+            {
+                "type": "function",
+                "function": {
+                    "name": "submit",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"answer": {"type": "string"}},
+                        "required": ["answer"],
+                    },
+                },
+            }
+        ]
 
     def step(self, tool_call):
         if isinstance(tool_call, ToolCall) and tool_call.name == "submit":

@@ -77,8 +77,15 @@ def test_real_episodes_token_invariants_logprobs_and_routing(chat, model):
 def test_worker_with_embedded_engine(chat, model):
     tasks = make_env("calculator").tasks("train", 4, 0)
     q = TrajectoryQueue(capacity=32)
-    worker = RolloutWorker(make_engine(model), chat, itertools.cycle(tasks), q,
-                           AgentConfig(max_new_tokens=16, max_context=MAX_LEN), concurrency=8, max_episodes=16)
+    worker = RolloutWorker(
+        make_engine(model),
+        chat,
+        itertools.cycle(tasks),
+        q,
+        AgentConfig(max_new_tokens=16, max_context=MAX_LEN),
+        concurrency=8,
+        max_episodes=16,
+    )
     worker.start().join(timeout=300)
     worker.check()
     trajs = q.drain()

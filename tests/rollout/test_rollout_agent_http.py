@@ -23,6 +23,7 @@ def test_episodes_through_sglang_client_and_dev_server(chat):
     backend = ScriptedEngine(chat, expert_script(chat, tasks), delay=0.002)
     server = DevServer(backend).serve_in_thread()
     try:
+
         async def main():
             client = SGLangEngine([server.url])
             try:

@@ -19,8 +19,9 @@ from ipa_jax.rollout.agent import run_episode
 from ipa_jax.rollout.queue import TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 
-TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
-                    "offline_tiny.py")
+TINY = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "offline_tiny.py"
+)
 
 
 @pytest.fixture(scope="module")

@@ -79,8 +79,7 @@ def test_many_producers_one_consumer_exactly_once_and_bounded():
 
 def test_stale_dropped_on_put_and_evicted_on_version_change():
     drops = []
-    q = TrajectoryQueue(capacity=8, max_policy_lag=2, initial_version=1,
-                        on_drop=lambda t, r: drops.append((t.uid, r)))
+    q = TrajectoryQueue(capacity=8, max_policy_lag=2, initial_version=1, on_drop=lambda t, r: drops.append((t.uid, r)))
     assert q.put(make_traj("a", version=0)) and q.put(make_traj("b", version=1))
     q.set_version(2)  # lags 2 and 1: both still admissible
     assert len(q) == 2

@@ -81,7 +81,7 @@ def test_reasoning_that_mentions_tags_is_not_parsed_as_calls(tokenizer):
     env = make_env("calculator")
     task = env.tasks("eval", 1, 0)[0]
     turns = expert_turn_texts(make_env("calculator"), task)
-    musing = "Should I write <tool_call> {\"name\": or </tool_call> first? The answer is not 0."
+    musing = 'Should I write <tool_call> {"name": or </tool_call> first? The answer is not 0.'
 
     def script(prompt, k):
         return f"<think>\n{musing}\n</think>\n\n{turns[k]}"
@@ -91,11 +91,14 @@ def test_reasoning_that_mentions_tags_is_not_parsed_as_calls(tokenizer):
     assert traj.reward == 1.0 and traj.info["num_tool_calls"] == 2 and traj.info["num_tool_errors"] == 0
 
 
-@pytest.mark.parametrize("variant, enable_thinking, target_head", [
-    ("hybrid", None, "<think>\n\n</think>\n\n<tool_call>"),
-    ("hybrid", False, "<tool_call>"),
-    ("thinking_2507", None, "\n</think>\n\n<tool_call>"),
-])
+@pytest.mark.parametrize(
+    "variant, enable_thinking, target_head",
+    [
+        ("hybrid", None, "<think>\n\n</think>\n\n<tool_call>"),
+        ("hybrid", False, "<tool_call>"),
+        ("thinking_2507", None, "\n</think>\n\n<tool_call>"),
+    ],
+)
 def test_expert_rows_are_what_the_policy_would_emit_in_its_mode(tokenizer, variant, enable_thinking, target_head):
     """Imitation targets: each expert turn as the template renders it after its generation prompt, so the
     policy imitates exactly the text it would have to generate in this template and mode."""
@@ -120,12 +123,15 @@ def test_expert_rows_are_what_the_policy_would_emit_in_its_mode(tokenizer, varia
     assert traj.tokens[:first].tolist() == chat.encode(prompt)
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>\n{"name": "calc\\ud800", "arguments": {"a": 1, "op": "+", "b": 2}}\n</tool_call>',
-    '<tool_call>\n{"name": "calc", "arguments": {"a": "\\udfff", "op": "+", "b": 2}}\n</tool_call>',
-    '<tool_call>\n{"name": "calc", "arguments": {"a": 1e999, "op": "+", "b": 2}}\n</tool_call>',
-    "<tool_call>\n" + "[" * 50_000 + "]" * 50_000 + "\n</tool_call>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "calc\\ud800", "arguments": {"a": 1, "op": "+", "b": 2}}\n</tool_call>',
+        '<tool_call>\n{"name": "calc", "arguments": {"a": "\\udfff", "op": "+", "b": 2}}\n</tool_call>',
+        '<tool_call>\n{"name": "calc", "arguments": {"a": 1e999, "op": "+", "b": 2}}\n</tool_call>',
+        "<tool_call>\n" + "[" * 50_000 + "]" * 50_000 + "\n</tool_call>",
+    ],
+)
 def test_hostile_calls_become_counted_errors_not_exceptions(tokenizer, text):
     chat = chat_for(tokenizer, "hybrid", enable_thinking=False)
     task = make_env("calculator").tasks("eval", 1, 0)[0]

@@ -47,8 +47,16 @@ class StackEnv(Env):
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        return [{"type": "function", "function": {"name": "push", "description": "Push a number.", "parameters": {
-            "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": "push",
+                    "description": "Push a number.",
+                    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+                },
+            }
+        ]
 
     def reset(self, task: Task) -> str:
         self.stack = []
@@ -127,16 +135,30 @@ def forking_script(chat, tasks, fork_chunk: int, p_fail_fork: float, p_fail_othe
 # ---- config -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(mode="sometimes"), "mode"), (dict(anchors=(1.5,)), "anchors"), (dict(anchors=(-1,)), "anchors"),
-    (dict(anchors=(True,)), "anchors"), (dict(mode="parallel", anchors=()), "anchors"),
-    (dict(samples_per_anchor=0), "samples_per_anchor"), (dict(window=0), "window"), (dict(threshold=0.0), "threshold"),
-    (dict(fork_jump=1.5), "fork_jump"), (dict(weighting="softmax"), "weighting"), (dict(select_top=-1), "select_top"),
-    (dict(il_fallback=1), "il_fallback"), (dict(il_whole_episode=1), "il_whole_episode"),
-    (dict(mode="fork", anchors=()), "anchors"), (dict(success_reward=float("nan")), "success_reward"),
-    (dict(experts=""), "experts"), (dict(tasks_per_round=0), "tasks_per_round"), (dict(num_tasks=3), "num_tasks"),
-    (dict(num_tasks=-1), "num_tasks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(mode="sometimes"), "mode"),
+        (dict(anchors=(1.5,)), "anchors"),
+        (dict(anchors=(-1,)), "anchors"),
+        (dict(anchors=(True,)), "anchors"),
+        (dict(mode="parallel", anchors=()), "anchors"),
+        (dict(samples_per_anchor=0), "samples_per_anchor"),
+        (dict(window=0), "window"),
+        (dict(threshold=0.0), "threshold"),
+        (dict(fork_jump=1.5), "fork_jump"),
+        (dict(weighting="softmax"), "weighting"),
+        (dict(select_top=-1), "select_top"),
+        (dict(il_fallback=1), "il_fallback"),
+        (dict(il_whole_episode=1), "il_whole_episode"),
+        (dict(mode="fork", anchors=()), "anchors"),
+        (dict(success_reward=float("nan")), "success_reward"),
+        (dict(experts=""), "experts"),
+        (dict(tasks_per_round=0), "tasks_per_round"),
+        (dict(num_tasks=3), "num_tasks"),
+        (dict(num_tasks=-1), "num_tasks"),
+    ],
+)
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"ResampleConfig.{field}"):
         ResampleConfig(**kwargs)
@@ -197,13 +219,18 @@ def test_load_experts_both_formats(tmp_path, chat, tasks, experts):
     bad = trajs[0]
     ids = bad.tokens.tolist()
     k0 = np.flatnonzero(bad.chunk_ids == 0)
-    chunk = chat.encode(chat.decode(ids[k0[0]: k0[-1] + 1]).replace('"x": ', '"x":  '))
-    respaced = ids[: k0[0]] + chunk + ids[k0[-1] + 1:]
+    chunk = chat.encode(chat.decode(ids[k0[0] : k0[-1] + 1]).replace('"x": ', '"x":  '))
+    respaced = ids[: k0[0]] + chunk + ids[k0[-1] + 1 :]
     action = np.zeros(len(respaced), bool)
-    action[k0[0]: k0[0] + len(chunk)] = True
-    odd = dataclasses.replace(bad, tokens=np.asarray(respaced), action_mask=action,
-                              behavior_logprobs=np.where(action, -0.1, 0.0).astype(np.float32),
-                              chunk_ids=np.where(action, 0, -1), expert_mask=np.zeros(len(respaced), bool))
+    action[k0[0] : k0[0] + len(chunk)] = True
+    odd = dataclasses.replace(
+        bad,
+        tokens=np.asarray(respaced),
+        action_mask=action,
+        behavior_logprobs=np.where(action, -0.1, 0.0).astype(np.float32),
+        chunk_ids=np.where(action, 0, -1),
+        expert_mask=np.zeros(len(respaced), bool),
+    )
     write_jsonl(tmp_path / "odd.jsonl", [odd])
     with pytest.raises(ValueError, match="does not re-render"):
         load_experts(tmp_path / "odd.jsonl", chat, tasks={t.task_id: t for t in tasks})
@@ -249,7 +276,7 @@ def test_anchored_episode_reproduces_prefix_state_and_masks(chat, tasks, experts
     # Environment state at the anchor: the first j values pushed, as a fresh env stepped through them.
     ref = make_env(task.env)
     ref.reset(task)
-    for m in full[1: 1 + 2 * anchor: 2]:
+    for m in full[1 : 1 + 2 * anchor : 2]:
         ref.step(ToolCall("push", m["tool_calls"][0]["function"]["arguments"]))
     assert seen_state == [(ref.stack, anchor, False)] and ref.stack == task.data["values"][:anchor]
     # Masks: expert turns of chunks < j are expert targets, the rest of the prefix is context, the tail's
@@ -267,9 +294,15 @@ def test_anchored_episode_reproduces_prefix_state_and_masks(chat, tasks, experts
     answer = slice(replay.prefix_lengths[-1], len(traj.tokens))
     assert traj.action_mask[answer].all() and (traj.chunk_ids[answer] == K - anchor).all()
     assert traj.num_chunks == K + 1 - anchor and traj.action_mask.sum() + expert_ref.sum() == sum(
-        b - a for a, b in replay.chunk_spans) + (len(traj.tokens) - replay.prefix_lengths[-1])
-    assert traj.info["resample"] == {"task_id": task.task_id, "anchor": anchor, "num_expert_chunks": K,
-                                     "expert_uid": expert.uid, "il_target": False}
+        b - a for a, b in replay.chunk_spans
+    ) + (len(traj.tokens) - replay.prefix_lengths[-1])
+    assert traj.info["resample"] == {
+        "task_id": task.task_id,
+        "anchor": anchor,
+        "num_expert_chunks": K,
+        "expert_uid": expert.uid,
+        "il_target": False,
+    }
     assert traj.info["task_id"] == (f"{task.task_id}@{anchor}" if anchor else task.task_id)
     assert traj.info["num_tool_calls"] == K - anchor
 
@@ -306,8 +339,7 @@ def test_probe_finds_planted_fork(chat, tasks, experts, fork_chunk):
 
 
 def test_parallel_resampler_finds_fork_and_allocates(chat, tasks, experts):
-    cfg = ResampleConfig(mode="parallel", anchors=tuple(range(K + 1)), samples_per_anchor=3, window=12,
-                         fork_jump=0.5)
+    cfg = ResampleConfig(mode="parallel", anchors=tuple(range(K + 1)), samples_per_anchor=3, window=12, fork_jump=0.5)
     res = Resampler(cfg, experts[:1])
     engine = ScriptedEngine(chat, forking_script(chat, tasks, 1, 0.95, 0.03, seed=7))
     tid = tasks[0].task_id
@@ -383,8 +415,14 @@ def test_fork_mode_follows_the_fork_as_the_policy_improves(chat, tasks, experts)
     planned, batch = one_round()  # probes: 0 and 2 fail, 4 succeeds -> span (2, 4)
     assert planned == [0, 2, 4] and res.fork_estimate(tid).spans == ((2, 4),)
     # The failed groups at 0 and 2 imitate the span's chunks 2, 3 on the first of this round's rollouts at 4.
-    assert [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == \
-        [(0, []), (0, []), (2, []), (2, []), (4, [2, 3]), (4, [])]
+    assert [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == [
+        (0, []),
+        (0, []),
+        (2, []),
+        (2, []),
+        (4, [2, 3]),
+        (4, []),
+    ]
     planned, batch = one_round()  # bisection: 3 fails -> fork 4
     assert planned == [3] and res.fork_estimate(tid).crucial_fork == 4
     assert [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == [(3, []), (3, []), (4, [3])]
@@ -394,8 +432,11 @@ def test_fork_mode_follows_the_fork_as_the_policy_improves(chat, tasks, experts)
     assert one_round()[0] == [2] and res.fork_estimate(tid).spans == ((0, 2),)
     assert one_round()[0] == [1] and res.fork_estimate(tid).crucial_fork == 2
     planned, batch = one_round()
-    assert planned == [1] and [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == \
-        [(1, []), (1, []), (2, [1])]
+    assert planned == [1] and [(t.info["resample"]["anchor"], chunks_imitated(t)) for t in batch] == [
+        (1, []),
+        (1, []),
+        (2, [1]),
+    ]
     # The estimate is a function of the recent outcomes: a checkpoint round trip plans the same.
     again = Resampler(cfg, experts[:1])
     again.load_state_dict(json.loads(json.dumps(res.state_dict())))
@@ -490,7 +531,8 @@ def test_rollback_state_through_orbax_checkpoint(tmp_path, experts):
     ckpt.save(State(jnp.asarray(5), jnp.zeros(2)), {"resample": res.state_dict()})
     ckpt.close()
     _, host = Checkpointer(str(tmp_path / "ckpt"), CheckpointConfig(async_save=False)).restore(
-        State(jnp.asarray(0), jnp.zeros(2)))
+        State(jnp.asarray(0), jnp.zeros(2))
+    )
     back = Resampler(cfg, experts)
     back.load_state_dict(host["resample"])
     assert back.state_dict() == res.state_dict()
@@ -565,15 +607,18 @@ def test_il_fallback_from_start_and_at_last_anchor(chat, tasks, experts):
     # Two tasks: each task's carrier follows its own episodes (a batch of the first half carries IL rows).
     res = Resampler(whole_cfg, experts[:2])
     batch = run(resample_round(res, fail_last, chat, [experts[1].task_id, experts[0].task_id]))
-    assert [(t.info["resample"]["task_id"], t.info["resample"]["anchor"]) for t in batch] == \
-        [(experts[1].task_id, 0)] * 2 + [(experts[1].task_id, K + 1)] + [(experts[0].task_id, 0)] * 2 + \
-        [(experts[0].task_id, K + 1)]
+    assert [(t.info["resample"]["task_id"], t.info["resample"]["anchor"]) for t in batch] == [
+        (experts[1].task_id, 0)
+    ] * 2 + [(experts[1].task_id, K + 1)] + [(experts[0].task_id, 0)] * 2 + [(experts[0].task_id, K + 1)]
     # Rollback at anchor K with every sample failing (the answer is what fails): the failed samples stay plain
     # context and the whole expert episode is imitated.
     res = Resampler(dataclasses.replace(whole_cfg, mode="rollback"), experts[:1])
     batch = run(resample_round(res, fail_last, chat, [tid]))
-    assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == \
-        [(K, False), (K, False), (K + 1, True)]
+    assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == [
+        (K, False),
+        (K, False),
+        (K + 1, True),
+    ]
     assert not batch[0].expert_mask.any() and batch[2].tokens.tolist() == whole.tokens.tolist()
 
 
@@ -612,13 +657,26 @@ def test_embedded_engine_anchored_batch_logprobs_and_il_term(chat, tasks, expert
 
     model = init_model(tiny_qwen3_config(moe=False, vocab_size=len(chat.tokenizer)))
     engine = EmbeddedEngine(model, seed=0, max_len=512, max_batch=8, batch_buckets=(8,))
-    cfg = ResampleConfig(mode="parallel", anchors=(0, 2, 1.0), samples_per_anchor=1, il_fallback=True,
-                         il_whole_episode=True)
+    cfg = ResampleConfig(
+        mode="parallel", anchors=(0, 2, 1.0), samples_per_anchor=1, il_fallback=True, il_whole_episode=True
+    )
     res = Resampler(cfg, experts[:2])
-    batch = run(resample_round(res, engine, chat, [e.task_id for e in experts[:2]],
-                               AgentConfig(max_new_tokens=8, max_context=512), concurrency=8))
-    assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == \
-        [(0, False), (2, False), (K, False), (K + 1, True)] * 2  # nothing solved: the whole expert is imitated
+    batch = run(
+        resample_round(
+            res,
+            engine,
+            chat,
+            [e.task_id for e in experts[:2]],
+            AgentConfig(max_new_tokens=8, max_context=512),
+            concurrency=8,
+        )
+    )
+    assert [(t.info["resample"]["anchor"], t.info["resample"]["il_target"]) for t in batch] == [
+        (0, False),
+        (2, False),
+        (K, False),
+        (K + 1, True),
+    ] * 2  # nothing solved: the whole expert is imitated
     for traj in batch:
         if traj.info["resample"]["anchor"] > K:
             continue
@@ -629,7 +687,8 @@ def test_embedded_engine_anchored_batch_logprobs_and_il_term(chat, tasks, expert
     padded = pad_batch(batch, buckets=(512,))
     graphdef, state = nnx.split(model)
     lp, _, _ = jax.jit(lambda st, x, m: token_logprobs(nnx.merge(graphdef, st), x, m))(
-        state, jnp.asarray(padded.tokens), jnp.asarray(padded.attention_mask))
+        state, jnp.asarray(padded.tokens), jnp.asarray(padded.attention_mask)
+    )
     lp = np.asarray(lp)
     np.testing.assert_allclose(lp[padded.action_mask], padded.behavior_logprobs[padded.action_mask], atol=2e-4)
     num, den = imitation_term(jnp.asarray(lp), jnp.asarray(padded.expert_mask))

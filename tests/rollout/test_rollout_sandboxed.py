@@ -40,9 +40,11 @@ def test_sixteen_episodes_run_their_commands_together_without_blocking_the_loop(
             while True:
                 ticks.append(time.time())  # the clock the sandboxed `date` reads
                 await asyncio.sleep(0.02)
+
         beat = asyncio.create_task(heartbeat())
-        out = await run_episodes(engine, chat, tasks, AgentConfig(max_new_tokens=64, record_messages=True),
-                                 concurrency=16)
+        out = await run_episodes(
+            engine, chat, tasks, AgentConfig(max_new_tokens=64, record_messages=True), concurrency=16
+        )
         beat.cancel()
         return out
 
@@ -87,8 +89,9 @@ def test_a_cancelled_episode_releases_its_sandbox():
     # The command was SIGKILLed; on a loaded machine its processes may take a moment to exit (a leaked one would
     # still be there after its 270 s).
     deadline = time.monotonic() + 10.0
-    while (left := subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).stdout) and \
-            time.monotonic() < deadline:
+    while (
+        left := subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).stdout
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == b""
 

@@ -81,8 +81,9 @@ def test_consecutive_failures_stop_the_worker(chat, tasks):
         raise RuntimeError("engine down")
 
     q = TrajectoryQueue(capacity=4)
-    worker = RolloutWorker(ScriptedEngine(chat, broken), chat, itertools.cycle(tasks), q, concurrency=2,
-                           max_consecutive_failures=3).start()
+    worker = RolloutWorker(
+        ScriptedEngine(chat, broken), chat, itertools.cycle(tasks), q, concurrency=2, max_consecutive_failures=3
+    ).start()
     worker.join(timeout=30)
     assert worker.stats()["failed"] >= 3
     with pytest.raises(RuntimeError, match="failed episodes") as info:

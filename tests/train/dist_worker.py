@@ -20,8 +20,7 @@ from ipa_jax.train import distributed  # noqa: E402
 
 distributed.initialize(f"localhost:{port}", num_processes, process_id)
 assert jax.device_count() == 8 and jax.process_count() == num_processes
-exp = make_exp("train.batch_size=8", "mesh.data=-1", "objective.il_weight=0.5",
-               "model.arch.num_hidden_layers=1")
+exp = make_exp("train.batch_size=8", "mesh.data=-1", "objective.il_weight=0.5", "model.arch.num_hidden_layers=1")
 mesh = build_mesh(exp.mesh)
 state = build_state(exp, mesh)
 step, _ = build_steps(exp, state, mesh)

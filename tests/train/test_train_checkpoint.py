@@ -93,10 +93,14 @@ def test_the_metadata_names_the_first_array_that_does_not_fit(saved, tmp_path, c
         return build_state(exp, build_mesh(exp.mesh))
 
     assert checkpoint_mismatch(directory, 2, state_of("model.param_dtype='bfloat16'")) is None
-    assert checkpoint_mismatch(directory, 2, state_of("model.arch.intermediate_size=32")) == \
-        "params.layers.0.mlp.down_proj.value: stored float32[64, 32], requested float32[32, 32]"
-    assert checkpoint_mismatch(directory, 2, state_of("model.arch.num_hidden_layers=3")) == \
-        "params.layers.2.input_layernorm.weight.value: stored nothing, requested float32[32]"
+    assert (
+        checkpoint_mismatch(directory, 2, state_of("model.arch.intermediate_size=32"))
+        == "params.layers.0.mlp.down_proj.value: stored float32[64, 32], requested float32[32, 32]"
+    )
+    assert (
+        checkpoint_mismatch(directory, 2, state_of("model.arch.num_hidden_layers=3"))
+        == "params.layers.2.input_layernorm.weight.value: stored nothing, requested float32[32]"
+    )
     with caplog.at_level(logging.WARNING):
         assert checkpoint_mismatch(directory, 7, template) is None
     assert "checkpoint 7" in caplog.text and "metadata cannot be read" in caplog.text

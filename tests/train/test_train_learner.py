@@ -21,11 +21,33 @@ from ipa_jax.train.metrics import active_params_per_token, train_flops_per_token
 from ipa_jax.trajectory import write_jsonl
 
 REQUIRED_METRICS = {
-    "step", "loss", "grad_norm", "lr", "reward_mean", "advantage_mean", "advantage_std", "admitted_fraction",
-    "is_ratio_mean", "is_ratio_max", "clip_fraction", "mismatch_abs", "mismatch_kl", "mismatch_ratio_mean",
-    "mismatch_masked_fraction", "mismatch_capped_fraction", "chunks_mean", "entropy",
-    "tokens_per_s", "step_time_s", "mfu", "skipped", "skipped_total", "dropped_trajectories", "dropped_total",
-    "policy_lag_mean", "policy_lag_max",
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "reward_mean",
+    "advantage_mean",
+    "advantage_std",
+    "admitted_fraction",
+    "is_ratio_mean",
+    "is_ratio_max",
+    "clip_fraction",
+    "mismatch_abs",
+    "mismatch_kl",
+    "mismatch_ratio_mean",
+    "mismatch_masked_fraction",
+    "mismatch_capped_fraction",
+    "chunks_mean",
+    "entropy",
+    "tokens_per_s",
+    "step_time_s",
+    "mfu",
+    "skipped",
+    "skipped_total",
+    "dropped_trajectories",
+    "dropped_total",
+    "policy_lag_mean",
+    "policy_lag_max",
 }
 
 
@@ -52,8 +74,9 @@ def offline_run(tmp_path_factory):
     IPA steps; eval and after-update hooks."""
     tmp = tmp_path_factory.mktemp("offline")
     data = _write_data(tmp / "data.jsonl")
-    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "logging.peak_tflops=1.0",
-                   "train.il_warmup_steps=2")
+    exp = make_exp(
+        f"train.data=('{data}',)", "train.batch_size=8", "logging.peak_tflops=1.0", "train.il_warmup_steps=2"
+    )
     calls = {"after_update": 0, "eval": 0}
 
     def after_update(state):
@@ -64,8 +87,15 @@ def offline_run(tmp_path_factory):
         return {"success": 0.25 * calls["eval"]}
 
     run_dir = str(tmp / "run")
-    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(),
-                            after_update=after_update, eval_fn=eval_fn, extra={"anchors": [1, 2]})
+    learner = build_learner(
+        exp,
+        JsonlSource(exp.train.data),
+        run_dir=run_dir,
+        mesh=_mesh2(),
+        after_update=after_update,
+        eval_fn=eval_fn,
+        extra={"anchors": [1, 2]},
+    )
     state = learner.run()
     return dict(exp=exp, run_dir=run_dir, state=state, calls=calls, learner=learner)
 
@@ -86,8 +116,9 @@ def test_loss_decreases_and_metrics_are_written(offline_run):
     assert train_rows[0]["dropped_trajectories"] == 1 and train_rows[0]["dropped_total"] == 2
     assert train_rows[-1]["dropped_total"] > train_rows[0]["dropped_total"]
     assert 0 < train_rows[0]["mfu"] < 1 and train_rows[0]["tokens_per_s"] > 0
-    assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(offline_run["run_dir"],
-                                                                                          "tb")))
+    assert any(
+        name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(offline_run["run_dir"], "tb"))
+    )
 
 
 def test_hooks_and_eval_history(offline_run):
@@ -111,8 +142,9 @@ def test_checkpoints_are_atomic_and_restorable(offline_run):
     restored, host = checkpointer.restore(offline_run["state"])  # the template gives shapes and shardings
     assert int(restored.step) == 6
     jax.tree.map(np.testing.assert_array_equal, tree_copy(restored.params), tree_copy(offline_run["state"].params))
-    jax.tree.map(np.testing.assert_array_equal, tree_copy(restored.opt_state),
-                 tree_copy(offline_run["state"].opt_state))
+    jax.tree.map(
+        np.testing.assert_array_equal, tree_copy(restored.opt_state), tree_copy(offline_run["state"].opt_state)
+    )
     assert host["extra"] == {"anchors": [1, 2]} and host["source"]["epoch"] >= 1
     checkpointer.close()
     # Starting over in a folder that holds checkpoints, with resume off, is refused (never mixes two runs).
@@ -125,9 +157,16 @@ def test_checkpoints_are_atomic_and_restorable(offline_run):
 def test_epochs_and_minibatches(tmp_path):
     """Four updates from one batch, with ROLL's recomputed old log-probs (objective preset ipa_roll)."""
     data = _write_data(tmp_path / "data.jsonl")
-    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "train.epochs_per_batch=2",
-                   "train.minibatches=2", "train.steps=4", "checkpoint.every=0", "logging.tensorboard=False",
-                   "objective.preset=ipa_roll")
+    exp = make_exp(
+        f"train.data=('{data}',)",
+        "train.batch_size=8",
+        "train.epochs_per_batch=2",
+        "train.minibatches=2",
+        "train.steps=4",
+        "checkpoint.every=0",
+        "logging.tensorboard=False",
+        "objective.preset=ipa_roll",
+    )
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"), mesh=_mesh2())
     state = learner.run()
     rows = RunFolder(tmp_path / "run").read_metrics()
@@ -199,13 +238,23 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path, capsys
     data = tmp_path / "data.jsonl"
     write_jsonl(data, synthetic_trajectories(8, seed=3, expert_every=1))  # every row has 2 imitation tokens
     warm, rl_steps, window = 40, 2, 2
-    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", f"train.il_warmup_steps={warm}",
-                   f"train.steps={warm + rl_steps}", "train.il_warmup_target=1.0", f"train.il_warmup_window={window}",
-                   "optimizer.il_lr=1e-2", "optimizer.warmup_steps=2", "checkpoint.every=0",
-                   "logging.tensorboard=False", "logging.console_every=1")
+    exp = make_exp(
+        f"train.data=('{data}',)",
+        "train.batch_size=8",
+        f"train.il_warmup_steps={warm}",
+        f"train.steps={warm + rl_steps}",
+        "train.il_warmup_target=1.0",
+        f"train.il_warmup_window={window}",
+        "optimizer.il_lr=1e-2",
+        "optimizer.warmup_steps=2",
+        "checkpoint.every=0",
+        "logging.tensorboard=False",
+        "logging.console_every=1",
+    )
     run_dir = str(tmp_path / "run")
-    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(),
-                            eval_fn=lambda state: {"success": 0.0})
+    learner = build_learner(
+        exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(), eval_fn=lambda state: {"success": 0.0}
+    )
     state = learner.run()
     start = learner.rl_start
     assert 0 < start < warm, start  # memorising 16 token pairs takes a few steps, not 40
@@ -214,13 +263,16 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path, capsys
     assert [r["step"] for r in rows] == list(range(1, start + rl_steps + 1))
     match = [r["il_greedy_match"] for r in rows[:start]]
     assert np.mean(match[-window:]) >= 1.0
-    assert all(np.mean(match[i - window:i]) < 1.0 for i in range(window, start))  # not reached earlier
+    assert all(np.mean(match[i - window : i]) < 1.0 for i in range(window, start))  # not reached earlier
     assert [r["rl_start"] for r in rows] == [warm] * (start - 1) + [start] * (rl_steps + 1)
     assert [e["step"] for e in learner.eval_history] == [0, start, start + rl_steps]
     counters = [line.split()[1:3] for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     total = warm + rl_steps
-    assert counters == ([[f"{s}/{total}", "IL"] for s in range(1, start)] + [[f"{start}", f"({warm}/{total})"]]
-                        + [[f"{s}", f"({warm + s - start}/{total})"] for s in range(start + 1, start + rl_steps + 1)])
+    assert counters == (
+        [[f"{s}/{total}", "IL"] for s in range(1, start)]
+        + [[f"{start}", f"({warm}/{total})"]]
+        + [[f"{s}", f"({warm + s - start}/{total})"] for s in range(start + 1, start + rl_steps + 1)]
+    )
     # IL-only updates before rl_start, the RL objective after; the learning rate follows the moved boundary.
     assert all(r["loss"] == pytest.approx(r["il_loss"], rel=1e-6) for r in rows[:start])
     assert all(r["loss"] == pytest.approx(r["rl_loss"], rel=1e-6) for r in rows[start:])

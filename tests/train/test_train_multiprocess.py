@@ -20,8 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _env(devices: int) -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices),
-            "PYTHONPATH": os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": xla_flags(devices),
+        "PYTHONPATH": os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _free_port() -> int:
@@ -33,12 +37,25 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     worker = os.path.join(HERE, "dist_worker.py")
-    one = subprocess.run([sys.executable, worker, str(tmp_path / "one.npz"), "1", "0", "0"], env=_env(8),
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, worker, str(tmp_path / "one.npz"), "1", "0", "0"],
+        env=_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, worker, str(tmp_path / "two.npz"), "2", str(i), port], env=_env(4),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, worker, str(tmp_path / "two.npz"), "2", str(i), port],
+            env=_env(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outputs]
     a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
@@ -50,9 +67,16 @@ def test_two_processes_equal_one_process(tmp_path):
 
 
 def _train_cmd(data: str, run_dir: str, steps: int) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY_CONFIG}",
-            f"--config.train.data=('{data}',)", f"--config.train.run_dir={run_dir}", f"--config.train.steps={steps}",
-            "--config.checkpoint.every=2", "--config.logging.tensorboard=False"]
+    return [
+        sys.executable,
+        os.path.join(REPO, "experiments", "train.py"),
+        f"--config={TINY_CONFIG}",
+        f"--config.train.data=('{data}',)",
+        f"--config.train.run_dir={run_dir}",
+        f"--config.train.steps={steps}",
+        "--config.checkpoint.every=2",
+        "--config.logging.tensorboard=False",
+    ]
 
 
 def _last_step(run_dir: str) -> int:
@@ -69,12 +93,12 @@ def test_kill9_then_restart_resumes_with_identical_losses(tmp_path):
     steps = 24
     ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "run")
     env = _env(1)  # the three runs compile the same programs once: the session's compilation cache (conftest)
-    reference = subprocess.run(_train_cmd(data, ref_dir, steps), env=env, capture_output=True, text=True,
-                               timeout=300)
+    reference = subprocess.run(_train_cmd(data, ref_dir, steps), env=env, capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    victim = subprocess.Popen(_train_cmd(data, run_dir, steps), env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    victim = subprocess.Popen(
+        _train_cmd(data, run_dir, steps), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while _last_step(run_dir) < 7 and victim.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -83,8 +107,7 @@ def test_kill9_then_restart_resumes_with_identical_losses(tmp_path):
     killed_at = _last_step(run_dir)
     assert victim.returncode == -signal.SIGKILL and 7 <= killed_at < steps, (victim.returncode, killed_at)
 
-    restart = subprocess.run(_train_cmd(data, run_dir, steps), env=env, capture_output=True, text=True,
-                             timeout=300)
+    restart = subprocess.run(_train_cmd(data, run_dir, steps), env=env, capture_output=True, text=True, timeout=300)
     assert restart.returncode == 0, restart.stderr[-3000:]
     assert "resumed from step" in restart.stderr
     resumed_from = int(restart.stderr.split("resumed from step")[1].split()[0])
@@ -110,8 +133,14 @@ def test_sigint_in_a_background_job_and_sigterm_stop_with_a_checkpoint(tmp_path,
     run_dir = str(tmp_path / "run")
     cmd = _train_cmd(data, run_dir, 10_000)
     cmd[cmd.index("--config.checkpoint.every=2")] = "--config.checkpoint.every=0"
-    victim = subprocess.Popen(cmd, env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    victim = subprocess.Popen(
+        cmd,
+        env=_env(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     deadline = time.time() + 300
     while _last_step(run_dir) < 3 and victim.poll() is None and time.time() < deadline:
         time.sleep(0.05)

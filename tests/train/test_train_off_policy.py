@@ -16,14 +16,29 @@ from ipa_jax.pipeline.build import build_state, build_steps
 
 # ROLL's recipe (recomputed old log-probs, negatives by reward, kept-token row mean) with negatives that carry
 # gradient (batch-mean baseline), the capped mismatch weight, and the entropy filter on failed rows.
-OFF_POLICY = ("objective.preset=ipa_roll", "objective.baseline=batch_mean", "objective.mismatch_is_cap=1.1",
-              "objective.negative_token_fraction=0.5", "resample.success_reward=0.4")
+OFF_POLICY = (
+    "objective.preset=ipa_roll",
+    "objective.baseline=batch_mean",
+    "objective.mismatch_is_cap=1.1",
+    "objective.negative_token_fraction=0.5",
+    "resample.success_reward=0.4",
+)
 EPS = "optimizer.eps=1e-4"  # see test_train_step.py: compares gradients, not Adam's normalisation of tiny ones
 # Graded rewards: by R < 0.4 the failures are rows 0-3; the negatives by reward (R <= 0) only rows 0 and 1.
 REWARDS = np.array([0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0], np.float32)
 # Metrics that must agree between two runs of one update.
-COMPARED = ("loss", "rl_loss", "grad_norm", "kept_token_fraction", "is_ratio_mean", "clip_fraction",
-            "mismatch_ratio_mean", "mismatch_masked_fraction", "mismatch_capped_fraction", "entropy")
+COMPARED = (
+    "loss",
+    "rl_loss",
+    "grad_norm",
+    "kept_token_fraction",
+    "is_ratio_mean",
+    "clip_fraction",
+    "mismatch_ratio_mean",
+    "mismatch_masked_fraction",
+    "mismatch_capped_fraction",
+    "entropy",
+)
 
 
 def _copy_state(state):
@@ -34,9 +49,11 @@ def _copy_state(state):
 def off_policy():
     """Initial state, steps by name (recompute / recompute with 4 microbatches / behaviour) and a graded batch."""
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, expert=1, tensor=1), devices=jax.devices()[:2])
-    exps = {"recompute": make_exp("train.batch_size=8", EPS, *OFF_POLICY),
-            "recompute_micro": make_exp("train.batch_size=8", "train.microbatches=4", EPS, *OFF_POLICY),
-            "behavior": make_exp("train.batch_size=8", EPS, *OFF_POLICY, "objective.old_logprobs=behavior")}
+    exps = {
+        "recompute": make_exp("train.batch_size=8", EPS, *OFF_POLICY),
+        "recompute_micro": make_exp("train.batch_size=8", "train.microbatches=4", EPS, *OFF_POLICY),
+        "behavior": make_exp("train.batch_size=8", EPS, *OFF_POLICY, "objective.old_logprobs=behavior"),
+    }
     state = build_state(exps["recompute"], mesh)
     steps = {name: build_steps(exp, state, mesh)[0] for name, exp in exps.items()}
     batch = make_batch(8, seed=4)._replace(rewards=REWARDS)
@@ -100,15 +117,32 @@ def test_failure_labels_are_reward_below_the_success_threshold(off_policy):
     state, steps, batch = off_policy
     step = steps["recompute"]
     assert step.options.success_reward == 0.4  # resample.success_reward, the one definition of success
-    forward = jax.jit(lambda params: token_logprobs(
-        nnx.merge(state.graphdef, params, state.rest), batch.tokens, batch.attention_mask, batch.positions,
-        return_entropy=True, block_size=step.options.logprob_block_size)[:2])
+    forward = jax.jit(
+        lambda params: token_logprobs(
+            nnx.merge(state.graphdef, params, state.rest),
+            batch.tokens,
+            batch.attention_mask,
+            batch.positions,
+            return_entropy=True,
+            block_size=step.options.logprob_block_size,
+        )[:2]
+    )
     logp, entropy = forward(state.params)
 
     def direct_loss(failures):
-        loss, _ = policy_loss(logp, batch.behavior_logprobs, batch.rewards, batch.action_mask, batch.chunk_ids,
-                              batch.expert_mask, batch.group_ids, entropy, step.options.objective, failures=failures,
-                              old_log_probs=logp)
+        loss, _ = policy_loss(
+            logp,
+            batch.behavior_logprobs,
+            batch.rewards,
+            batch.action_mask,
+            batch.chunk_ids,
+            batch.expert_mask,
+            batch.group_ids,
+            entropy,
+            step.options.objective,
+            failures=failures,
+            old_log_probs=logp,
+        )
         return float(loss)
 
     want = direct_loss(REWARDS < 0.4)

@@ -80,8 +80,9 @@ def test_pack_batch_places_every_token_once_within_one_row():
         np.testing.assert_array_equal(batch.behavior_logprobs[r, span], tr.behavior_logprobs)
         np.testing.assert_array_equal(batch.routed_experts[r, span], tr.routed_experts)
         # chunk ids continue the numbering of the row's earlier trajectories
-        np.testing.assert_array_equal(batch.chunk_ids[r, span],
-                                      np.where(tr.action_mask, tr.chunk_ids + chunks_before[r], -1))
+        np.testing.assert_array_equal(
+            batch.chunk_ids[r, span], np.where(tr.action_mask, tr.chunk_ids + chunks_before[r], -1)
+        )
         chunks_before[r] += tr.num_chunks
         assert batch.rewards[r, s] == tr.reward and batch.policy_versions[r, s] == tr.policy_version
         assert batch.group_ids[r, s] == padded.group_ids[j]  # the same task numbering as the padded batch
@@ -94,24 +95,37 @@ def test_pack_batch_places_every_token_once_within_one_row():
     # segments are increasing runs along a row, padding only at its end; the model's positions agree
     for r in range(B):
         real = seg[r][seg[r] > 0]
-        assert (np.diff(real) >= 0).all() and (seg[r][len(real):] == 0).all()
+        assert (np.diff(real) >= 0).all() and (seg[r][len(real) :] == 0).all()
     np.testing.assert_array_equal(np.asarray(segment_positions(seg)), batch.positions)
 
 
 # ---------------------------------------------------------------------------------------------- the learner
 # The sharded mesh: 2-way data x 2-way fsdp x 2-way tensor (rows over 4 devices), 2 microbatches.
 MESH = MeshConfig(data=2, fsdp=2, expert=1, tensor=2)
-SEQUENCE_LEVEL = ("objective.preset=custom", "objective.baseline=group_mean", "objective.credit=token",
-                  "objective.gamma=0.8", "objective.is_level=sequence", "objective.is_apply_to=all",
-                  "objective.mismatch_level=sequence", "objective.mismatch_range=(0.0, 1.5)",
-                  "objective.trust_region_level=sequence",
-                  "objective.trust_region_delta=5e-4", "objective.negative_token_fraction=0.5",
-                  "objective.old_logprobs=recompute", "objective.row_denominator=kept", "objective.il_weight=0.5",
-                  "rollout.group_size=4")
+SEQUENCE_LEVEL = (
+    "objective.preset=custom",
+    "objective.baseline=group_mean",
+    "objective.credit=token",
+    "objective.gamma=0.8",
+    "objective.is_level=sequence",
+    "objective.is_apply_to=all",
+    "objective.mismatch_level=sequence",
+    "objective.mismatch_range=(0.0, 1.5)",
+    "objective.trust_region_level=sequence",
+    "objective.trust_region_delta=5e-4",
+    "objective.negative_token_fraction=0.5",
+    "objective.old_logprobs=recompute",
+    "objective.row_denominator=kept",
+    "objective.il_weight=0.5",
+    "rollout.group_size=4",
+)
 OBJECTIVES = {
     "ipa": ("objective.preset=ipa",),
-    "flash_reinforce": ("objective.preset=flash_reinforce", "objective.trust_region_delta=5e-4",
-                        "objective.negative_token_fraction=0.5"),
+    "flash_reinforce": (
+        "objective.preset=flash_reinforce",
+        "objective.trust_region_delta=5e-4",
+        "objective.negative_token_fraction=0.5",
+    ),
     "sequence_level": SEQUENCE_LEVEL,
 }
 # Sums over trajectories and tokens that both layouts must agree on exactly (counts) or closely (sums).
@@ -160,8 +174,16 @@ def _run(tmp_path, mesh, tag, *overrides):
     data = tmp_path / "data.jsonl"
     if not data.exists():
         write_jsonl(data, _trajectories(16, seed=5))
-    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=16", "train.microbatches=2", "checkpoint.every=0",
-                   "logging.tensorboard=False", "optimizer.eps=1e-4", "objective.preset=flash_reinforce", *overrides)
+    exp = make_exp(
+        f"train.data=('{data}',)",
+        "train.batch_size=16",
+        "train.microbatches=2",
+        "checkpoint.every=0",
+        "logging.tensorboard=False",
+        "optimizer.eps=1e-4",
+        "objective.preset=flash_reinforce",
+        *overrides,
+    )
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / tag), mesh=mesh)
     params0 = tree_copy(learner.state.params)
     state = learner.run()
@@ -173,9 +195,26 @@ def test_learner_packed_update_equals_padded(tmp_path, mesh):
     (packed,), packed_init, packed_after = _run(tmp_path, mesh, "packed", "train.steps=1", "train.packing=True")
     assert max_rel_diff(packed_init, init) == 0.0
     assert padded["seq_len"] == packed["seq_len"] == 64
-    for key in ("loss", "rl_loss", "grad_norm", "reward_mean", "reward_std", "advantage_mean", "advantage_std",
-                "advantage_min", "advantage_max", "admitted_fraction", "kept_token_fraction", "chunks_mean",
-                "chunks_max", "action_tokens", "real_tokens", "is_ratio_mean", "mismatch_kl", "policy_lag_mean"):
+    for key in (
+        "loss",
+        "rl_loss",
+        "grad_norm",
+        "reward_mean",
+        "reward_std",
+        "advantage_mean",
+        "advantage_std",
+        "advantage_min",
+        "advantage_max",
+        "admitted_fraction",
+        "kept_token_fraction",
+        "chunks_mean",
+        "chunks_max",
+        "action_tokens",
+        "real_tokens",
+        "is_ratio_mean",
+        "mismatch_kl",
+        "policy_lag_mean",
+    ):
         assert math.isclose(packed[key], padded[key], rel_tol=1e-5, abs_tol=1e-7), key
     delta = jax.tree.map(np.subtract, after, init)
     assert max_rel_diff(jax.tree.map(np.subtract, packed_after, init), delta) < 1e-3
@@ -183,8 +222,16 @@ def test_learner_packed_update_equals_padded(tmp_path, mesh):
 
 def test_learner_packed_minibatches_and_epochs(tmp_path, mesh):
     """Two epochs of two minibatches of packed rows from one batch, with recomputed old log-probs."""
-    rows, _, _ = _run(tmp_path, mesh, "packed", "train.steps=4", "train.packing=True", "train.minibatches=2",
-                      "train.epochs_per_batch=2", "objective.old_logprobs=recompute")
+    rows, _, _ = _run(
+        tmp_path,
+        mesh,
+        "packed",
+        "train.steps=4",
+        "train.packing=True",
+        "train.minibatches=2",
+        "train.epochs_per_batch=2",
+        "objective.old_logprobs=recompute",
+    )
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["skipped"] == 0 for r in rows)
     assert all(math.isfinite(r["loss"]) for r in rows)
     # each epoch's two minibatches together hold the whole batch

@@ -23,8 +23,11 @@ def test_lines_every_n_steps_and_at_the_end_off_a_terminal():
     progress = Progress(total=7, initial=0, every=3, stream=out)
     progress.evaluated(0, {"success": 0.25, "reward": 0.25, "episodes": 8, "time_s": 3.0})
     for step in range(1, 8):
-        progress.step(step, {"loss": 0.5, "il_greedy_match": 0.125, "reward_mean": 0.75, "tokens_per_s": 1234.5},
-                      warm_start=step <= 3)
+        progress.step(
+            step,
+            {"loss": 0.5, "il_greedy_match": 0.125, "reward_mean": 0.75, "tokens_per_s": 1234.5},
+            warm_start=step <= 3,
+        )
     progress.close()
     lines = out.getvalue().splitlines()
     assert lines[0] == "eval at step 0: success 0.25, reward 0.25 (8 episodes, 3s)"
@@ -38,10 +41,17 @@ def test_lines_every_n_steps_and_at_the_end_off_a_terminal():
 def test_training_console_is_progress_not_library_logs(tmp_path):
     data = tmp_path / "data.jsonl"
     write_jsonl(data, synthetic_trajectories(16))
-    cmd = [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY_CONFIG}",
-           f"--config.train.data=('{data}',)", "--config.train.steps=2", "--config.checkpoint.every=1",
-           "--config.logging.console_every=1", "--config.logging.tensorboard=False",
-           f"--config.train.run_dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "experiments", "train.py"),
+        f"--config={TINY_CONFIG}",
+        f"--config.train.data=('{data}',)",
+        "--config.train.steps=2",
+        "--config.checkpoint.every=1",
+        "--config.logging.console_every=1",
+        "--config.logging.tensorboard=False",
+        f"--config.train.run_dir={tmp_path / 'run'}",
+    ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1)}
     quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
@@ -49,8 +59,13 @@ def test_training_console_is_progress_not_library_logs(tmp_path):
     assert not info.search(quiet.stderr), quiet.stderr[:2000]
     assert re.search(r"^step 1/2 RL .*loss", quiet.stderr, re.M) and re.search(r"^step 2/2 RL", quiet.stderr, re.M)
     assert "steps: 2" in quiet.stdout  # the summary, on stdout
-    verbose = subprocess.run(cmd[:-1] + [f"--config.train.run_dir={tmp_path / 'run2'}", "--verbosity=0"],
-                             capture_output=True, text=True, timeout=300, env=env)
+    verbose = subprocess.run(
+        cmd[:-1] + [f"--config.train.run_dir={tmp_path / 'run2'}", "--verbosity=0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert verbose.returncode == 0 and info.search(verbose.stderr)  # --verbosity=0 brings the INFO logs back
 
 
@@ -88,15 +103,19 @@ def test_the_total_is_fixed_when_the_warm_start_ends_early():
         progress.step(step, {"loss": 0.5}, warm_start=step <= 2, done=done)
     lines = [line.split("  ")[0] for line in out.getvalue().splitlines()]
     assert lines == ["step 1/10 IL warm start", "step 2 (4/10) IL warm start"] + [
-        f"step {s} ({s + 2}/10) RL" for s in range(3, 9)]
+        f"step {s} ({s + 2}/10) RL" for s in range(3, 9)
+    ]
 
 
 def test_dropped_and_stale_trajectories_show_on_the_line_once_there_are_any():
     out = io.StringIO()
     progress = Progress(total=3, initial=0, every=1, stream=out)
     progress.step(1, {"loss": 0.5, "dropped_total": 0.0, "source/queue_dropped_total": 0.0}, warm_start=False)
-    progress.step(2, {"loss": 0.5, "dropped_total": 1.0, "source/queue_dropped_total": 5.0,
-                      "source/queue_dropped_stale": 4.0}, warm_start=False)
+    progress.step(
+        2,
+        {"loss": 0.5, "dropped_total": 1.0, "source/queue_dropped_total": 5.0, "source/queue_dropped_stale": 4.0},
+        warm_start=False,
+    )
     first, second = out.getvalue().splitlines()
     assert "stale" not in first and "dropped" not in first
     assert "stale 4  dropped 2  " in second

@@ -43,8 +43,13 @@ def test_flip_rewards_swaps_success_and_failure_of_the_chosen_trajectories():
 def test_the_learner_flips_rewards_after_the_warm_start_only(tmp_path):
     trajs = synthetic_trajectories(8, seed=0)
     write_jsonl(str(tmp_path / "data.jsonl"), trajs)
-    exp = make_exp(f"train.data=('{tmp_path / 'data.jsonl'}',)", "train.batch_size=8", "train.steps=3",
-                   "train.il_warmup_steps=1", "train.reward_flip_fraction=1.0")
+    exp = make_exp(
+        f"train.data=('{tmp_path / 'data.jsonl'}',)",
+        "train.batch_size=8",
+        "train.steps=3",
+        "train.il_warmup_steps=1",
+        "train.reward_flip_fraction=1.0",
+    )
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"))
     seen, make_batch = [], learner.make_batch
     learner.make_batch = lambda batch: seen.append(sorted(t.reward for t in batch)) or make_batch(batch)

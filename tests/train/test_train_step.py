@@ -30,9 +30,17 @@ def _copy_state(state):
 # One objective touching every microbatch-sensitive part: batch baseline (full-batch advantages), chunk credit,
 # token IS, sequence trust region, entropy filter of failures (needs entropies), token_mean aggregation
 # (full-batch token count), and the IL term (full-batch expert-token count).
-OBJECTIVE = ("objective.preset=custom", "objective.baseline=batch_mean", "objective.credit=chunk",
-             "objective.is_level=token", "objective.trust_region_level=sequence", "objective.trust_region_delta=0.05",
-             "objective.negative_token_fraction=0.5", "objective.aggregation=token_mean", "objective.il_weight=0.5")
+OBJECTIVE = (
+    "objective.preset=custom",
+    "objective.baseline=batch_mean",
+    "objective.credit=chunk",
+    "objective.is_level=token",
+    "objective.trust_region_level=sequence",
+    "objective.trust_region_delta=0.05",
+    "objective.negative_token_fraction=0.5",
+    "objective.aggregation=token_mean",
+    "objective.il_weight=0.5",
+)
 # Adam divides by |g| + eps: a gradient element of size ~eps would carry its float32 summation-order noise into
 # the update at full relative size, so eps is raised to 1e-4 to compare the gradients' accumulation itself.
 EPS = "optimizer.eps=1e-4"
@@ -61,8 +69,19 @@ def test_microbatched_update_equals_full_batch(setup):
     assert max_rel_diff(tree_copy(s_full.params), params0) > 1e-4  # the update is not a no-op
     assert max_rel_diff(tree_copy(s_micro.params), tree_copy(s_full.params)) < 1e-6
     assert 0 < float(m_full["admitted_fraction"]) <= 1 and float(m_full["il_loss"]) > 0
-    for key in ("loss", "grad_norm", "rl_loss", "il_loss", "is_ratio_mean", "admitted_fraction", "mismatch_abs",
-                "mismatch_kl", "kept_token_fraction", "entropy", "advantage_std"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "rl_loss",
+        "il_loss",
+        "is_ratio_mean",
+        "admitted_fraction",
+        "mismatch_abs",
+        "mismatch_kl",
+        "kept_token_fraction",
+        "entropy",
+        "advantage_std",
+    ):
         assert math.isclose(float(m_micro[key]), float(m_full[key]), rel_tol=1e-5, abs_tol=1e-7), key
     assert int(m_micro["skipped"]) == 0
 
@@ -94,8 +113,9 @@ def test_nonfinite_update_from_a_finite_gradient_is_skipped(setup, shown_finite_
     update finite: the bound from its inputs (the step knows the optimizer) and checking the computed update."""
     state, step_full, _, _ = setup
     assert step_full.options.optimizer is not None  # build_steps passes the experiment's optimizer
-    options = step_full.options if shown_finite_by == "bound" else dataclasses.replace(step_full.options,
-                                                                                        optimizer=None)
+    options = (
+        step_full.options if shown_finite_by == "bound" else dataclasses.replace(step_full.options, optimizer=None)
+    )
     state = _copy_state(state)
     params0, opt0 = tree_copy(state.params), tree_copy(state.opt_state)
     overflowing = TrainStep(state, step_full.mesh, options, lambda step, rl_start=0: jnp.float32(jnp.inf))
@@ -112,8 +132,12 @@ def test_bounded_update_skips_only_absurd_learning_rates(setup):
     state, step_full, _, _ = setup
     state = _copy_state(state)
     params0 = tree_copy(state.params)
-    step = TrainStep(state, step_full.mesh, step_full.options,
-                     lambda step, rl_start=0: jnp.where(step == 0, jnp.float32(1e35), jnp.float32(1e20)))
+    step = TrainStep(
+        state,
+        step_full.mesh,
+        step_full.options,
+        lambda step, rl_start=0: jnp.where(step == 0, jnp.float32(1e35), jnp.float32(1e20)),
+    )
     batch = step.put_batch(make_batch(8, seed=2))
     state, first = step(state, batch)
     jax.tree.map(np.testing.assert_array_equal, tree_copy(state.params), params0)
@@ -133,16 +157,21 @@ def decaying():
     state = build_state(exp, mesh)
     bound, _ = build_steps(exp, state, mesh)
     lr = lambda step, rl_start=0: jnp.float32(100.0)  # noqa: E731
-    return (state, TrainStep(state, mesh, bound.options, lr),
-            TrainStep(state, mesh, dataclasses.replace(bound.options, optimizer=None), lr))
+    return (
+        state,
+        TrainStep(state, mesh, bound.options, lr),
+        TrainStep(state, mesh, dataclasses.replace(bound.options, optimizer=None), lr),
+    )
 
 
 def _set_element(tree, path_has: str, index: tuple, value: float):
     """`tree` with tree[leaf][index] = value in the one leaf whose path names `path_has`."""
+
     def put(path, x):
         if path_has not in jax.tree_util.keystr(path):
             return x
         return jax.device_put(x.at[index].set(value), x.sharding)
+
     hits = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0] if path_has in jax.tree_util.keystr(p)]
     assert len(hits) == 1, hits
     return jax.tree_util.tree_map_with_path(put, tree)
@@ -192,10 +221,16 @@ def _adamw_numbers(config: OptimizerConfig, p, g, mu, nu, count, lr) -> dict[str
         g = g * config.clip_norm / norm
     t = count + 1
     mu1, nu1 = config.b1 * mu + (1 - config.b1) * g, config.b2 * nu + (1 - config.b2) * g * g
-    mu_hat, nu_hat = mu1 / (1 - config.b1 ** t), nu1 / (1 - config.b2 ** t)
+    mu_hat, nu_hat = mu1 / (1 - config.b1**t), nu1 / (1 - config.b2**t)
     direction = mu_hat / (np.sqrt(nu_hat) + config.eps) + config.weight_decay * p
-    return {"mu": mu1, "nu": nu1, "mu_hat": mu_hat, "nu_hat": nu_hat, "direction": direction,
-            "params": p - lr * direction}
+    return {
+        "mu": mu1,
+        "nu": nu1,
+        "mu_hat": mu_hat,
+        "nu_hat": nu_hat,
+        "direction": direction,
+        "params": p - lr * direction,
+    }
 
 
 @pytest.mark.parametrize("case", ["random", "momentum_without_variance", "huge_variance", "huge_params_unclipped"])
@@ -219,8 +254,12 @@ def test_update_magnitude_bound_covers_every_number_of_the_update(case):
 
     tx = make_optimizer(config)
     params = {"w": jnp.asarray(p, jnp.float32)}
-    opt_state = optax.tree_utils.tree_set(tx.init(params), mu={"w": jnp.asarray(mu, jnp.float32)},
-                                          nu={"w": jnp.asarray(nu, jnp.float32)}, count=jnp.asarray(count, jnp.int32))
+    opt_state = optax.tree_utils.tree_set(
+        tx.init(params),
+        mu={"w": jnp.asarray(mu, jnp.float32)},
+        nu={"w": jnp.asarray(nu, jnp.float32)},
+        count=jnp.asarray(count, jnp.int32),
+    )
     grads = {"w": jnp.asarray(g, jnp.float32)}
     direction, _ = tx.update(grads, opt_state, params)
     np.testing.assert_allclose(apply_direction(params, direction, lr)["w"], numbers["params"], rtol=1e-5, atol=1e-5)
@@ -228,15 +267,23 @@ def test_update_magnitude_bound_covers_every_number_of_the_update(case):
     assert bound >= largest, (bound, largest)
     if case != "random":
         assert bound <= 20 * largest, (bound, largest)
-    assert not np.isfinite(float(update_magnitude_bound(config, params, opt_state, jnp.float32(np.nan),
-                                                        jnp.float32(lr))))
+    assert not np.isfinite(
+        float(update_magnitude_bound(config, params, opt_state, jnp.float32(np.nan), jnp.float32(lr)))
+    )
 
 
 def test_sharded_mesh_update_equals_one_device():
     assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
     # MoE with expert parallelism, routing replay (4-D routed_experts batch array) and the load-balancing loss.
-    exp = make_exp("train.batch_size=8", EPS, *MOE_ARCH, "model.arch.num_hidden_layers=1",
-                   "objective.il_weight=0.3", "model.load_balancing_coef=0.01", "model.routing_replay=True")
+    exp = make_exp(
+        "train.batch_size=8",
+        EPS,
+        *MOE_ARCH,
+        "model.arch.num_hidden_layers=1",
+        "objective.il_weight=0.3",
+        "model.load_balancing_coef=0.01",
+        "model.routing_replay=True",
+    )
     batch = make_batch(8, seed=3, num_layers_k=(1, 2))
     results = []
     for sizes, devices in (((2, 2, 2, 1), jax.devices()), ((1, 1, 1, 1), jax.devices()[:1])):
@@ -302,8 +349,12 @@ def test_optimizer_direction_times_lr_is_adamw():
     cfg = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_norm=0.5, b1=0.8, b2=0.95, eps=1e-6)
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32), "b": jnp.asarray(rng.normal(size=3), jnp.float32)}
-    reference = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(
-        1e-2, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
+    reference = optax.chain(
+        optax.clip_by_global_norm(0.5),
+        optax.adamw(
+            1e-2, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+        ),
+    )
     ours = make_optimizer(cfg)
     p_ref, s_ref, p_ours, s_ours = params, reference.init(params), params, ours.init(params)
     for _ in range(3):
@@ -323,8 +374,12 @@ def test_greedy_reproduced_rows_matches_reference():
     probs = rng.choice([0.2, 0.49, 0.51, 0.9, 1.0], size=(b, t), p=[0.1, 0.05, 0.05, 0.3, 0.5])
     expert = rng.random((b, t)) < 0.3
     expert[:4] = False  # rows without imitation tokens never count
-    expected = np.array([row_e.any() and all(p > 0.5 for p, e in zip(row_p, row_e) if e)
-                         for row_p, row_e in zip(probs.astype(np.float64), expert)])
+    expected = np.array(
+        [
+            row_e.any() and all(p > 0.5 for p, e in zip(row_p, row_e) if e)
+            for row_p, row_e in zip(probs.astype(np.float64), expert)
+        ]
+    )
     got = np.asarray(greedy_reproduced_rows(jnp.log(jnp.asarray(probs, jnp.float32)), jnp.asarray(expert)))
     assert 0 < expected.sum() < b - 4
     np.testing.assert_array_equal(got, expected)

@@ -11,9 +11,17 @@ from ipa_jax.pipeline import ExperimentConfig, load_config, validate
 from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch
 
 
-def synthetic_trajectories(n: int, *, vocab_size: int = 128, seed: int = 0, min_len: int = 12, max_len: int = 30,
-                           expert_every: int = 3, num_layers_k: tuple[int, int] | None = None,
-                           num_tasks: int | None = None) -> list[Trajectory]:
+def synthetic_trajectories(
+    n: int,
+    *,
+    vocab_size: int = 128,
+    seed: int = 0,
+    min_len: int = 12,
+    max_len: int = 30,
+    expert_every: int = 3,
+    num_layers_k: tuple[int, int] | None = None,
+    num_tasks: int | None = None,
+) -> list[Trajectory]:
     """n valid trajectories of ragged lengths. Behaviour log-probs are near log(1/V) (what a fresh random model
     assigns), so importance ratios start close to 1. num_layers_k=(L, k) adds routed_experts."""
     rng = np.random.default_rng(seed)
@@ -43,11 +51,20 @@ def synthetic_trajectories(n: int, *, vocab_size: int = 128, seed: int = 0, min_
             layers, k = num_layers_k  # k distinct experts of 4 per token and layer
             routed = np.argsort(rng.random((length, layers, 4)), axis=-1)[..., :k]
         task = i % num_tasks if num_tasks else i
-        out.append(Trajectory(
-            uid=f"traj-{seed}-{i}", tokens=tokens, action_mask=action, behavior_logprobs=behavior,
-            chunk_ids=build_chunk_ids(action, ends), expert_mask=expert, reward=float(rng.random() < 0.7),
-            policy_version=0, routed_experts=routed, info={"task_id": f"task-{task}"},
-        ))
+        out.append(
+            Trajectory(
+                uid=f"traj-{seed}-{i}",
+                tokens=tokens,
+                action_mask=action,
+                behavior_logprobs=behavior,
+                chunk_ids=build_chunk_ids(action, ends),
+                expert_mask=expert,
+                reward=float(rng.random() < 0.7),
+                policy_version=0,
+                routed_experts=routed,
+                info={"task_id": f"task-{task}"},
+            )
+        )
     return out
 
 
@@ -70,6 +87,12 @@ def tree_copy(tree):
 
 def max_rel_diff(a, b) -> float:
     """max over leaves of ||a - b|| / ||b||."""
-    diffs = jax.tree.map(lambda x, y: float(np.linalg.norm(np.asarray(x, np.float64) - np.asarray(y, np.float64))
-                                            / max(np.linalg.norm(np.asarray(y, np.float64)), 1e-30)), a, b)
+    diffs = jax.tree.map(
+        lambda x, y: float(
+            np.linalg.norm(np.asarray(x, np.float64) - np.asarray(y, np.float64))
+            / max(np.linalg.norm(np.asarray(y, np.float64)), 1e-30)
+        ),
+        a,
+        b,
+    )
     return max(jax.tree.leaves(diffs))

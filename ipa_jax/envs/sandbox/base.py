@@ -46,14 +46,26 @@ class SandboxLimits:
     output_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "workspace_mb", "workspace_files",
-                     "tmp_mb", "shm_mb", "timeout_s", "output_bytes"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "max_processes",
+            "file_size_mb",
+            "workspace_mb",
+            "workspace_files",
+            "tmp_mb",
+            "shm_mb",
+            "timeout_s",
+            "output_bytes",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
         if self.address_space_mb < 1:
-            raise ValueError(f"SandboxLimits: workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + shm_mb "
-                             f"({self.shm_mb}) live in memory and must leave part of memory_mb ({self.memory_mb}) to "
-                             "the processes")
+            raise ValueError(
+                f"SandboxLimits: workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + shm_mb "
+                f"({self.shm_mb}) live in memory and must leave part of memory_mb ({self.memory_mb}) to "
+                "the processes"
+            )
 
     @property
     def address_space_mb(self) -> int:
@@ -95,8 +107,9 @@ class Sandbox(abc.ABC):
     workdir: str  # the workspace's path inside the sandbox (commands start there)
 
     @abc.abstractmethod
-    def run(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None,
-            mounts: Sequence[Mount] = ()) -> CommandResult:
+    def run(
+        self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None, mounts: Sequence[Mount] = ()
+    ) -> CommandResult:
         """Run `command` with bash in the workspace under the backend's limits. Raises SandboxError when closed."""
 
     @abc.abstractmethod
@@ -125,8 +138,14 @@ class SandboxBackend(abc.ABC):
     limits: SandboxLimits
 
     @abc.abstractmethod
-    def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> Sandbox:
+    def create(
+        self,
+        files: Mapping[str, str] | None = None,
+        *,
+        source_dir: str = "",
+        source_files: Mapping[str, str] | None = None,
+        executable: Sequence[str] = (),
+    ) -> Sandbox:
         """A new sandbox with its own workspace."""
 
 

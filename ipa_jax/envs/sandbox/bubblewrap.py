@@ -85,9 +85,17 @@ def namespaces_unavailable(uid: int | None = None) -> str:
     if uid is None and os.geteuid() == 0:
         uid = NOBODY
     try:
-        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts",
-                                "--fork", "true"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                               user=uid, group=uid, extra_groups=None if uid is None else [], cwd="/", timeout=30)
+        probe = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "true"],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin"},
+            user=uid,
+            group=uid,
+            extra_groups=None if uid is None else [],
+            cwd="/",
+            timeout=30,
+        )
     except FileNotFoundError:
         try:
             with open("/proc/sys/user/max_user_namespaces") as f:
@@ -135,9 +143,11 @@ def _check_traversable(root: str) -> None:
     """bwrap runs as another user: every folder above the workspaces must let it pass (o+x)."""
     closed = _closed_folder(os.path.join(root, "workspace"))
     if closed:
-        raise SandboxError(f"sandbox root {root!r}: the sandbox user cannot enter {closed!r} (mode "
-                           f"{oct(os.stat(closed).st_mode & 0o777)}); choose a root under a world-traversable "
-                           "folder such as /tmp")
+        raise SandboxError(
+            f"sandbox root {root!r}: the sandbox user cannot enter {closed!r} (mode "
+            f"{oct(os.stat(closed).st_mode & 0o777)}); choose a root under a world-traversable "
+            "folder such as /tmp"
+        )
 
 
 def _libraries(binary: str) -> list[str]:
@@ -146,8 +156,11 @@ def _libraries(binary: str) -> list[str]:
         out = subprocess.run(["ldd", binary], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     except OSError:  # no ldd: a static bwrap, or one whose libraries the sandbox user reaches
         return []
-    return [m.split()[0] for line in out.stdout.splitlines() if "=>" in line and (m := line.split("=>")[1].strip())
-            and m.startswith("/")]
+    return [
+        m.split()[0]
+        for line in out.stdout.splitlines()
+        if "=>" in line and (m := line.split("=>")[1].strip()) and m.startswith("/")
+    ]
 
 
 def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
@@ -161,8 +174,10 @@ def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]
     os.makedirs(root, mode=0o711, exist_ok=True)
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise SandboxError(f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds "
-                           "the bwrap copy the sandbox user runs)")
+        raise SandboxError(
+            f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds "
+            "the bwrap copy the sandbox user runs)"
+        )
     _check_traversable(root)
     with open(binary, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
@@ -184,8 +199,15 @@ class BubblewrapBackend(SandboxBackend):
     """Sandboxes on bubblewrap (Linux). `workdir`: the workspace path inside; `uid`: the host user bwrap runs as
     when the learner is root; `ro_binds`: extra host folders visible read-only (e.g. a Python outside /usr)."""
 
-    def __init__(self, limits: SandboxLimits | None = None, *, workdir: str = "/app", root: str = "",
-                 uid: int = NOBODY, ro_binds: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        workdir: str = "/app",
+        root: str = "",
+        uid: int = NOBODY,
+        ro_binds: Sequence[str] = (),
+    ) -> None:
         self.limits = limits or SandboxLimits()
         if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev", "/tmp"):
             raise ValueError(f"workdir must be an absolute path of its own, got {workdir!r}")
@@ -203,8 +225,14 @@ class BubblewrapBackend(SandboxBackend):
         self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
         atexit.register(self.close_all)
 
-    def create(self, files: Mapping[str, str] | None = None, *, source_dir: str = "",
-               source_files: Mapping[str, str] | None = None, executable: Sequence[str] = ()) -> BubblewrapSandbox:
+    def create(
+        self,
+        files: Mapping[str, str] | None = None,
+        *,
+        source_dir: str = "",
+        source_files: Mapping[str, str] | None = None,
+        executable: Sequence[str] = (),
+    ) -> BubblewrapSandbox:
         folder = os.path.join(self.root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
         os.makedirs(folder, mode=0o700)
         try:
@@ -247,9 +275,23 @@ class BubblewrapBackend(SandboxBackend):
 
     def argv(self, folder: str, mounts: Sequence[Mount]) -> list[str]:
         """The bwrap command line of one command (without the command)."""
-        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-                "--ro-bind", "/usr", "/usr"]
+        args = [
+            self.bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for link in SYSTEM_LINKS:
             if os.path.islink(link):
                 args += ["--symlink", os.readlink(link), link]
@@ -258,8 +300,14 @@ class BubblewrapBackend(SandboxBackend):
         for entry in ETC_ENTRIES:
             if os.path.exists(f"/etc/{entry}"):
                 args += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
-        args += ["--ro-bind", os.path.join(folder, "etc", "passwd"), "/etc/passwd",
-                 "--ro-bind", os.path.join(folder, "etc", "group"), "/etc/group"]
+        args += [
+            "--ro-bind",
+            os.path.join(folder, "etc", "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            os.path.join(folder, "etc", "group"),
+            "/etc/group",
+        ]
         args += ["--proc", "/proc", "--dev", "/dev"]
         for path, size_mb, _ in self.ram_folders():  # the workspace among them: the host copies it in and out
             args += ["--size", str(size_mb * 1024 * 1024), "--tmpfs", path]
@@ -267,17 +315,38 @@ class BubblewrapBackend(SandboxBackend):
             args += ["--ro-bind", path, path]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", m.host_path, m.sandbox_path]
-        args += ["--remount-ro", "/",  # the sandbox's own root (and /etc in it): only the binds above are writable
-                 "--chdir", self.workdir, "--clearenv", "--setenv", "PATH", SANDBOX_PATH,
-                 "--setenv", "HOME", self.workdir, "--setenv", "LANG", "C.UTF-8", "--setenv", "TERM", "dumb",
-                 "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        args += [
+            "--remount-ro",
+            "/",  # the sandbox's own root (and /etc in it): only the binds above are writable
+            "--chdir",
+            self.workdir,
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            SANDBOX_PATH,
+            "--setenv",
+            "HOME",
+            self.workdir,
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "TERM",
+            "dumb",
+            "--setenv",
+            "PYTHONDONTWRITEBYTECODE",
+            "1",
+        ]
         return args
 
     def ram_folders(self) -> list[tuple[str, int, str]]:
         """(path, MiB, limits field) of the size-capped folders in memory."""
         lim = self.limits
-        return [("/tmp", lim.tmp_mb, "tmp_mb"), ("/dev/shm", lim.shm_mb, "shm_mb"),
-                (self.workdir, lim.workspace_mb, "workspace_mb")]
+        return [
+            ("/tmp", lim.tmp_mb, "tmp_mb"),
+            ("/dev/shm", lim.shm_mb, "shm_mb"),
+            (self.workdir, lim.workspace_mb, "workspace_mb"),
+        ]
 
     def script(self, go: int, done: int) -> str:
         """The shell running a command (its "$1"). It says "ready" on fd `done` and waits for a line on fd `go`
@@ -286,14 +355,20 @@ class BubblewrapBackend(SandboxBackend):
         capped folder it filled, reports the exit status on `done` and waits for the end of `go` (the host copies
         the workspace out meanwhile)."""
         lim = self.limits
-        checks = "".join(f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, '
-                         f'limits.{key})" >&2; ' for path, mb, key in self.ram_folders())
-        ulimit = (f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
-                  f"-f {lim.file_size_mb * 1024}")
-        return (f"echo ready >&{done}; read -r _ <&{go} || exit 125; trap 'kill -9 -1 2>/dev/null' USR1; "
-                f'({ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {go}<&- {done}>&- & command=$!; '
-                f"wait $command; status=$?; while kill -0 $command 2>/dev/null; do wait $command; status=$?; done; "
-                f"kill -9 -1 2>/dev/null; {checks}echo $status >&{done}; read -r _ <&{go}; exit $status")
+        checks = "".join(
+            f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, limits.{key})" >&2; '
+            for path, mb, key in self.ram_folders()
+        )
+        ulimit = (
+            f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
+            f"-f {lim.file_size_mb * 1024}"
+        )
+        return (
+            f"echo ready >&{done}; read -r _ <&{go} || exit 125; trap 'kill -9 -1 2>/dev/null' USR1; "
+            f'({ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {go}<&- {done}>&- & command=$!; '
+            f"wait $command; status=$?; while kill -0 $command 2>/dev/null; do wait $command; status=$?; done; "
+            f"kill -9 -1 2>/dev/null; {checks}echo $status >&{done}; read -r _ <&{go}; exit $status"
+        )
 
 
 def _copy_in(source: str, dest: str) -> None:
@@ -301,8 +376,13 @@ def _copy_in(source: str, dest: str) -> None:
     copied as links: they resolve inside the sandbox, never on the host."""
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     if os.path.isdir(source) and not os.path.islink(source):
-        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            "Dockerfile", "docker-compose.y*ml", ".dockerignore"))
+        shutil.copytree(
+            source,
+            dest,
+            symlinks=True,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("Dockerfile", "docker-compose.y*ml", ".dockerignore"),
+        )
     else:
         shutil.copy2(source, dest, follow_symlinks=False)
 
@@ -322,8 +402,9 @@ class BubblewrapSandbox(Sandbox):
     def closed(self) -> bool:
         return self._closed
 
-    def run(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None,
-            mounts: Sequence[Mount] = ()) -> CommandResult:
+    def run(
+        self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None, mounts: Sequence[Mount] = ()
+    ) -> CommandResult:
         limits = self.backend.limits
         timeout = limits.timeout_s if timeout_s is None else timeout_s
         with self._run_lock:  # one command at a time: each copies the workspace in and back out
@@ -338,10 +419,18 @@ class BubblewrapSandbox(Sandbox):
                     try:
                         run_as = self.backend.run_as  # root: bwrap runs as that user, its group, no other group
                         proc = subprocess.Popen(
-                            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=self.backend.bwrap_env, user=run_as, group=run_as,
-                            extra_groups=None if run_as is None else [], start_new_session=True, close_fds=True,
-                            pass_fds=(go_read, done_write))
+                            argv,
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env=self.backend.bwrap_env,
+                            user=run_as,
+                            group=run_as,
+                            extra_groups=None if run_as is None else [],
+                            start_new_session=True,
+                            close_fds=True,
+                            pass_fds=(go_read, done_write),
+                        )
                     except OSError as e:
                         raise SandboxError(f"cannot start bwrap: {e}") from e
                     self._procs.add(proc)
@@ -351,8 +440,9 @@ class BubblewrapSandbox(Sandbox):
             start = time.perf_counter()
             session, status = _Session(self, proc, go_write), None
             try:
-                output, timed_out, flooded, status = _collect(proc, stdin, timeout, limits.output_bytes, done_read,
-                                                              session)
+                output, timed_out, flooded, status = _collect(
+                    proc, stdin, timeout, limits.output_bytes, done_read, session
+                )
                 if status is not None:
                     session.copy_out()
             except (OSError, SandboxError) as e:
@@ -382,9 +472,17 @@ class BubblewrapSandbox(Sandbox):
             output.note(session.discarded)
         (stdout, stdout_bytes), (stderr, stderr_bytes) = output.text(proc.stdout), output.text(proc.stderr)
         full = tuple(dict.fromkeys(output.full() + ((self.workdir,) if session.discarded else ())))
-        return CommandResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start,
-                             timed_out=timed_out, output_limited=flooded, stdout_bytes=stdout_bytes,
-                             stderr_bytes=stderr_bytes, full=full)
+        return CommandResult(
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=time.perf_counter() - start,
+            timed_out=timed_out,
+            output_limited=flooded,
+            stdout_bytes=stdout_bytes,
+            stderr_bytes=stderr_bytes,
+            full=full,
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -453,8 +551,10 @@ class _Session:
             over = f"cannot copy it out ({e.strerror})"
         if over:
             shutil.rmtree(staged, ignore_errors=True)
-            self.discarded = (f"{FULL_MARKER}{self.sandbox.workdir} is over its cap ({over}): the command's changes "
-                              "to the workspace are discarded")
+            self.discarded = (
+                f"{FULL_MARKER}{self.sandbox.workdir} is over its cap ({over}): the command's changes "
+                "to the workspace are discarded"
+            )
             return
         old = os.path.join(self.sandbox.folder, "workspace.old")
         os.rename(self.sandbox.workspace, old)
@@ -501,8 +601,15 @@ def _listing(root: str, max_entries: float) -> list[tuple] | None:
             if stat.S_ISLNK(st.st_mode):
                 out.append((path, st.st_mode, 0, 0, os.readlink(name, dir_fd=folder_fd)))
             else:
-                out.append((path, st.st_mode, st.st_size if stat.S_ISREG(st.st_mode) else 0,
-                            st.st_mtime_ns if stat.S_ISREG(st.st_mode) else 0, ""))
+                out.append(
+                    (
+                        path,
+                        st.st_mode,
+                        st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                        st.st_mtime_ns if stat.S_ISREG(st.st_mode) else 0,
+                        "",
+                    )
+                )
     return sorted(out)
 
 
@@ -646,7 +753,7 @@ class _Output:
     def full(self) -> tuple[str, ...]:
         """The capped folders the shell reported full."""
         lines = self.stderr_tail.decode("utf-8", "replace").splitlines()
-        return tuple(line[len(FULL_MARKER):].split(" is full")[0] for line in lines if line.startswith(FULL_MARKER))
+        return tuple(line[len(FULL_MARKER) :].split(" is full")[0] for line in lines if line.startswith(FULL_MARKER))
 
     @property
     def flooded(self) -> bool:
@@ -656,8 +763,9 @@ class _Output:
         return bytes(self.kept[stream]).decode("utf-8", "replace"), self.total[stream]
 
 
-def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, control: int,
-             session: _Session) -> tuple[_Output, bool, bool, int | None]:
+def _collect(
+    proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, control: int, session: _Session
+) -> tuple[_Output, bool, bool, int | None]:
     """Feed stdin and read the output until the shell reports the command's exit status on `control` (then the
     status), or the sandbox ends without one (None). The shell's "ready" line starts the session; a timeout or a
     flood (more than OUTPUT_KILL_FACTOR x `keep` bytes) stops the command, and what follows within KILL_WAIT_S is
@@ -690,7 +798,7 @@ def _collect(proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, co
             for key, _ in sel.select(min(left, 1.0)):
                 if key.fileobj is proc.stdin:
                     try:
-                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]):]
+                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]) :]
                     except BrokenPipeError:  # the command does not read its input
                         pending = pending[:0]
                     if not pending:

@@ -22,22 +22,37 @@ from ipa_jax.envs.tool_calls import ToolCall
 
 
 def _spec(name: str, description: str, **params: str) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {p: {"type": "string", "description": d}
-                                                        for p, d in params.items()},
-                       "required": list(params)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string", "description": d} for p, d in params.items()},
+                "required": list(params),
+            },
+        },
+    }
 
 
 TOOL_SPECS: dict[str, dict[str, Any]] = {
-    "bash": _spec("bash", "Run a bash command in the workspace. Each call starts a new shell in the workspace "
-                          "folder: files persist between calls, the current folder and variables do not.",
-                  command="The command."),
-    "python": _spec("python", "Run a Python 3 program (standard library only) in the workspace.",
-                    code="The program's source."),
+    "bash": _spec(
+        "bash",
+        "Run a bash command in the workspace. Each call starts a new shell in the workspace "
+        "folder: files persist between calls, the current folder and variables do not.",
+        command="The command.",
+    ),
+    "python": _spec(
+        "python", "Run a Python 3 program (standard library only) in the workspace.", code="The program's source."
+    ),
     "read_file": _spec("read_file", "Read a text file.", path="Its path (relative to the workspace or absolute)."),
-    "write_file": _spec("write_file", "Create or overwrite a text file.",
-                        path="Its path (relative to the workspace or absolute).", content="The file's text."),
+    "write_file": _spec(
+        "write_file",
+        "Create or overwrite a text file.",
+        path="Its path (relative to the workspace or absolute).",
+        content="The file's text.",
+    ),
 }
 TOOL_NAMES = tuple(TOOL_SPECS)
 
@@ -77,8 +92,9 @@ def format_observation(result: CommandResult, max_chars: int) -> str:
     return "\n".join(parts)
 
 
-def run_tool(sandbox: Sandbox | None, call: ToolCall, *, max_chars: int = 2000, timeout_s: float | None = None
-             ) -> StepResult:
+def run_tool(
+    sandbox: Sandbox | None, call: ToolCall, *, max_chars: int = 2000, timeout_s: float | None = None
+) -> StepResult:
     """Execute a validated call of one of TOOL_SPECS in `sandbox`; a failed command is an error observation. Raises
     ToolError (an error observation too, through Env.step) when the sandbox is closed (None) or fails."""
     if sandbox is None:
@@ -101,8 +117,11 @@ def _run_tool(sandbox: Sandbox, call: ToolCall, max_chars: int, timeout_s: float
             return StepResult(truncate(result.stdout, max_chars, result.stdout_bytes))
     elif call.name == "write_file":
         path = shlex.quote(str(args["path"]))
-        result = sandbox.run(f'mkdir -p -- "$(dirname -- {path})" && cat > {path}',
-                             stdin=str(args["content"]).encode(), timeout_s=timeout_s)
+        result = sandbox.run(
+            f'mkdir -p -- "$(dirname -- {path})" && cat > {path}',
+            stdin=str(args["content"]).encode(),
+            timeout_s=timeout_s,
+        )
         if result.ok:
             return StepResult(f"wrote {len(str(args['content']))} characters to {args['path']}")
     else:

@@ -45,10 +45,19 @@ class TerminalEnv(SandboxedEnv):
     name = "terminal"
     blocking = True
 
-    def __init__(self, tiers: tuple[str, ...] | list[str] = ("easy",), families: tuple[str, ...] | list[str] = (),
-                 tasks_dir: str = "", tools: tuple[str, ...] | list[str] = ("bash",), extra_turns: int = 3,
-                 observation_chars: int = 1000, backend: str = "bubblewrap",
-                 limits: dict[str, Any] | None = None, workdir: str = "/app", eval_fraction: float = 0.2) -> None:
+    def __init__(
+        self,
+        tiers: tuple[str, ...] | list[str] = ("easy",),
+        families: tuple[str, ...] | list[str] = (),
+        tasks_dir: str = "",
+        tools: tuple[str, ...] | list[str] = ("bash",),
+        extra_turns: int = 3,
+        observation_chars: int = 1000,
+        backend: str = "bubblewrap",
+        limits: dict[str, Any] | None = None,
+        workdir: str = "/app",
+        eval_fraction: float = 0.2,
+    ) -> None:
         super().__init__()
         unknown_tiers = sorted(set(tiers) - set(TIERS))
         unknown_families = sorted(set(families) - set(FAMILIES))
@@ -103,10 +112,14 @@ class TerminalEnv(SandboxedEnv):
     def _folder_specs(self) -> dict[str, list[TerminalSpec]]:
         split_dirs = {s: os.path.join(self.tasks_dir, s) for s in SPLITS}
         if all(os.path.isdir(d) for d in split_dirs.values()):
-            return {s: [load_task_folder(os.path.join(d, t)) for t in sorted(os.listdir(d))]
-                    for s, d in split_dirs.items()}
-        specs = [load_task_folder(os.path.join(self.tasks_dir, t)) for t in sorted(os.listdir(self.tasks_dir))
-                 if os.path.isdir(os.path.join(self.tasks_dir, t))]
+            return {
+                s: [load_task_folder(os.path.join(d, t)) for t in sorted(os.listdir(d))] for s, d in split_dirs.items()
+            }
+        specs = [
+            load_task_folder(os.path.join(self.tasks_dir, t))
+            for t in sorted(os.listdir(self.tasks_dir))
+            if os.path.isdir(os.path.join(self.tasks_dir, t))
+        ]
         return {s: [t for t in specs if self._split_of(t.name, {}) == s] for s in SPLITS}
 
     def folder_tasks(self, split: str) -> list[TerminalSpec]:
@@ -119,8 +132,15 @@ class TerminalEnv(SandboxedEnv):
 
     def _folder_task(self, spec: TerminalSpec, split: str) -> Task:
         data = {"spec": spec.to_dict()}
-        return Task(task_id=f"{self.name}/{split}/{spec.name}", env=self.name, prompt=spec.instruction,
-                    tools=self.tools, answer="", data=data, max_turns=self.max_turns_for(data))
+        return Task(
+            task_id=f"{self.name}/{split}/{spec.name}",
+            env=self.name,
+            prompt=spec.instruction,
+            tools=self.tools,
+            answer="",
+            data=data,
+            max_turns=self.max_turns_for(data),
+        )
 
     # ---- episode ------------------------------------------------------------------------------------
     def reset(self, task: Task) -> str:
@@ -128,8 +148,13 @@ class TerminalEnv(SandboxedEnv):
         prompt = super().reset(task)
         self.spec = TerminalSpec.from_dict(task.data["spec"])
         backend = shared_backend(self.backend_name, self.limits, self.workdir)
-        self.create_sandbox(backend.create, self.spec.files, source_dir=self.spec.environment_dir,
-                            source_files=self.spec.environment_files, executable=self.spec.executable)
+        self.create_sandbox(
+            backend.create,
+            self.spec.files,
+            source_dir=self.spec.environment_dir,
+            source_files=self.spec.environment_files,
+            executable=self.spec.executable,
+        )
         self.command_time_s = 0.0
         return prompt
 
@@ -141,8 +166,9 @@ class TerminalEnv(SandboxedEnv):
             raise ToolError(f"the task's time budget ({self.spec.agent_timeout_s:.0f} s of commands) is used up")
         start = time.perf_counter()
         try:
-            return run_tool(self.sandbox, call, max_chars=self.observation_chars,
-                            timeout_s=min(self.limits.timeout_s, left))
+            return run_tool(
+                self.sandbox, call, max_chars=self.observation_chars, timeout_s=min(self.limits.timeout_s, left)
+            )
         finally:
             self.command_time_s += time.perf_counter() - start
 
@@ -155,8 +181,12 @@ class TerminalEnv(SandboxedEnv):
             reward, result = grade(self.sandbox, self.spec)
         finally:
             self.close()
-        self.last_grade = {"reward": reward, "exit_code": result.exit_code, "timed_out": result.timed_out,
-                           "output": (result.stdout + result.stderr)[-self.observation_chars:]}
+        self.last_grade = {
+            "reward": reward,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "output": (result.stdout + result.stderr)[-self.observation_chars :],
+        }
         return reward
 
     def check_task(self, task: Task) -> dict[str, float]:

@@ -24,11 +24,19 @@ from ipa_jax.envs.terminal.spec import TEST_ENTRY, TerminalSpec
 TESTS_MOUNT = "/tests"
 LOGS_MOUNT = "/logs"
 REWARD_FILE_BYTES = 4096  # a reward file is a number or a small JSON object
-GRADER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb",
-              "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONPATH": TESTS_MOUNT,
-              "PYTHONDONTWRITEBYTECODE": "1"}
-GRADER_COMMAND = " ".join(["exec /usr/bin/env -i", *(f"{k}={v}" for k, v in GRADER_ENV.items()),
-                           f"/bin/bash {TESTS_MOUNT}/{TEST_ENTRY}"])
+GRADER_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONSAFEPATH": "1",
+    "PYTHONPATH": TESTS_MOUNT,
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+GRADER_COMMAND = " ".join(
+    ["exec /usr/bin/env -i", *(f"{k}={v}" for k, v in GRADER_ENV.items()), f"/bin/bash {TESTS_MOUNT}/{TEST_ENTRY}"]
+)
 
 
 def grade(sandbox: Sandbox, spec: TerminalSpec) -> tuple[float, CommandResult]:

@@ -144,12 +144,14 @@ def load_task_folder(path: str) -> TerminalSpec:
         solution = os.path.join(path, "solution", "solve.sh")
         env_dir = os.path.join(path, "environment")
         return TerminalSpec(
-            name=name, instruction=_read(os.path.join(path, "instruction.md")).strip(),
+            name=name,
+            instruction=_read(os.path.join(path, "instruction.md")).strip(),
             solution=split_solution(_read(solution)) if os.path.isfile(solution) else (),
             environment_dir=env_dir if os.path.isdir(env_dir) else "",
             tests_dir=_require_dir(os.path.join(path, "tests"), TEST_ENTRY),
             agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 120.0)),
-            test_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 60.0)))
+            test_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 60.0)),
+        )
     if os.path.isfile(os.path.join(path, "task.yaml")):
         import yaml  # transformers' dependency
 
@@ -159,14 +161,16 @@ def load_task_folder(path: str) -> TerminalSpec:
             raise ValueError(f"{path}/task.yaml has no 'instruction'")
         tests_dir = os.path.join(path, "tests")
         return TerminalSpec(
-            name=name, instruction=str(meta["instruction"]).strip(),
+            name=name,
+            instruction=str(meta["instruction"]).strip(),
             # Terminal-Bench 1's entry point sits beside tests/: the grader runs it with TEST_DIR=/tests.
             tests={TEST_ENTRY: "export TEST_DIR=/tests\n" + _read(os.path.join(path, "run-tests.sh"))},
             tests_dir=tests_dir if os.path.isdir(tests_dir) else "",
             environment_files=dockerfile_copies(path),
             solution=split_solution(_read(os.path.join(path, "solution.sh"))),
             agent_timeout_s=float(meta.get("max_agent_timeout_sec", 120.0)),
-            test_timeout_s=float(meta.get("max_test_timeout_sec", 60.0)))
+            test_timeout_s=float(meta.get("max_test_timeout_sec", 60.0)),
+        )
     raise ValueError(f"{path} is not a task folder: expected instruction.md (Harbor) or task.yaml (Terminal-Bench 1)")
 
 
@@ -207,12 +211,15 @@ def dockerfile_copies(folder: str) -> dict[str, str]:
             continue
         *sources, dest = paths
         if any("://" in src for src in sources):
-            raise ValueError(f"{dockerfile}: {instruction} {args}: downloads are not staged; put the file in the "
-                             "task folder")
+            raise ValueError(
+                f"{dockerfile}: {instruction} {args}: downloads are not staged; put the file in the task folder"
+            )
         target = os.path.normpath(os.path.join(workdir, dest))
         if os.path.relpath(target, TB1_WORKDIR).startswith(".."):
-            raise ValueError(f"{dockerfile}: {instruction} {args}: copies to {target}, outside {TB1_WORKDIR}; only "
-                             f"files under {TB1_WORKDIR} reach the workspace")
+            raise ValueError(
+                f"{dockerfile}: {instruction} {args}: copies to {target}, outside {TB1_WORKDIR}; only "
+                f"files under {TB1_WORKDIR} reach the workspace"
+            )
         into_folder = dest.endswith("/") or len(sources) > 1 or target == TB1_WORKDIR
         for pattern in sources:
             matches = sorted(glob.glob(os.path.join(folder, pattern)))

@@ -14,9 +14,16 @@ from ipa_jax.rollout.resample.experts import ExpertTrajectory
 from ipa_jax.trajectory import Trajectory
 
 
-async def run_anchored(engine: Engine, chat: ChatFormat, expert: ExpertTrajectory, anchor: int,
-                       config: AgentConfig = AgentConfig(), *, env: Env | None = None,
-                       uid: str | None = None) -> Trajectory | None:
+async def run_anchored(
+    engine: Engine,
+    chat: ChatFormat,
+    expert: ExpertTrajectory,
+    anchor: int,
+    config: AgentConfig = AgentConfig(),
+    *,
+    env: Env | None = None,
+    uid: str | None = None,
+) -> Trajectory | None:
     """One episode from the state after the expert's first `anchor` chunks (None if the engine aborted).
 
     The prefix has expert_mask 1 and action_mask 0; the tail's chunk ids start at 0. info["resample"] =
@@ -28,8 +35,13 @@ async def run_anchored(engine: Engine, chat: ChatFormat, expert: ExpertTrajector
     traj = await run_episode(engine, chat, task, config, env=env, uid=uid, prefill=expert.prefill(anchor) or None)
     if traj is None:
         return None
-    traj.info["resample"] = {"task_id": task.task_id, "anchor": int(anchor), "num_expert_chunks": expert.num_chunks,
-                             "expert_uid": expert.uid, "il_target": False}
+    traj.info["resample"] = {
+        "task_id": task.task_id,
+        "anchor": int(anchor),
+        "num_expert_chunks": expert.num_chunks,
+        "expert_uid": expert.uid,
+        "il_target": False,
+    }
     if anchor:
         traj.info["task_id"] = f"{task.task_id}@{anchor}"
     return traj
@@ -43,8 +55,20 @@ def whole_expert_episode(expert: ExpertTrajectory, chat: ChatFormat, env: Env | 
     task = expert.task
     K = expert.num_chunks
     messages = task.initial_messages() + [dict(m) for m in expert.messages]
-    return expert_episode(task, messages, env if env is not None else make_env(task.env), chat,
-                          uid=f"{task.task_id}@{K + 1}#{uuid.uuid4().hex[:12]}",
-                          info={"task_id": f"{task.task_id}@{K + 1}",
-                                "resample": {"task_id": task.task_id, "anchor": K + 1, "num_expert_chunks": K,
-                                             "expert_uid": expert.uid, "il_target": True}})
+    return expert_episode(
+        task,
+        messages,
+        env if env is not None else make_env(task.env),
+        chat,
+        uid=f"{task.task_id}@{K + 1}#{uuid.uuid4().hex[:12]}",
+        info={
+            "task_id": f"{task.task_id}@{K + 1}",
+            "resample": {
+                "task_id": task.task_id,
+                "anchor": K + 1,
+                "num_expert_chunks": K,
+                "expert_uid": expert.uid,
+                "il_target": True,
+            },
+        },
+    )

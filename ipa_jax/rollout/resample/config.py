@@ -102,10 +102,16 @@ class ResampleConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(field, f"must be an int >= 1, got {value!r}")
-        if isinstance(self.num_tasks, bool) or not isinstance(self.num_tasks, int) or \
-                not (self.num_tasks == 0 or self.num_tasks >= self.tasks_per_round):
-            raise bad("num_tasks", f"must be 0 (8 * tasks_per_round) or an int >= tasks_per_round="
-                                   f"{self.tasks_per_round}, got {self.num_tasks!r}")
+        if (
+            isinstance(self.num_tasks, bool)
+            or not isinstance(self.num_tasks, int)
+            or not (self.num_tasks == 0 or self.num_tasks >= self.tasks_per_round)
+        ):
+            raise bad(
+                "num_tasks",
+                f"must be 0 (8 * tasks_per_round) or an int >= tasks_per_round="
+                f"{self.tasks_per_round}, got {self.num_tasks!r}",
+            )
         if isinstance(self.select_top, bool) or not isinstance(self.select_top, int) or self.select_top < 0:
             raise bad("select_top", f"must be an int >= 0 (0 = all anchors), got {self.select_top!r}")
         for field in ("threshold", "fork_jump"):

@@ -62,27 +62,35 @@ def expert_from_messages(messages: Sequence[Mapping[str, Any]], task: Task, uid:
     messages = [dict(m) for m in messages]
     initial = task.initial_messages()
     if messages[: len(initial)] != initial:
-        raise ValueError(f"expert {uid!r}: the conversation must start with the task's initial messages "
-                         f"{[m['role'] for m in initial]} (system/user of task {task.task_id!r})")
-    rest = messages[len(initial):]
+        raise ValueError(
+            f"expert {uid!r}: the conversation must start with the task's initial messages "
+            f"{[m['role'] for m in initial]} (system/user of task {task.task_id!r})"
+        )
+    rest = messages[len(initial) :]
     ends: list[int] = []
     i = 0
     while i < len(rest):
         msg = rest[i]
         if msg.get("role") != "assistant":
-            raise ValueError(f"expert {uid!r}: message {len(initial) + i} has role {msg.get('role')!r} where an "
-                             "assistant turn is expected")
+            raise ValueError(
+                f"expert {uid!r}: message {len(initial) + i} has role {msg.get('role')!r} where an "
+                "assistant turn is expected"
+            )
         if not msg.get("tool_calls"):
             if i != len(rest) - 1:
-                raise ValueError(f"expert {uid!r}: message {len(initial) + i} is an answer without tool calls "
-                                 "but is not the last message")
+                raise ValueError(
+                    f"expert {uid!r}: message {len(initial) + i} is an answer without tool calls "
+                    "but is not the last message"
+                )
             break
         j = i + 1
         while j < len(rest) and rest[j].get("role") == "tool":
             j += 1
         if j - i - 1 != len(msg["tool_calls"]):
-            raise ValueError(f"expert {uid!r}: message {len(initial) + i} has {len(msg['tool_calls'])} tool calls "
-                             f"but {j - i - 1} tool responses follow")
+            raise ValueError(
+                f"expert {uid!r}: message {len(initial) + i} has {len(msg['tool_calls'])} tool calls "
+                f"but {j - i - 1} tool responses follow"
+            )
         ends.append(j)
         i = j
     return ExpertTrajectory(uid=uid, task=task, messages=tuple(rest), chunk_ends=tuple(ends))
@@ -134,8 +142,10 @@ def expert_from_trajectory(traj: Trajectory, task: Task, chat: ChatFormat) -> Ex
     conversation does not re-render to the trajectory's own tokens (anchored rollouts would not reproduce
     them token for token)."""
     if traj.expert_mask.any():
-        raise ValueError(f"expert {traj.uid!r} is itself an anchored rollout (expert-masked prefix); an expert "
-                         "trajectory must be sampled from the start state")
+        raise ValueError(
+            f"expert {traj.uid!r} is itself an anchored rollout (expert-masked prefix); an expert "
+            "trajectory must be sampled from the start state"
+        )
     env = make_env(task.env)
     try:
         messages = _replayed_conversation(traj, task, chat, env)
@@ -147,8 +157,10 @@ def expert_from_trajectory(traj: Trajectory, task: Task, chat: ChatFormat) -> Ex
     got, want = replay.tokens, traj.tokens[:n].tolist()
     if got != want:
         t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise ValueError(f"expert {traj.uid!r}: the chat template does not re-render the trajectory's tokens "
-                         f"(first difference at position {t}); anchored rollouts would not reproduce it")
+        raise ValueError(
+            f"expert {traj.uid!r}: the chat template does not re-render the trajectory's tokens "
+            f"(first difference at position {t}); anchored rollouts would not reproduce it"
+        )
     return expert
 
 
@@ -171,15 +183,22 @@ def _replayed_conversation(traj: Trajectory, task: Task, chat: ChatFormat, env: 
         errors = [c for c in parsed.calls if isinstance(c, ToolCallError)]
         if errors:
             raise ValueError(f"expert {traj.uid!r}: chunk {k} has a malformed tool call ({errors[0].message})")
-        messages.append({"role": "assistant", "content": parsed.content, **thought,
-                         "tool_calls": [c.to_message_dict() for c in parsed.calls]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": parsed.content,
+                **thought,
+                "tool_calls": [c.to_message_dict() for c in parsed.calls],
+            }
+        )
         for call in parsed.calls:
             messages.append({"role": "tool", "name": call.name, "content": env.step(call).observation})
     return messages
 
 
-def load_experts(path: str | os.PathLike, chat: ChatFormat, *, tasks: Mapping[str, Task] | None = None,
-                 success_reward: float = 1.0) -> list[ExpertTrajectory]:
+def load_experts(
+    path: str | os.PathLike, chat: ChatFormat, *, tasks: Mapping[str, Task] | None = None, success_reward: float = 1.0
+) -> list[ExpertTrajectory]:
     """Expert trajectories from a JSONL file of either format (per line):
     chat: {"messages": [...], "tools": [...]?, "task": {Task dict} | "task_id"?, "task_id": str?};
     Trajectory (to_json): the task is info["task"] (a Task dict) or tasks[info["task_id"]] (the source task id
@@ -206,8 +225,7 @@ def build_experts(config: ResampleConfig, tasks: Sequence[Task], chat: ChatForma
         return [expert_from_messages(make_env(t.env).expert(t), t) for t in tasks]
     if not os.path.exists(config.experts):
         raise ValueError(f"ResampleConfig.experts: no file {config.experts!r} (nor 'scripted')")
-    return load_experts(config.experts, chat, tasks={t.task_id: t for t in tasks},
-                        success_reward=config.success_reward)
+    return load_experts(config.experts, chat, tasks={t.task_id: t for t in tasks}, success_reward=config.success_reward)
 
 
 def _resolve_task(ref: Any, tasks: Mapping[str, Task]) -> Task:
@@ -220,8 +238,9 @@ def _resolve_task(ref: Any, tasks: Mapping[str, Task]) -> Task:
     raise ValueError("no task: give 'task' (a Task dict or a task id in tasks=) so the environment can be replayed")
 
 
-def _expert_from_line(line: str, chat: ChatFormat, tasks: Mapping[str, Task], success_reward: float,
-                      lineno: int) -> ExpertTrajectory:
+def _expert_from_line(
+    line: str, chat: ChatFormat, tasks: Mapping[str, Task], success_reward: float, lineno: int
+) -> ExpertTrajectory:
     d = json.loads(line)
     if not isinstance(d, dict):
         raise ValueError(f"expected a JSON object, got {type(d).__name__}")

@@ -76,14 +76,29 @@ def forks_by_anchor(estimates: Sequence[ForkEstimate]) -> list[dict[str, Any]]:
     out = []
     for a in anchors:
         rates = [e.rates[e.anchors.index(a)] for e in estimates if a in e.anchors]
-        out.append({"anchor": a, "tasks": len(rates), "success": float(np.mean(rates)),
-                    "crucial_forks": sum(e.crucial_fork == a for e in estimates)})
+        out.append(
+            {
+                "anchor": a,
+                "tasks": len(rates),
+                "success": float(np.mean(rates)),
+                "crucial_forks": sum(e.crucial_fork == a for e in estimates),
+            }
+        )
     return out
 
 
-async def probe_forks(engine: Engine, chat: ChatFormat, experts: Sequence[ExpertTrajectory], samples: int,
-                      fork_jump: float, config: AgentConfig = AgentConfig(), *, anchors: Sequence[int] | None = None,
-                      success_reward: float = 1.0, concurrency: int = 8) -> list[ForkEstimate]:
+async def probe_forks(
+    engine: Engine,
+    chat: ChatFormat,
+    experts: Sequence[ExpertTrajectory],
+    samples: int,
+    fork_jump: float,
+    config: AgentConfig = AgentConfig(),
+    *,
+    anchors: Sequence[int] | None = None,
+    success_reward: float = 1.0,
+    concurrency: int = 8,
+) -> list[ForkEstimate]:
     """Samples `samples` episodes at each anchor (default every anchor 0..K) of each expert; one
     ForkEstimate per expert."""
     if samples < 1 or concurrency < 1:
@@ -94,8 +109,12 @@ async def probe_forks(engine: Engine, chat: ChatFormat, experts: Sequence[Expert
         async with sem:
             return await run_anchored(engine, chat, expert, a, config)
 
-    jobs = [(e, a) for e in experts for a in (anchors if anchors is not None else range(e.num_chunks + 1))
-            for _ in range(samples)]
+    jobs = [
+        (e, a)
+        for e in experts
+        for a in (anchors if anchors is not None else range(e.num_chunks + 1))
+        for _ in range(samples)
+    ]
     results = await asyncio.gather(*(one(e, a) for e, a in jobs))
     counts: dict[str, dict[int, list[int]]] = {e.task_id: {} for e in experts}
     for (e, a), traj in zip(jobs, results):
@@ -103,5 +122,6 @@ async def probe_forks(engine: Engine, chat: ChatFormat, experts: Sequence[Expert
             c = counts[e.task_id].setdefault(a, [0, 0])
             c[0] += traj.reward >= success_reward
             c[1] += 1
-    return [estimate_forks(e.task_id, {a: (s, n) for a, (s, n) in counts[e.task_id].items()}, fork_jump)
-            for e in experts]
+    return [
+        estimate_forks(e.task_id, {a: (s, n) for a, (s, n) in counts[e.task_id].items()}, fork_jump) for e in experts
+    ]

@@ -161,8 +161,11 @@ class Resampler:
             return False
         window = self._window[task_id]
         window.append(ok)
-        if len(window) == self.config.window and sum(window) / len(window) >= self.config.threshold \
-                and self._anchor[task_id] > 0:
+        if (
+            len(window) == self.config.window
+            and sum(window) / len(window) >= self.config.threshold
+            and self._anchor[task_id] > 0
+        ):
             self._anchor[task_id] -= 1
             window.clear()
             self._moves[task_id] += 1
@@ -214,16 +217,21 @@ class Resampler:
                 if carrier is not None:
                     targets[(t, carrier.anchor)] = carrier.il_from
         sampled = {key: first for key, first in targets.items() if key in solved}
-        carriers = [Planned(t, q, il_from=first) for (t, q), first in sorted(targets.items()) if (t, q) not in solved
-                    for _ in range(1 if self.is_whole_expert(t, q) else self.config.il_samples)]
+        carriers = [
+            Planned(t, q, il_from=first)
+            for (t, q), first in sorted(targets.items())
+            if (t, q) not in solved
+            for _ in range(1 if self.is_whole_expert(t, q) else self.config.il_samples)
+        ]
         return sampled, carriers
 
     def is_whole_expert(self, task_id: str, anchor: int) -> bool:
         """Anchor K + 1: the expert's whole episode, its final answer included (an IL row, nothing sampled)."""
         return anchor == self.expert(task_id).num_chunks + 1
 
-    def finalize(self, results: Sequence[tuple[Planned, Trajectory]],
-                 il_groups: Mapping[tuple[str, int], int] | None = None) -> list[Trajectory]:
+    def finalize(
+        self, results: Sequence[tuple[Planned, Trajectory]], il_groups: Mapping[tuple[str, int], int] | None = None
+    ) -> list[Trajectory]:
         """The batch: carriers keep expert_mask on the expert's chunks il_from..anchor-1, and so do the first
         `il_samples` trajectories of each (task, anchor) group in `il_groups` (-> its first chunk, from
         il_targets); everywhere else expert_mask is cleared, so the expert prefix is plain context."""
@@ -238,8 +246,9 @@ class Resampler:
                 carried[key] += 1
             chunk = expert_chunk_index(traj.expert_mask)
             if chunk.max(initial=-1) + 1 != p.anchor:
-                raise ValueError(f"{traj.uid}: {chunk.max(initial=-1) + 1} expert turns in a rollout at anchor "
-                                 f"{p.anchor}")
+                raise ValueError(
+                    f"{traj.uid}: {chunk.max(initial=-1) + 1} expert turns in a rollout at anchor {p.anchor}"
+                )
             info = dict(traj.info)
             info["resample"] = {**info.get("resample", {}), "il_target": il_from is not None}
             mask = np.zeros_like(traj.expert_mask) if il_from is None else chunk >= il_from

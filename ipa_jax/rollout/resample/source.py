@@ -16,9 +16,16 @@ from ipa_jax.rollout.resample.resampler import Planned, Resampler
 from ipa_jax.trajectory import Trajectory
 
 
-async def resample_round(resampler: Resampler, engine: Engine, chat: ChatFormat, task_ids: Sequence[str],
-                         config: AgentConfig = AgentConfig(), *, concurrency: int = 8,
-                         env_factory: Callable[[Task], Env] | None = None) -> list[Trajectory]:
+async def resample_round(
+    resampler: Resampler,
+    engine: Engine,
+    chat: ChatFormat,
+    task_ids: Sequence[str],
+    config: AgentConfig = AgentConfig(),
+    *,
+    concurrency: int = 8,
+    env_factory: Callable[[Task], Env] | None = None,
+) -> list[Trajectory]:
     """One round: plan -> sample concurrently -> record outcomes (in plan order) -> IL targets where a
     group failed (carriers sampled at forks this round did not visit) -> finalize masks. Returned task by
     task (in `task_ids` order; within a task, planned episodes then carriers). Aborted episodes are dropped
@@ -59,8 +66,15 @@ class ResampleSource:
     of `resample_round` synchronously on its own event loop, config.tasks_per_round tasks (cycling over the
     experts in order) per round; surplus trajectories wait for the next call (they are not checkpointed)."""
 
-    def __init__(self, resampler: Resampler, engine: Engine, chat: ChatFormat, config: AgentConfig = AgentConfig(),
-                 *, concurrency: int = 8):
+    def __init__(
+        self,
+        resampler: Resampler,
+        engine: Engine,
+        chat: ChatFormat,
+        config: AgentConfig = AgentConfig(),
+        *,
+        concurrency: int = 8,
+    ):
         self.resampler, self.engine, self.chat, self.config = resampler, engine, chat, config
         self.tasks_per_round, self.concurrency = resampler.config.tasks_per_round, concurrency
         self._order = list(resampler.experts)
@@ -75,8 +89,16 @@ class ResampleSource:
 
     def next_trajectories(self, n: int) -> list[Trajectory]:
         while len(self._buffer) < n:
-            self._buffer += self._loop.run_until_complete(resample_round(
-                self.resampler, self.engine, self.chat, self._next_tasks(), self.config, concurrency=self.concurrency))
+            self._buffer += self._loop.run_until_complete(
+                resample_round(
+                    self.resampler,
+                    self.engine,
+                    self.chat,
+                    self._next_tasks(),
+                    self.config,
+                    concurrency=self.concurrency,
+                )
+            )
         out, self._buffer = self._buffer[:n], self._buffer[n:]
         return out
 

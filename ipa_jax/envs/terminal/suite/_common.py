@@ -103,18 +103,30 @@ class Checks:
     inputs: Mapping[str, str] = field(default_factory=dict)
 
     def tests(self) -> dict[str, str]:
-        expect = {"files": dict(self.files), "absent": list(self.absent), "executable": list(self.executable),
-                  "runs": [dataclasses.asdict(run) for run in self.runs]}
+        expect = {
+            "files": dict(self.files),
+            "absent": list(self.absent),
+            "executable": list(self.executable),
+            "runs": [dataclasses.asdict(run) for run in self.runs],
+        }
         inputs = {f"{INPUTS_FOLDER}/{name}": text for name, text in self.inputs.items()}
         return {TEST_ENTRY: TEST_SH, "check.py": CHECK_SCRIPT, "expect.json": json.dumps(expect, indent=1), **inputs}
 
 
-def task(instruction: str, files: Mapping[str, str], solution: Sequence[str], checks: Checks,
-         executable: Sequence[str] = ()) -> TerminalSpec:
+def task(
+    instruction: str, files: Mapping[str, str], solution: Sequence[str], checks: Checks, executable: Sequence[str] = ()
+) -> TerminalSpec:
     """A TerminalSpec whose name, tier and family the `family` decorator fills in."""
     # The checker runs the agent's programs: graded by its exit status, with no /logs they could write a reward to.
-    return TerminalSpec(name="", instruction=instruction, files=files, tests=checks.tests(), solution=tuple(solution),
-                        executable=tuple(executable), reward_file=False)
+    return TerminalSpec(
+        name="",
+        instruction=instruction,
+        files=files,
+        tests=checks.tests(),
+        solution=tuple(solution),
+        executable=tuple(executable),
+        reward_file=False,
+    )
 
 
 def family_decorator(tier: str, registry: list[Maker]) -> Callable[[Maker], Maker]:

@@ -35,7 +35,6 @@ FAMILIES: list[Maker] = []
 family = family_decorator(TIER, FAMILIES)
 
 
-
 def sed_replace(path: str, old: str, new: str) -> str:
     """A `sed -i` step replacing the literal text `old` by `new` (neither holds a newline or a single quote)."""
     pattern = re.sub(r"([\\/.*\[\]^$])", r"\\\1", old)
@@ -70,8 +69,10 @@ exit $status
 def config_path_fix(rng: random.Random) -> TerminalSpec:
     keys = rng.sample(("input_file", "template_file", "schema_file", "rules_file", "lookup_file"), 3)
     folders = rng.sample(DIRS, 3)
-    paths = {key: f"{folder}/{rng.choice(WORDS)}_{rng.randint(2015, 2030)}.{rng.choice(('csv', 'json', 'tpl'))}"
-             for key, folder in zip(keys, folders)}
+    paths = {
+        key: f"{folder}/{rng.choice(WORDS)}_{rng.randint(2015, 2030)}.{rng.choice(('csv', 'json', 'tpl'))}"
+        for key, folder in zip(keys, folders)
+    }
     broken_key = rng.choice(keys)
     folder, name = paths[broken_key].split("/")
     stem_and_year, ext = name.rsplit(".", 1)
@@ -85,16 +86,26 @@ def config_path_fix(rng: random.Random) -> TerminalSpec:
         return joined(f"{key}={wrong if broken and key == broken_key else value}" for key, value in settings)
 
     out = rng.choice(RESULT_FILES)
-    return task(f"./check.sh reports a broken setting in app.conf. Fix it to name the file of that type that exists "
-                f"in the same folder (change nothing else), then save the output of ./check.sh to {out}.",
-                files={"app.conf": config(broken=True), "check.sh": CONFIG_CHECK, decoy: phrase(rng, 4) + "\n",
-                       **{path: phrase(rng, 3) + "\n" for path in paths.values()}},
-                executable=["check.sh"],
-                solution=[shown("./check.sh"), f"ls {folder}",
-                          f"sed -i 's|^{broken_key}=.*|{broken_key}={paths[broken_key]}|' app.conf",
-                          f"./check.sh > {out}"],
-                checks=Checks(files={"app.conf": config(broken=False), "check.sh": CONFIG_CHECK,
-                                     out: "OK: app.conf is valid\n"}))
+    return task(
+        f"./check.sh reports a broken setting in app.conf. Fix it to name the file of that type that exists "
+        f"in the same folder (change nothing else), then save the output of ./check.sh to {out}.",
+        files={
+            "app.conf": config(broken=True),
+            "check.sh": CONFIG_CHECK,
+            decoy: phrase(rng, 4) + "\n",
+            **{path: phrase(rng, 3) + "\n" for path in paths.values()},
+        },
+        executable=["check.sh"],
+        solution=[
+            shown("./check.sh"),
+            f"ls {folder}",
+            f"sed -i 's|^{broken_key}=.*|{broken_key}={paths[broken_key]}|' app.conf",
+            f"./check.sh > {out}",
+        ],
+        checks=Checks(
+            files={"app.conf": config(broken=False), "check.sh": CONFIG_CHECK, out: "OK: app.conf is valid\n"}
+        ),
+    )
 
 
 @family
@@ -113,13 +124,20 @@ def incident_log_move(rng: random.Random) -> TerminalSpec:
         logs[f"{service}.log"] = joined(lines)
     folder, out = rng.choice(("incidents", "quarantine", "review")), rng.choice(RESULT_FILES)
     bad = f"{broken}.log"
-    return task(f"Exactly one file in logs/ has a request with status 500 (the last field). Move it into a new "
-                f"folder {folder}/ and write its file name (without the folder) to {out}.",
-                files={f"logs/{name}": text for name, text in logs.items()},
-                solution=["grep -l ' 500$' logs/*", f"mkdir {folder} && mv logs/{bad} {folder}/",
-                          f"echo {bad} > {out}"],
-                checks=Checks(files={**{f"logs/{name}": text for name, text in logs.items() if name != bad},
-                                     f"{folder}/{bad}": logs[bad], out: bad + "\n"}, absent=[f"logs/{bad}"]))
+    return task(
+        f"Exactly one file in logs/ has a request with status 500 (the last field). Move it into a new "
+        f"folder {folder}/ and write its file name (without the folder) to {out}.",
+        files={f"logs/{name}": text for name, text in logs.items()},
+        solution=["grep -l ' 500$' logs/*", f"mkdir {folder} && mv logs/{bad} {folder}/", f"echo {bad} > {out}"],
+        checks=Checks(
+            files={
+                **{f"logs/{name}": text for name, text in logs.items() if name != bad},
+                f"{folder}/{bad}": logs[bad],
+                out: bad + "\n",
+            },
+            absent=[f"logs/{bad}"],
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -170,41 +188,94 @@ def _text_and_limit(rng: random.Random) -> tuple[str, int]:
 
 
 NUMERIC_FUNCTIONS = (
-    Function("def total(values):\n    result = 0\n    for value in values:\n        result += value\n"
-             "    return result\n",
-             "for value in values:", "for value in values[1:]:", lambda rng: (_numbers(rng),)),
-    Function("def average(values):\n    return round(sum(values) / len(values), 2)\n",
-             "len(values), 2", "(len(values) + 1), 2", lambda rng: (_numbers(rng),)),
-    Function("def clamp(value, low, high):\n    return max(low, min(value, high))\n",
-             "min(value, high)", "min(value, low)", _bounded),
-    Function("def count_above(values, limit):\n    return sum(1 for value in values if value > limit)\n",
-             "value > limit", "value >= limit", _numbers_and_one_of_them),
-    Function("def percent(part, whole):\n    return round(100 * part / whole, 1)\n",
-             "100 * part / whole", "100 * whole / part", lambda rng: (rng.randint(1, 99), rng.randint(100, 400))),
-    Function("def spread(values):\n    return max(values) - min(values)\n",
-             "max(values) - min(values)", "min(values) - max(values)", lambda rng: (_numbers(rng),)),
+    Function(
+        "def total(values):\n    result = 0\n    for value in values:\n        result += value\n    return result\n",
+        "for value in values:",
+        "for value in values[1:]:",
+        lambda rng: (_numbers(rng),),
+    ),
+    Function(
+        "def average(values):\n    return round(sum(values) / len(values), 2)\n",
+        "len(values), 2",
+        "(len(values) + 1), 2",
+        lambda rng: (_numbers(rng),),
+    ),
+    Function(
+        "def clamp(value, low, high):\n    return max(low, min(value, high))\n",
+        "min(value, high)",
+        "min(value, low)",
+        _bounded,
+    ),
+    Function(
+        "def count_above(values, limit):\n    return sum(1 for value in values if value > limit)\n",
+        "value > limit",
+        "value >= limit",
+        _numbers_and_one_of_them,
+    ),
+    Function(
+        "def percent(part, whole):\n    return round(100 * part / whole, 1)\n",
+        "100 * part / whole",
+        "100 * whole / part",
+        lambda rng: (rng.randint(1, 99), rng.randint(100, 400)),
+    ),
+    Function(
+        "def spread(values):\n    return max(values) - min(values)\n",
+        "max(values) - min(values)",
+        "min(values) - max(values)",
+        lambda rng: (_numbers(rng),),
+    ),
 )
 TEXT_FUNCTIONS = (
-    Function('def initials(name):\n    return "".join(word[0].upper() for word in name.split())\n',
-             "word[0].upper()", "word[0]", lambda rng: (" ".join(rng.sample(NAMES, rng.randint(2, 3))),)),
-    Function('def slugify(title):\n    return "-".join(title.lower().split())\n',
-             '"-".join', '"_".join', lambda rng: (" ".join(w.capitalize() for w in rng.sample(WORDS, 3)),)),
-    Function("def is_palindrome(word):\n    text = word.lower()\n    return text == text[::-1]\n",
-             "text = word.lower()", "text = word", lambda rng: (_palindrome_or_not(rng),)),
-    Function('def count_vowels(text):\n    return sum(1 for ch in text.lower() if ch in "aeiou")\n',
-             '"aeiou"', '"aeio"', lambda rng: (phrase(rng, 2),)),
-    Function('def truncate(text, limit):\n    return text if len(text) <= limit else text[:limit] + "..."\n',
-             "text[:limit]", "text[:limit - 1]", _text_and_limit),
-    Function('def capitalize_words(text):\n    return " ".join(word.capitalize() for word in text.split())\n',
-             "word.capitalize()", "word.upper()", lambda rng: (phrase(rng, rng.randint(2, 3)),)),
+    Function(
+        'def initials(name):\n    return "".join(word[0].upper() for word in name.split())\n',
+        "word[0].upper()",
+        "word[0]",
+        lambda rng: (" ".join(rng.sample(NAMES, rng.randint(2, 3))),),
+    ),
+    Function(
+        'def slugify(title):\n    return "-".join(title.lower().split())\n',
+        '"-".join',
+        '"_".join',
+        lambda rng: (" ".join(w.capitalize() for w in rng.sample(WORDS, 3)),),
+    ),
+    Function(
+        "def is_palindrome(word):\n    text = word.lower()\n    return text == text[::-1]\n",
+        "text = word.lower()",
+        "text = word",
+        lambda rng: (_palindrome_or_not(rng),),
+    ),
+    Function(
+        'def count_vowels(text):\n    return sum(1 for ch in text.lower() if ch in "aeiou")\n',
+        '"aeiou"',
+        '"aeio"',
+        lambda rng: (phrase(rng, 2),),
+    ),
+    Function(
+        'def truncate(text, limit):\n    return text if len(text) <= limit else text[:limit] + "..."\n',
+        "text[:limit]",
+        "text[:limit - 1]",
+        _text_and_limit,
+    ),
+    Function(
+        'def capitalize_words(text):\n    return " ".join(word.capitalize() for word in text.split())\n',
+        "word.capitalize()",
+        "word.upper()",
+        lambda rng: (phrase(rng, rng.randint(2, 3)),),
+    ),
 )
 
 
 def unittest_source(module: str, calls: list[tuple[str, str, str]]) -> str:
     """A unittest file checking `function(args) == expected` for each (function, args, expected) call."""
     functions = list(dict.fromkeys(function for function, _, _ in calls))
-    lines = ["import unittest", "", f"from {module} import {', '.join(functions)}", "", "",
-             f"class Test{module.title().replace('_', '')}(unittest.TestCase):"]
+    lines = [
+        "import unittest",
+        "",
+        f"from {module} import {', '.join(functions)}",
+        "",
+        "",
+        f"class Test{module.title().replace('_', '')}(unittest.TestCase):",
+    ]
     for function in functions:
         lines.append(f"    def test_{function}(self):")
         lines += [f"        self.assertEqual({f}({args}), {expected})" for f, args, expected in calls if f == function]
@@ -233,13 +304,22 @@ def python_bugfix(rng: random.Random, pool: tuple[Function, ...], modules: tuple
     visible = unittest_source(module, [c for f in functions for c in cases(rng, f, f is buggy)])
     hidden = unittest_source(module, [c for f in functions for c in cases(rng, f, f is buggy)])
     test_file = f"test_{module}.py"
-    return task(f"python3 {test_file} fails. Find and fix the bug in {module}.py (do not change {test_file}) so that "
-                f"the tests pass.", files={f"{module}.py": broken_source, test_file: visible},
-                solution=[shown(f"python3 {test_file}"), f"grep -n -A4 'def {buggy.name}' {module}.py",
-                          sed_replace(f"{module}.py", buggy.buggy, buggy.correct), f"python3 {test_file}"],
-                checks=Checks(files={test_file: visible}, inputs={test_file: hidden},
-                              runs=[Run(f"python3 {test_file}"),
-                                    Run(f"PYTHONPATH=. python3 {INPUTS_DIR}/{test_file}")]))
+    return task(
+        f"python3 {test_file} fails. Find and fix the bug in {module}.py (do not change {test_file}) so that "
+        f"the tests pass.",
+        files={f"{module}.py": broken_source, test_file: visible},
+        solution=[
+            shown(f"python3 {test_file}"),
+            f"grep -n -A4 'def {buggy.name}' {module}.py",
+            sed_replace(f"{module}.py", buggy.buggy, buggy.correct),
+            f"python3 {test_file}",
+        ],
+        checks=Checks(
+            files={test_file: visible},
+            inputs={test_file: hidden},
+            runs=[Run(f"python3 {test_file}"), Run(f"PYTHONPATH=. python3 {INPUTS_DIR}/{test_file}")],
+        ),
+    )
 
 
 @family
@@ -260,13 +340,24 @@ def largest_file_archive(rng: random.Random) -> TerminalSpec:
     files = {f"{folder}/{name}": text for name, text in zip(names, texts)}
     largest = max(zip(texts, names), key=lambda pair: len(pair[0]))[1]
     out = rng.choice(RESULT_FILES)
-    return task(f"Move the largest file (in bytes) in {folder}/ into a new folder {archive}/ and write its file name "
-                f"(without the folder) to {out}.", files=files,
-                solution=[f"wc -c {folder}/*", f"mkdir {archive} && mv {folder}/{largest} {archive}/",
-                          f"echo {largest} > {out}"],
-                checks=Checks(files={**{path: text for path, text in files.items() if path != f"{folder}/{largest}"},
-                                     f"{archive}/{largest}": files[f"{folder}/{largest}"], out: largest + "\n"},
-                              absent=[f"{folder}/{largest}"]))
+    return task(
+        f"Move the largest file (in bytes) in {folder}/ into a new folder {archive}/ and write its file name "
+        f"(without the folder) to {out}.",
+        files=files,
+        solution=[
+            f"wc -c {folder}/*",
+            f"mkdir {archive} && mv {folder}/{largest} {archive}/",
+            f"echo {largest} > {out}",
+        ],
+        checks=Checks(
+            files={
+                **{path: text for path, text in files.items() if path != f"{folder}/{largest}"},
+                f"{archive}/{largest}": files[f"{folder}/{largest}"],
+                out: largest + "\n",
+            },
+            absent=[f"{folder}/{largest}"],
+        ),
+    )
 
 
 @family
@@ -280,10 +371,14 @@ def permission_fix_run(rng: random.Random) -> TerminalSpec:
         output.append(f"{label}: {a + b}")
     blocked = rng.choice(helpers)
     out = rng.choice(RESULT_FILES)
-    return task(f"./run.sh fails. Find out why and fix it without editing any script, then save the output of "
-                f"./run.sh to {out}.", files=scripts, executable=[s for s in scripts if s != blocked],
-                solution=[shown("./run.sh"), f"chmod +x {blocked}", f"./run.sh > {out}"],
-                checks=Checks(files={**scripts, out: joined(output)}, executable=list(scripts)))
+    return task(
+        f"./run.sh fails. Find out why and fix it without editing any script, then save the output of "
+        f"./run.sh to {out}.",
+        files=scripts,
+        executable=[s for s in scripts if s != blocked],
+        solution=[shown("./run.sh"), f"chmod +x {blocked}", f"./run.sh > {out}"],
+        checks=Checks(files={**scripts, out: joined(output)}, executable=list(scripts)),
+    )
 
 
 @family
@@ -296,11 +391,16 @@ def duplicate_file_cleanup(rng: random.Random) -> TerminalSpec:
     files = {f"{folder}/{name}": text for name, text in zip(names, texts)}
     kept, removed = sorted((names[first], names[second]))
     out = rng.choice(RESULT_FILES)
-    return task(f"Two files in {folder}/ have identical contents. Delete the one whose name sorts later "
-                f"alphabetically and write the name of the one you kept (without the folder) to {out}.", files=files,
-                solution=[f"md5sum {folder}/* | sort", f"rm {folder}/{removed}", f"echo {kept} > {out}"],
-                checks=Checks(files={**{p: t for p, t in files.items() if p != f"{folder}/{removed}"},
-                                     out: kept + "\n"}, absent=[f"{folder}/{removed}"]))
+    return task(
+        f"Two files in {folder}/ have identical contents. Delete the one whose name sorts later "
+        f"alphabetically and write the name of the one you kept (without the folder) to {out}.",
+        files=files,
+        solution=[f"md5sum {folder}/* | sort", f"rm {folder}/{removed}", f"echo {kept} > {out}"],
+        checks=Checks(
+            files={**{p: t for p, t in files.items() if p != f"{folder}/{removed}"}, out: kept + "\n"},
+            absent=[f"{folder}/{removed}"],
+        ),
+    )
 
 
 @family
@@ -311,16 +411,30 @@ def bad_csv_row(rng: random.Random) -> TerminalSpec:
     bad_row, bad_value = rng.randrange(len(names)), rng.choice(("n/a", "none", "?", "TBD", "unknown", "-"))
     rows = [f"{name},{bad_value if i == bad_row else number}" for i, (name, number) in enumerate(zip(names, numbers))]
     data, script, out = rng.choice(("data.csv", "records.csv")), "report.py", rng.choice(RESULT_FILES)
-    report = (f'import csv\n\nwith open("{data}") as f:\n    rows = list(csv.DictReader(f))\n'
-              f'total = sum(int(row["{value}"]) for row in rows)\nprint("rows:", len(rows))\nprint("total:", total)\n')
+    report = (
+        f'import csv\n\nwith open("{data}") as f:\n    rows = list(csv.DictReader(f))\n'
+        f'total = sum(int(row["{value}"]) for row in rows)\nprint("rows:", len(rows))\nprint("total:", total)\n'
+    )
     header = f"{key},{value}"
-    broken, clean = joined([header, *rows]), joined([header, *rows[:bad_row], *rows[bad_row + 1:]])
-    return task(f"{script} crashes on one row of {data}. Delete that row from {data} (change nothing else), then "
-                f"save the output of `python3 {script}` to {out}.", files={data: broken, script: report},
-                solution=[shown(f"python3 {script}"), f"grep -nF ',{bad_value}' {data}",
-                          f"sed -i '{bad_row + 2}d' {data}", f"python3 {script} > {out}"],
-                checks=Checks(files={data: clean, script: report,
-                                     out: f"rows: {len(rows) - 1}\ntotal: {sum(numbers) - numbers[bad_row]}\n"}))
+    broken, clean = joined([header, *rows]), joined([header, *rows[:bad_row], *rows[bad_row + 1 :]])
+    return task(
+        f"{script} crashes on one row of {data}. Delete that row from {data} (change nothing else), then "
+        f"save the output of `python3 {script}` to {out}.",
+        files={data: broken, script: report},
+        solution=[
+            shown(f"python3 {script}"),
+            f"grep -nF ',{bad_value}' {data}",
+            f"sed -i '{bad_row + 2}d' {data}",
+            f"python3 {script} > {out}",
+        ],
+        checks=Checks(
+            files={
+                data: clean,
+                script: report,
+                out: f"rows: {len(rows) - 1}\ntotal: {sum(numbers) - numbers[bad_row]}\n",
+            }
+        ),
+    )
 
 
 @family
@@ -330,41 +444,55 @@ def disable_service_on_port(rng: random.Random) -> TerminalSpec:
     target = rng.randrange(len(services))
 
     def conf(i: int, enabled: bool) -> str:
-        return joined([f"name={services[i]}", f"port={ports[i]}", f"enabled={str(enabled).lower()}",
-                       f"user={services[i]}_svc"])
+        return joined(
+            [f"name={services[i]}", f"port={ports[i]}", f"enabled={str(enabled).lower()}", f"user={services[i]}_svc"]
+        )
 
     enabled = [i == target or rng.random() < 0.7 for i in range(len(services))]
     files = {f"services/{services[i]}.conf": conf(i, enabled[i]) for i in range(len(services))}
     out = rng.choice(RESULT_FILES)
-    return task(f"Disable the service that listens on port {ports[target]}: set enabled=false in its file in "
-                f"services/ (change nothing else), and write its name (the file name without .conf) to {out}.",
-                files=files,
-                solution=[f"grep -l '^port={ports[target]}$' services/*.conf",
-                          f"sed -i 's/^enabled=true$/enabled=false/' services/{services[target]}.conf",
-                          f"echo {services[target]} > {out}"],
-                checks=Checks(files={**files, f"services/{services[target]}.conf": conf(target, False),
-                                     out: services[target] + "\n"}))
+    return task(
+        f"Disable the service that listens on port {ports[target]}: set enabled=false in its file in "
+        f"services/ (change nothing else), and write its name (the file name without .conf) to {out}.",
+        files=files,
+        solution=[
+            f"grep -l '^port={ports[target]}$' services/*.conf",
+            f"sed -i 's/^enabled=true$/enabled=false/' services/{services[target]}.conf",
+            f"echo {services[target]} > {out}",
+        ],
+        checks=Checks(
+            files={**files, f"services/{services[target]}.conf": conf(target, False), out: services[target] + "\n"}
+        ),
+    )
 
 
 @family
 def block_top_offender(rng: random.Random) -> TerminalSpec:
     users = rng.sample(NAMES, rng.randint(6, 8))
-    attackers, already_blocked = users[:rng.randint(2, 4)], users[-rng.randint(1, 2):]
+    attackers, already_blocked = users[: rng.randint(2, 4)], users[-rng.randint(1, 2) :]
     failures = dict(zip(attackers, rng.sample(range(1, 7), len(attackers))))  # distinct: one clear maximum
     events = [f"Failed password for {user}" for user, n in failures.items() for _ in range(n)]
     events += [f"Accepted password for {rng.choice(users)}" for _ in range(rng.randint(2, 4))]
     rng.shuffle(events)
     times = sorted(rng.sample(range(86400), len(events)))
-    lines = [f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d} sshd: {event} from 10.0.{rng.randint(0, 255)}."
-             f"{rng.randint(1, 254)}" for t, event in zip(times, events)]
+    lines = [
+        f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d} sshd: {event} from 10.0.{rng.randint(0, 255)}."
+        f"{rng.randint(1, 254)}"
+        for t, event in zip(times, events)
+    ]
     top = max(failures, key=failures.__getitem__)
     blocklist = rng.choice(("blocked.txt", "denylist.txt", "banned.txt"))
-    return task(f"Find the user with the most 'Failed password' lines in auth.log and append their name to "
-                f"{blocklist} (keep its existing lines).",
-                files={"auth.log": joined(lines), blocklist: joined(already_blocked)},
-                solution=["grep 'Failed password' auth.log | awk '{print $6}' | sort | uniq -c | sort -rn | head -3",
-                          f"echo {top} >> {blocklist}", f"cat {blocklist}"],
-                checks=Checks(files={"auth.log": joined(lines), blocklist: joined([*already_blocked, top])}))
+    return task(
+        f"Find the user with the most 'Failed password' lines in auth.log and append their name to "
+        f"{blocklist} (keep its existing lines).",
+        files={"auth.log": joined(lines), blocklist: joined(already_blocked)},
+        solution=[
+            "grep 'Failed password' auth.log | awk '{print $6}' | sort | uniq -c | sort -rn | head -3",
+            f"echo {top} >> {blocklist}",
+            f"cat {blocklist}",
+        ],
+        checks=Checks(files={"auth.log": joined(lines), blocklist: joined([*already_blocked, top])}),
+    )
 
 
 @family
@@ -382,22 +510,38 @@ def version_bump(rng: random.Random) -> TerminalSpec:
         f"src/{project}/__init__.py": '__version__ = "VERSION"\n',
     }
     changed = sorted(rng.sample(sorted(mentions), rng.randint(2, 4)))
-    others = {"docs/history.md": f"# History\n\n## {previous}\n\n- {phrase(rng, 4)}\n",
-              "notes.txt": joined(text_lines(rng, 3))}
+    others = {
+        "docs/history.md": f"# History\n\n## {previous}\n\n- {phrase(rng, 4)}\n",
+        "notes.txt": joined(text_lines(rng, 3)),
+    }
     out = rng.choice(("changed.txt", "bumped.txt"))
-    return task(f"The version changes from {old} to {new}. Replace {old} with {new} in every file that contains it, "
-                f"and write the changed files' paths (relative to /app, sorted, one per line) to {out}.",
-                files={**{path: mentions[path].replace("VERSION", old) for path in changed}, **others},
-                solution=[f"grep -rlF '{old}' . | sort", f"sed -i 's/{re.escape(old)}/{new}/g' {' '.join(changed)}",
-                          f"printf '%s\\n' {' '.join(changed)} > {out}"],
-                checks=Checks(files={**{path: mentions[path].replace("VERSION", new) for path in changed}, **others,
-                                     out: joined(changed)}))
+    return task(
+        f"The version changes from {old} to {new}. Replace {old} with {new} in every file that contains it, "
+        f"and write the changed files' paths (relative to /app, sorted, one per line) to {out}.",
+        files={**{path: mentions[path].replace("VERSION", old) for path in changed}, **others},
+        solution=[
+            f"grep -rlF '{old}' . | sort",
+            f"sed -i 's/{re.escape(old)}/{new}/g' {' '.join(changed)}",
+            f"printf '%s\\n' {' '.join(changed)} > {out}",
+        ],
+        checks=Checks(
+            files={**{path: mentions[path].replace("VERSION", new) for path in changed}, **others, out: joined(changed)}
+        ),
+    )
 
 
-MODULE_RENAMES = (("report_utils", "reportutils"), ("numtools", "num_tools"), ("helpers", "helper"),
-                  ("formatting", "formatters"))  # (the module's file, what main.py imports)
-FUNCTION_RENAMES = (("format_total", "fmt_total"), ("summarize", "summarise"), ("describe", "describe_all"),
-                    ("render_sum", "render_total"))
+MODULE_RENAMES = (
+    ("report_utils", "reportutils"),
+    ("numtools", "num_tools"),
+    ("helpers", "helper"),
+    ("formatting", "formatters"),
+)  # (the module's file, what main.py imports)
+FUNCTION_RENAMES = (
+    ("format_total", "fmt_total"),
+    ("summarize", "summarise"),
+    ("describe", "describe_all"),
+    ("render_sum", "render_total"),
+)
 
 
 @family
@@ -416,10 +560,12 @@ def fix_python_import(rng: random.Random) -> TerminalSpec:
         broken, inspect = main(module, wrong_function), f"grep -n '^def' {module}.py"
         fix = f"sed -i 's/{wrong_function}/{function}/g' main.py"
     expected, out = f"{label}: {sum(numbers)}\n", rng.choice(RESULT_FILES)
-    return task(f"python3 main.py fails. Fix main.py (only main.py) so that it runs, then save its output to {out}.",
-                files={"main.py": broken, f"{module}.py": helper},
-                solution=[shown("python3 main.py"), inspect, fix, f"python3 main.py > {out}"],
-                checks=Checks(files={f"{module}.py": helper, out: expected}, runs=[Run("python3 main.py", expected)]))
+    return task(
+        f"python3 main.py fails. Fix main.py (only main.py) so that it runs, then save its output to {out}.",
+        files={"main.py": broken, f"{module}.py": helper},
+        solution=[shown("python3 main.py"), inspect, fix, f"python3 main.py > {out}"],
+        checks=Checks(files={f"{module}.py": helper, out: expected}, runs=[Run("python3 main.py", expected)]),
+    )
 
 
 MANIFEST_CHECK = """#!/bin/bash
@@ -444,8 +590,7 @@ def manifest_count_fix(rng: random.Random) -> TerminalSpec:
     folder = rng.choice(DIRS)
     names = [f"{stem}.txt" for stem in rng.sample(WORDS, rng.randint(3, 6))]
     contents = {name: text_lines(rng, rng.randint(2, 15)) for name in names}
-    wrong = {name: len(contents[name]) + rng.choice((-2, -1, 1, 2, 3)) for name in
-             rng.sample(names, rng.randint(1, 2))}
+    wrong = {name: len(contents[name]) + rng.choice((-2, -1, 1, 2, 3)) for name in rng.sample(names, rng.randint(1, 2))}
 
     def manifest(counts: dict[str, int]) -> str:
         return joined(f"{name} {counts.get(name, len(contents[name]))}" for name in names)
@@ -453,11 +598,17 @@ def manifest_count_fix(rng: random.Random) -> TerminalSpec:
     verify = MANIFEST_CHECK.replace("FOLDER", folder)
     out = rng.choice(RESULT_FILES)
     fixes = " ".join(f"-e 's/^{name} {count}$/{name} {len(contents[name])}/'" for name, count in wrong.items())
-    return task(f"./verify.sh reports a mismatch. The files in {folder}/ are right: fix manifest.txt, then save the "
-                f"output of ./verify.sh to {out}.",
-                files={"manifest.txt": manifest(wrong), "verify.sh": verify,
-                       **{f"{folder}/{name}": joined(lines) for name, lines in contents.items()}},
-                executable=["verify.sh"], solution=[shown("./verify.sh"), f"sed -i {fixes} manifest.txt",
-                                                    f"./verify.sh > {out}"],
-                checks=Checks(files={"manifest.txt": manifest({}), "verify.sh": verify,
-                                     out: f"OK: {len(names)} files verified\n"}))
+    return task(
+        f"./verify.sh reports a mismatch. The files in {folder}/ are right: fix manifest.txt, then save the "
+        f"output of ./verify.sh to {out}.",
+        files={
+            "manifest.txt": manifest(wrong),
+            "verify.sh": verify,
+            **{f"{folder}/{name}": joined(lines) for name, lines in contents.items()},
+        },
+        executable=["verify.sh"],
+        solution=[shown("./verify.sh"), f"sed -i {fixes} manifest.txt", f"./verify.sh > {out}"],
+        checks=Checks(
+            files={"manifest.txt": manifest({}), "verify.sh": verify, out: f"OK: {len(names)} files verified\n"}
+        ),
+    )

@@ -28,8 +28,13 @@ class _RemoteFunction:
 
     def remote(self, *args):
         strategy = self.options_.get("scheduling_strategy")
-        record(event="task", name=self.fn.__name__, bundle=getattr(strategy, "bundle_index", None),
-               num_cpus=self.options_.get("num_cpus"), num_gpus=self.options_.get("num_gpus"))
+        record(
+            event="task",
+            name=self.fn.__name__,
+            bundle=getattr(strategy, "bundle_index", None),
+            num_cpus=self.options_.get("num_cpus"),
+            num_gpus=self.options_.get("num_gpus"),
+        )
         return _POOL.submit(self.fn, *args)
 
 
