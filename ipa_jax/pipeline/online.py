@@ -52,9 +52,8 @@ from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
 from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks_record, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
-from ipa_jax.rollout import AgentConfig, RolloutWorker, TrajectoryQueue
+from ipa_jax.rollout import AgentConfig, GroupSampler, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
-from ipa_jax.rollout.dynamic_sampling import GroupSampler
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
