@@ -6,8 +6,7 @@ the phase's own signal (greedy match of expert episodes during the warm start, t
 latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
 other reason) once there are any, under dynamic sampling the groups kept of those drawn for the batch, and the time
 left from the rate of the last steps. Evaluations and events (the warm start ending, a resume) get a line of their
-own. Only process 0 writes; everything goes to stderr, so stdout
-holds just the run's summary.
+own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
 """
 
 from __future__ import annotations
