@@ -402,6 +402,12 @@ class TrajectoryBatch(NamedTuple):
     segment_ids: np.ndarray | None = None  # int32[B, T] packed rows: 1.. per trajectory, 0 on padding
 
 
+def group_key(traj: Trajectory) -> str:
+    """The group a trajectory belongs to for group baselines and dynamic sampling: its info['task_id'] (samples of
+    one task), else its uid (a group of its own)."""
+    return str(traj.info.get("task_id", traj.uid))
+
+
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
     """The smallest bucket >= length; ValueError if length exceeds every bucket."""
     fitting = [b for b in buckets if b >= length]
@@ -508,7 +514,7 @@ def _fill_rows(
                 )
         routes = np.zeros((B, T, L, k), np.int32)
     group_of: dict[str, int] = {}
-    groups = [group_of.setdefault(str(tr.info.get("task_id", tr.uid)), len(group_of)) for tr in trajs]
+    groups = [group_of.setdefault(group_key(tr), len(group_of)) for tr in trajs]
     per_trajectory = (B,) if num_slots is None else (B, num_slots)
     rewards = np.zeros(per_trajectory, np.float32)
     group_ids = np.full(per_trajectory, -1, np.int32)

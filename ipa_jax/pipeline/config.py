@@ -349,12 +349,20 @@ class QueueConfig:
     forced_lag: staleness experiments: the engines serve the weights of step - forced_lag.
     stall_timeout_s: stop the run (with a checkpoint, naming why trajectories were dropped) when the learner has
       waited this long without the queue admitting one; 0 = wait forever.
+    dynamic_sampling: DAPO's dynamic sampling: batches are filled with whole groups (rollout.group_size > 1) whose
+      rewards differ; a group whose rewards are all equal (every advantage 0 under a group baseline) is dropped and
+      more groups are drawn from the queue, within max_policy_lag (docs/off_policy.md).
+    dynamic_sampling_max_batches: at most this many batches' worth of groups (train.batch_size /
+      rollout.group_size each) are drawn for one batch; when they leave it short, the last groups with equal
+      rewards fill it (counted as dynamic_groups_filled and dynamic_bound_hit, with a warning).
     """
 
     max_size: int = 8
     max_policy_lag: int = 4
     forced_lag: int = 0
     stall_timeout_s: float = 900.0
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_batches: int = 4
 
     def __post_init__(self) -> None:
         _require(self.max_size >= 1, "queue.max_size", f"must be >= 1, got {self.max_size}")
@@ -368,6 +376,16 @@ class QueueConfig:
             0 <= self.stall_timeout_s < math.inf,
             "queue.stall_timeout_s",
             f"must be >= 0 (0 = off), got {self.stall_timeout_s}",
+        )
+        _require(
+            isinstance(self.dynamic_sampling, bool),
+            "queue.dynamic_sampling",
+            f"must be True or False, got {self.dynamic_sampling!r}",
+        )
+        _require(
+            self.dynamic_sampling_max_batches >= 1,
+            "queue.dynamic_sampling_max_batches",
+            f"must be >= 1, got {self.dynamic_sampling_max_batches}",
         )
 
 
@@ -490,9 +508,36 @@ class ExperimentConfig:
             )
             if self.env.name:
                 self._check_task_space()
+            if self.queue.dynamic_sampling:
+                self._check_dynamic_sampling()
         else:
+            _require(
+                not self.queue.dynamic_sampling,
+                "queue.dynamic_sampling",
+                "filters the groups of online rollouts: offline trajectories (train.data) have none",
+            )
             missing = [p for p in self.train.data if not glob.glob(os.path.expanduser(p))]
             _require(not missing, "train.data", f"no file matches {missing[0]!r}" if missing else "")
+
+    def _check_dynamic_sampling(self) -> None:
+        """Dynamic sampling judges whole groups that the rollout worker feeds through the queue."""
+        _require(
+            self.online_source == "queue",
+            "queue.dynamic_sampling",
+            f"filters the trajectory queue's groups: needs rollout.source 'queue' (resolved: {self.online_source!r})",
+        )
+        g = self.rollout.group_size
+        _require(
+            g > 1,
+            "queue.dynamic_sampling",
+            "drops groups whose rewards are all equal: a group of one sample always is; set rollout.group_size > 1",
+        )
+        _require(
+            self.train.batch_size % g == 0,
+            "queue.dynamic_sampling",
+            f"fills batches with whole groups: rollout.group_size={g} must divide train.batch_size="
+            f"{self.train.batch_size}",
+        )
 
     def _check_task_space(self) -> None:
         """Draws the distinct tasks a run needs first (train.eval_episodes held-out ones, a block of the training

@@ -52,7 +52,7 @@ from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
 from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks_record, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
-from ipa_jax.rollout import AgentConfig, RolloutWorker, TrajectoryQueue
+from ipa_jax.rollout import AgentConfig, GroupSampler, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
@@ -312,7 +312,8 @@ class ExpertSource(RolloutSource):
 
 class QueueSource(RolloutSource):
     """rollout.source = "queue": a RolloutWorker (started with the first RL batch, from the warmed-up weights) feeds
-    a TrajectoryQueue the learner takes whole batches from."""
+    a TrajectoryQueue the learner takes whole batches from (with queue.dynamic_sampling, through a GroupSampler: whole
+    groups whose rewards differ)."""
 
     def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
         if exp.queue.max_size < exp.train.batch_size:
@@ -330,6 +331,12 @@ class QueueSource(RolloutSource):
         )
         self.train_tasks = self.env.task_stream("train", seed=exp.train.seed)
         self.worker: RolloutWorker | None = None
+        # queue.dynamic_sampling: whole groups with different rewards (`GroupSampler`), else the queue's order.
+        self.groups = (
+            GroupSampler(self.queue, exp.rollout.group_size, exp.queue.dynamic_sampling_max_batches)
+            if exp.queue.dynamic_sampling
+            else None
+        )
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
         if self.worker is None:
@@ -352,7 +359,7 @@ class QueueSource(RolloutSource):
             while True:
                 self._check_worker()
                 try:
-                    return self.queue.take(n, timeout=WAIT_POLL_S)
+                    return (self.groups or self.queue).take(n, timeout=WAIT_POLL_S)
                 except TimeoutError:
                     pass
                 stats = self.queue.stats()
@@ -417,11 +424,15 @@ class QueueSource(RolloutSource):
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
             out.update(self.engines.partial_metrics())
             out.update(self.engines.prefix_metrics())
+            if self.groups is not None:
+                out.update(self.groups.metrics())
         return out
 
     def rollout_stats(self) -> dict[str, float]:
         out = super().rollout_stats()
         if self.worker is not None:
+            if self.groups is not None:
+                out.update({f"dynamic_{k}": v for k, v in dataclasses.asdict(self.groups.total).items()})
             w = self.worker.stats()
             out.update(
                 episodes_per_s=w["episodes_per_s"],
@@ -447,6 +458,8 @@ class QueueSource(RolloutSource):
             left += self.worker.leftovers
         self.queue.close()
         left += self.queue.drain()
+        if self.groups is not None:
+            left += self.groups.leftovers()
         self.folder.append_trajectories("unconsumed", left)
 
 

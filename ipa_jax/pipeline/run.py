@@ -262,5 +262,12 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{share('time_tools_s')} of the wall time; generating during {100 * during:.0f}% of the "
             "learner's step time"
         )
+    if "dynamic_groups_drawn" in s:
+        lines.append(
+            f"dynamic sampling: {s['dynamic_groups_drawn']} groups drawn, {s['dynamic_groups_dropped']} dropped "
+            f"with equal rewards, {s['dynamic_stale_episodes']} episodes of incomplete groups dropped as stale; "
+            f"the draw bound hit on {s['dynamic_bound_hit']} batches ({s['dynamic_groups_filled']} groups with "
+            "equal rewards trained on)"
+        )
     lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
     return "\n".join(lines)

@@ -4,9 +4,9 @@ Both show the step out of a total fixed for the run (train.steps: a warm start t
 as done in full, so the bar jumps there rather than the total shrinking), the phase (IL warm start or RL), the loss,
 the phase's own signal (greedy match of expert episodes during the warm start, the batch reward during RL), the
 latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
-other reason) once there are any, and the time left from the rate of the last steps. Evaluations and events (the
-warm start ending, a resume) get a line of their own. Only process 0 writes; everything goes to stderr, so stdout
-holds just the run's summary.
+other reason) once there are any, under dynamic sampling the groups kept of those drawn for the batch, and the time
+left from the rate of the last steps. Evaluations and events (the warm start ending, a resume) get a line of their
+own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
 """
 
 from __future__ import annotations
@@ -85,6 +85,11 @@ class Progress:
         ) or None
         counts = ("tok/s", "skipped", "stale", "dropped")
         shown = {k: f"{float(v):.0f}" if k in counts else f"{float(v):.3g}" for k, v in fields.items() if v is not None}
+        if "source/dynamic_groups_drawn" in metrics:  # dynamic sampling: groups kept of those drawn for this batch
+            drawn = metrics["source/dynamic_groups_drawn"]
+            kept = drawn - metrics["source/dynamic_groups_dropped"]
+            bound = " (draw bound)" if metrics.get("source/dynamic_bound_hit") else ""
+            shown["groups kept"] = f"{kept:.0f}/{drawn:.0f}{bound}"
         phase = "IL warm start" if warm_start else "RL"
         pairs = "  ".join(f"{k} {v}" for k, v in shown.items())
         left = "" if eta is None else f"ETA {format_duration(eta)}"

@@ -155,6 +155,7 @@ ABLATIONS = {
     "il_term_off": ("common", {"rollout.source"}),
     "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
     "grpo": ("common_negatives", {"rollout.group_size", _OBJ + "baseline"}),
+    "grpo_dynamic_sampling": ("grpo", {"queue.dynamic_sampling"}),
     # FlashREINFORCE's objective on the negatives' base, then its own ablations.
     "flash_reinforce": ("common_negatives", {_OBJ + k for k in FLASH_FIELDS - {"baseline"}}),
     "flash_grpo": ("flash_reinforce", {"rollout.group_size", _OBJ + "baseline"}),

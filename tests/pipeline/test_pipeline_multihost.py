@@ -1,9 +1,10 @@
 """The online loop on two processes (gloo over loopback, 4 CPU devices each) against one process with the same 8
 devices: the same trajectories consumed, the same parameters at the end; SIGTERM to one process stops both with one
 checkpoint, from which both resume; a crash of process 0 ends the other; a weight sync that fails on process 0 stops
-both. Each process runs
+both; dynamic sampling's groups, drawn on process 0, train both. Each process runs
 tests/pipeline/online_worker.py."""
 
+import collections
 import json
 import os
 import signal
@@ -87,6 +88,35 @@ def test_two_processes_consume_the_trajectories_and_reach_the_parameters_of_one(
     summary_a, summary_b = (json.load(open(d / "summary.json")) for d in (one, two))
     assert summary_b["eval_history"][0]["step"] == 0 and len(summary_b["eval_history"]) == 3
     assert summary_b["il_warmup_steps"] == summary_a["il_warmup_steps"] == 1
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_on_two_processes_trains_on_process_0s_groups(tmp_path, tokenizer_dir):
+    """queue.dynamic_sampling with the trajectory queue: process 0 draws the groups, both processes train on the
+    batch it decides. The untrained policy fails every task, so every group's rewards are equal: each RL batch hits
+    the draw bound (one batch's worth: 4 groups of 2) and is made of the dropped groups."""
+    run_dir = tmp_path / "run"
+    overrides = {
+        "rollout.source": "queue",
+        "resample.il_fallback": False,
+        "rollout.concurrency": 4,
+        "rollout.group_size": 2,
+        "objective.baseline": "group_mean",
+        "queue.dynamic_sampling": True,
+        "queue.dynamic_sampling_max_batches": 1,
+        "checkpoint.export_hf": False,
+    }
+    errors = _finish(_start(run_dir, tokenizer_dir, 2, **overrides))
+    assert "queue.dynamic_sampling_max_batches" in errors[0], errors[0][-3000:]
+    rows = [r for r in RunFolder(run_dir).read_metrics() if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows[1:]:
+        assert r["source/dynamic_groups_drawn"] == r["source/dynamic_groups_dropped"] == 4
+        assert r["source/dynamic_groups_filled"] == 4 and r["source/dynamic_bound_hit"] == 1
+    sampled = [t for t in RunFolder(run_dir).read_trajectories("train") if not t.info.get("expert")]
+    assert len(sampled) == 16 and {t.reward for t in sampled} == {0.0}
+    for batch in (sampled[:8], sampled[8:]):
+        assert sorted(collections.Counter(t.info["task_id"] for t in batch).values()) == [2, 2, 2, 2]
 
 
 def _last_step(run_dir) -> int:
