@@ -165,21 +165,15 @@ class ModelConfig:
         _require(self.logprob_keep_logits_mib >= 0, "model.logprob_keep_logits_mib", "must be >= 0 (0 = recompute)")
         _require(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = no adapters), got {self.lora_rank}")
         _require(
-            math.isfinite(self.lora_alpha) and self.lora_alpha > 0,
-            "model.lora_alpha",
-            f"must be finite and > 0, got {self.lora_alpha}",
-        )
-        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        _require(
-            bool(self.lora_targets) and not bad and len(set(self.lora_targets)) == len(self.lora_targets),
-            "model.lora_targets",
-            f"must be distinct names among {LORA_TARGETS}, got {tuple(self.lora_targets)}",
-        )
-        _require(
             self.lora_rank > 0 or not self.lora_experts,
             "model.lora_experts",
             "adapters on the experts need model.lora_rank > 0",
         )
+        try:  # LoraConfig's checks of alpha and targets, also while the adapters are off
+            LoraConfig(max(self.lora_rank, 1), self.lora_alpha, tuple(self.lora_targets), self.lora_experts)
+        except ValueError as e:
+            field_name, message = re.match(r"LoraConfig\.(\w+): (.*)", str(e), re.S).groups()
+            raise ConfigError(f"model.lora_{field_name}", message) from None
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
         _require(
             not unknown,
