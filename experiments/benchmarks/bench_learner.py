@@ -5,8 +5,11 @@ Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safet
 rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and Adam state;
 compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). Also times
 ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the objective's share
-of the step. With --torch_device=none nothing is built by transformers: ipa_jax's own random init of the same
-architecture (faster at billions of parameters, and nothing written to disk). Reports tokens/s, MFU
+of the step. With --lora_rank > 0 it also times the same step training LoRA adapters only (same base weights,
+ipa_jax/models/lora.py) and compares the bytes of trained parameters + optimizer state, and of everything the
+train state holds (the frozen base too), with full fine-tuning. With --torch_device=none nothing is built by
+transformers: ipa_jax's own random init of the same architecture (faster at billions of parameters, and nothing
+written to disk). Reports tokens/s, MFU
 (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
 rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios (from the
 minima: the least disturbed measurements on a shared machine).
@@ -16,6 +19,7 @@ minima: the least disturbed measurements on a shared machine).
   python experiments/benchmarks/bench_learner.py --dtype=bfloat16 --layers=24 --hidden=2048 --experts=64 --top_k=8 \
       --moe_width=768 --vocab=151936 --batch=8 --seq_len=4096 --torch_device=cuda   # one GPU (gpu_learner.sh)
   python experiments/benchmarks/bench_learner.py --moe_impl=tokamax --torch_device=none --nonll_step  # one MoE path
+  python experiments/benchmarks/bench_learner.py --lora_rank=8 --torch_device=none --nonll_step  # LoRA vs full
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ flags.DEFINE_bool(
     "also time ipa_jax with a plain NLL loss (a second copy of the weights and "
     "optimizer state: turn off for configs that fill the device)",
 )
+flags.DEFINE_integer("lora_rank", 0, "also time training LoRA adapters of this rank only (0 = not)")
+flags.DEFINE_float("lora_alpha", 16.0, "LoRA scale numerator (update scaled by alpha / rank)")
+flags.DEFINE_bool("lora_experts", True, "LoRA adapters on the experts too (else attention only: an all-MoE model)")
 flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
 flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
@@ -147,7 +154,15 @@ def main(_):
     import transformers
     from flax import nnx
 
-    from ipa_jax.models import MeshConfig, Qwen3Config, from_pretrained, init_model, make_mesh, token_logprobs
+    from ipa_jax.models import (
+        LoraConfig,
+        MeshConfig,
+        Qwen3Config,
+        from_pretrained,
+        init_model,
+        make_mesh,
+        token_logprobs,
+    )
     from ipa_jax.objectives import combine_terms, compute_advantages, flash_reinforce_config, objective_terms
     from ipa_jax.train import (
         OptimizerConfig,
@@ -186,14 +201,20 @@ def main(_):
         scan_layers=FLAGS.scan_layers,
         remat_policy=FLAGS.remat,
     )
+    lora = LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, experts=FLAGS.lora_experts) if FLAGS.lora_rank else None
+    lora_model = None  # the same base weights with adapters
     if FLAGS.torch_device == "none":
         hf = None
         model = init_model(Qwen3Config.from_hf_dict(hf_config.to_dict(), **learner_side), seed=0)
+        if lora:
+            lora_model = init_model(model.config.replace(lora=lora), seed=0)
     else:
         hf = transformers.Qwen3MoeForCausalLM(hf_config).float().train()
         with tempfile.TemporaryDirectory() as tmp:
             hf.save_pretrained(tmp)
             model = from_pretrained(tmp, **learner_side)
+            if lora:
+                lora_model = from_pretrained(tmp, lora=lora, **learner_side)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
@@ -216,6 +237,23 @@ def main(_):
     def jax_step():
         holder["state"], metrics = step(holder["state"], device_batch)
         return float(metrics["loss"])
+
+    def state_bytes(state) -> dict[str, int]:
+        """Bytes of the trained parameters + optimizer state, and of the whole train state (frozen weights too)."""
+        size = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+        trained = size(state.params) + size(state.opt_state)
+        return {"trained_params_and_optimizer": trained, "train_state": trained + size(state.rest)}
+
+    memory = {"full": state_bytes(state)}
+    if lora_model is not None:
+        lora_state = place_state(TrainState.create(lora_model, tx, seed=0, mesh=mesh), mesh)
+        memory["lora"] = state_bytes(lora_state)
+        lora_train_step = TrainStep(lora_state, mesh, options, make_schedule(optimizer, total_steps=1000))
+        lora_holder = {"state": lora_state}
+
+        def lora_step():
+            lora_holder["state"], metrics = lora_train_step(lora_holder["state"], device_batch)
+            return float(metrics["loss"])
 
     # The same step with a plain next-token NLL over the action tokens instead of the objective.
     def nll_update(state, batch):
@@ -276,7 +314,11 @@ def main(_):
             torch_device=FLAGS.torch_device,
             threads=len(os.sched_getaffinity(0)),
             load_average=os.getloadavg()[0],
-        )
+            lora_rank=FLAGS.lora_rank,
+            lora_alpha=FLAGS.lora_alpha,
+            lora_experts=FLAGS.lora_experts,
+        ),
+        "bytes": memory,
     }
     steps = {
         "ipa_jax_step": jax_step,
@@ -284,6 +326,8 @@ def main(_):
     }
     if FLAGS.nll_step:
         steps["ipa_jax_nll_step"] = nll_step
+    if lora_model is not None:
+        steps["ipa_jax_lora_step"] = lora_step
     if FLAGS.torch_device != "none":
         steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
     del hf  # the torch step holds its own reference (on its device)
@@ -307,6 +351,10 @@ def main(_):
         results["ratios"]["objective_share_of_step"] = (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times[
             "ipa_jax_step"
         ]
+    if "ipa_jax_lora_step" in times:
+        results["ratios"]["lora_time_over_full_time"] = times["ipa_jax_lora_step"] / times["ipa_jax_step"]
+        for kind in ("trained_params_and_optimizer", "train_state"):
+            results["ratios"][f"lora_over_full_{kind}_bytes"] = memory["lora"][kind] / memory["full"][kind]
     results["flops_per_step"] = flops
     results["peak_flops_per_device"] = peak
     print(json.dumps(results, indent=2))

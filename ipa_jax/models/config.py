@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ipa_jax.models.lora import LoraConfig
+
 FAMILIES = ("qwen3", "qwen2")
 MOE_IMPLS = ("auto", "dense", "ragged", "blocked", "megablox", "tokamax")
 ATTENTION_IMPLS = ("auto", "reference", "blocked", "xla", "cudnn", "splash")
@@ -91,6 +93,9 @@ class Qwen3Config:
     float32 attention scores held at once to [B, H, block, S]), `scan_layers` (the decoder layers' parameters
     stacked on a leading axis and run under `nnx.scan`, so compile time does not grow with depth; every layer
     must be of one kind, all MoE or all dense).
+    `lora` (models/lora.py: low-rank adapters, trained while the base weights stay frozen; None = none) is the
+    learner's too, but no computation path: a checkpoint's config.json never holds it and engines serve the merged
+    weights of a plain model, so it is not in `learner_side()`.
     """
 
     vocab_size: int
@@ -122,6 +127,7 @@ class Qwen3Config:
     remat_policy: str = "none"
     attention_query_block: int = 128
     scan_layers: bool = False
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
         for name in (

@@ -25,7 +25,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from ipa_jax.models.config import Qwen3Config
-from ipa_jax.models.qwen3 import Qwen3ForCausalLM
+from ipa_jax.models.lora import LoraParam
+from ipa_jax.models.qwen3 import Qwen3ForCausalLM, initial_value, merge_lora
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, param_shardings, place
 
 _ST_DTYPES = {
@@ -158,15 +159,17 @@ def from_pretrained(
     dtype=jnp.float32,
     mesh: Mesh | None = None,
     sharding_rules: Rules | None = None,
+    seed: int = 0,
     **config_overrides,
 ) -> Qwen3ForCausalLM:
     """Loads a HF Qwen3 / Qwen3-MoE folder tensor by tensor, each placed directly in its sharding on `mesh`.
 
     config_overrides: learner-side Qwen3Config fields (moe_impl, attention_impl, remat_policy, scan_layers; with
-    scan_layers each stacked parameter is read layer by layer). Extra checkpoint tensors (other than a tied
-    lm_head) and shape mismatches raise ValueError.
+    scan_layers each stacked parameter is read layer by layer) and lora (adapters drawn from `seed`, B zeros).
+    Extra checkpoint tensors (other than a tied lm_head) and shape mismatches raise ValueError.
     """
     config = Qwen3Config.from_pretrained_dir(path, **config_overrides)
+    adapter_rng = np.random.default_rng(seed)
     rules = DEFAULT_RULES if sharding_rules is None else tuple(sharding_rules)
     abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh, rules=rules))
     graphdef, state = nnx.split(abstract)
@@ -175,6 +178,8 @@ def from_pretrained(
     used: set[str] = set()
 
     def load(path_, var: nnx.Variable, sharding) -> nnx.Variable:
+        if isinstance(var, LoraParam):  # adapters are no checkpoint tensors: initialised (B zeros)
+            return var.replace(value=place(initial_value(var, adapter_rng, dtype), sharding))
         keys = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path_)
         layout = var.get_metadata()["hf_layout"]
         if _is_stacked(var):  # scan_layers: one HF tensor per layer
@@ -210,11 +215,12 @@ def gather_to_process_0(value: jax.Array | np.ndarray, dtype=None) -> np.ndarray
 
 
 def gather_model(model: Qwen3ForCausalLM, dtype=None, *, to_host: bool = False) -> Qwen3ForCausalLM | None:
-    """`model` with every parameter addressable by process 0 (what `Engine.push_weights` takes). One process: the
-    model itself (engines cast what they take), or with `to_host` a copy in host arrays cast to `dtype` (None: as
-    they are). Several: such a host copy on process 0 and None on the others; collective (every process calls it,
-    `gather_to_process_0` tensor by tensor, a stacked one layer by layer, each cast on its devices before it
-    travels)."""
+    """`model` with every parameter addressable by process 0 (what `Engine.push_weights` takes), adapters merged into
+    a plain model (`merge_lora`). One process: the model itself (engines cast what they take), or with `to_host` a
+    copy in host arrays cast to `dtype` (None: as they are). Several: such a host copy on process 0 and None on the
+    others; collective (every process calls it, `gather_to_process_0` tensor by tensor, a stacked one layer by layer,
+    each cast on its devices before it travels)."""
+    model = merge_lora(model)
     if jax.process_count() == 1 and not to_host:
         return model
     graphdef, state = nnx.split(model)
@@ -235,11 +241,11 @@ def _gather_param(var: nnx.Variable, dtype) -> np.ndarray | None:
 
 
 def iter_hf_tensors(model: Qwen3ForCausalLM, dtype=None, *, on_host: bool = True) -> Iterator[tuple[str, Any]]:
-    """(HF name, array in HF layout, optionally cast) for every parameter, one parameter at a time; per-expert names
-    for experts. on_host=False keeps a parameter that one process holds whole on its devices (cast and transposed
-    there). Multi-host: collective (every process iterates it to the end, `gather_to_process_0` parameter by
-    parameter); process 0 gets the tensors, the others none."""
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    """(HF name, array in HF layout, optionally cast) for every parameter, one parameter at a time (adapters merged
+    in: `merge_lora`); per-expert names for experts. on_host=False keeps a parameter that one process holds whole on
+    its devices (cast and transposed there). Multi-host: collective (every process iterates it to the end,
+    `gather_to_process_0` parameter by parameter); process 0 gets the tensors, the others none."""
+    for path, var in nnx.to_flat_state(nnx.state(merge_lora(model), nnx.Param)):
         value = var[...]
         if not on_host and isinstance(value, jax.Array) and value.is_fully_addressable:
             arr = value if dtype is None else value.astype(jnp.dtype(dtype))

@@ -16,6 +16,7 @@ from flax import nnx
 from ipa_jax.models.attention import AttentionMesh, attend, attend_cache, resolve_attention_impl
 from ipa_jax.models.cache import write_heads
 from ipa_jax.models.config import Qwen3Config
+from ipa_jax.models.lora import LoraConfig, make_adapter, project
 
 INIT_STD = 0.02  # transformers' initializer_range default for Qwen3
 
@@ -90,6 +91,10 @@ class Attention(nnx.Module):
             self.v_proj_bias = make_param(None, (self.num_kv_heads * d,), ("kv_heads",), dtype, "copy", init="zeros")
         if self.o_bias:
             self.o_proj_bias = make_param(None, (h,), ("embed",), dtype, "copy", init="zeros")
+        self.q_proj_lora = make_adapter(config.lora, "q_proj", self.q_proj, rngs)
+        self.k_proj_lora = make_adapter(config.lora, "k_proj", self.k_proj, rngs)
+        self.v_proj_lora = make_adapter(config.lora, "v_proj", self.v_proj, rngs)
+        self.o_proj_lora = make_adapter(config.lora, "o_proj", self.o_proj, rngs)
 
     def __call__(
         self,
@@ -110,7 +115,9 @@ class Attention(nnx.Module):
         index = key position) with visible bool[B, T, S] (models/attention.py).
         """
         b, t, _ = x.shape
-        q, k, v = x @ self.q_proj[...], x @ self.k_proj[...], x @ self.v_proj[...]
+        q = project(x, self.q_proj, self.q_proj_lora)
+        k = project(x, self.k_proj, self.k_proj_lora)
+        v = project(x, self.v_proj, self.v_proj_lora)
         if self.qkv_bias:
             q, k, v = q + self.q_proj_bias[...], k + self.k_proj_bias[...], v + self.v_proj_bias[...]
         q = q.reshape(b, t, self.num_heads, self.head_dim)
@@ -126,17 +133,21 @@ class Attention(nnx.Module):
         else:
             new_cache = (write_heads(kv_cache[0], slots, k, slots_last=True), write_heads(kv_cache[1], slots, v))
             out = attend_cache(q, new_cache[0].astype(x.dtype), new_cache[1].astype(x.dtype), visible, scale, impl=impl)
-        out = out @ self.o_proj[...]
+        out = project(out, self.o_proj, self.o_proj_lora)
         return (out + self.o_proj_bias[...] if self.o_bias else out), new_cache
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(x @ gate) * (x @ up)). x [..., H] -> [..., H]."""
+    """SwiGLU: down(silu(x @ gate) * (x @ up)). x [..., H] -> [..., H]. (lora: adapters, models/lora.py.)"""
 
-    def __init__(self, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs):
+    def __init__(self, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs, lora: LoraConfig | None = None):
         self.gate_proj = make_param(rngs, (hidden, intermediate), ("embed", "mlp"), dtype, "linear")
         self.up_proj = make_param(rngs, (hidden, intermediate), ("embed", "mlp"), dtype, "linear")
         self.down_proj = make_param(rngs, (intermediate, hidden), ("mlp", "embed"), dtype, "linear")
+        self.gate_proj_lora = make_adapter(lora, "gate_proj", self.gate_proj, rngs)
+        self.up_proj_lora = make_adapter(lora, "up_proj", self.up_proj, rngs)
+        self.down_proj_lora = make_adapter(lora, "down_proj", self.down_proj, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return (jax.nn.silu(x @ self.gate_proj[...]) * (x @ self.up_proj[...])) @ self.down_proj[...]
+        gate = jax.nn.silu(project(x, self.gate_proj, self.gate_proj_lora))
+        return project(gate * project(x, self.up_proj, self.up_proj_lora), self.down_proj, self.down_proj_lora)

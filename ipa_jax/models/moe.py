@@ -53,6 +53,7 @@ from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models.config import MOE_IMPLS, Qwen3Config
 from ipa_jax.models.layers import make_param
+from ipa_jax.models.lora import LoraConfig, adapted_weight, make_adapter
 
 # The name (jax.ad_checkpoint.checkpoint_name) of the grouped matmuls' outputs, which the "matmuls" remat policy
 # keeps: they are no dot_general (ragged_dot, Pallas calls), so jax's dots policies do not see them.
@@ -557,9 +558,12 @@ def resolve_moe_impl(impl: str, tokens: int | None = None, num_experts: int = 0)
 
 
 class Experts(nnx.Module):
-    """Stacked expert weights (HF: mlp.experts.{e}.{gate,up,down}_proj.weight)."""
+    """Stacked expert weights (HF: mlp.experts.{e}.{gate,up,down}_proj.weight), with per-expert adapters when `lora`
+    has experts=True (models/lora.py)."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs):
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, dtype, rngs: nnx.Rngs, lora: LoraConfig | None = None
+    ):
         self.gate_proj = make_param(
             rngs, (num_experts, hidden, intermediate), ("expert", "embed", "expert_mlp"), dtype, "experts"
         )
@@ -568,6 +572,17 @@ class Experts(nnx.Module):
         )
         self.down_proj = make_param(
             rngs, (num_experts, intermediate, hidden), ("expert", "expert_mlp", "embed"), dtype, "experts"
+        )
+        self.gate_proj_lora = make_adapter(lora, "gate_proj", self.gate_proj, rngs, experts=True)
+        self.up_proj_lora = make_adapter(lora, "up_proj", self.up_proj, rngs, experts=True)
+        self.down_proj_lora = make_adapter(lora, "down_proj", self.down_proj, rngs, experts=True)
+
+    def weights(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(gate [E, H, I], up [E, H, I], down [E, I, H]), adapters merged in."""
+        return (
+            adapted_weight(self.gate_proj, self.gate_proj_lora),
+            adapted_weight(self.up_proj, self.up_proj_lora),
+            adapted_weight(self.down_proj, self.down_proj_lora),
         )
 
 
@@ -579,7 +594,9 @@ class SparseMoeBlock(nnx.Module):
         self.gate = make_param(
             rngs, (config.hidden_size, config.num_experts), ("embed", "router_experts"), dtype, "linear"
         )
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype, rngs)
+        self.experts = Experts(
+            config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype, rngs, config.lora
+        )
 
     def __call__(self, x: jax.Array, token_mask: jax.Array, replay: jax.Array | None, moe: MoeDispatch):
         """x [B, T, H], token_mask bool[B, T] (real tokens, for the statistics), replay int32[B, T, k] | None,
@@ -593,10 +610,7 @@ class SparseMoeBlock(nnx.Module):
         weights, experts, logits = route(
             flat, self.gate[...], self.top_k, self.norm_topk_prob, None if replay is None else replay.reshape(b * t, -1)
         )
-        e = self.experts
-        out = dispatch_experts(
-            moe, flat, experts, weights.astype(x.dtype), e.gate_proj[...], e.up_proj[...], e.down_proj[...]
-        )
+        out = dispatch_experts(moe, flat, experts, weights.astype(x.dtype), *self.experts.weights())
         real = token_mask.reshape(-1).astype(jnp.float32)
         one_hot_counts = jax.nn.one_hot(experts, logits.shape[-1], dtype=jnp.float32).sum(axis=1)  # [N, E]
         stats = {

@@ -14,6 +14,7 @@ from ipa_jax.models.attention import AttentionMesh, segment_positions, visible_k
 from ipa_jax.models.cache import KVCache, scatter_rows, write_slots
 from ipa_jax.models.config import Qwen3Config
 from ipa_jax.models.layers import INIT_STD, MLP, Attention, RMSNorm, make_param, rope_tables
+from ipa_jax.models.lora import LoraParam, lora_a_bound, lora_delta
 from ipa_jax.models.moe import GROUPED_MATMUL, MoeDispatch, SparseMoeBlock, moe_dispatch, resolve_moe_impl
 from ipa_jax.models.sharding import (
     DEFAULT_RULES,
@@ -76,7 +77,7 @@ class DecoderLayer(nnx.Module):
         if self.is_moe:
             self.mlp = SparseMoeBlock(config, dtype, rngs)
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs)
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs, config.lora)
 
     def __call__(
         self, h, inputs: LayerInputs, kv_cache, replay, *, moe: MoeDispatch, attention_mesh: AttentionMesh | None = None
@@ -338,6 +339,18 @@ class Qwen3ForCausalLM(nnx.Module):
         return ModelOutput(logits=logits, cache=new_cache, aux=aux)
 
 
+def initial_value(var: nnx.Variable, rng: np.random.Generator, dtype) -> np.ndarray:
+    """A host value for `var` from its `init` metadata: "ones", "zeros", "lora_a" (models/lora.py) or "normal"
+    (N(0, 0.02))."""
+    init = var.get_metadata()["init"]
+    if init in ("ones", "zeros"):
+        return (np.ones if init == "ones" else np.zeros)(var.shape, jnp.dtype(dtype))
+    if init == "lora_a":
+        bound = lora_a_bound(var.shape)
+        return rng.uniform(-bound, bound, var.shape).astype(jnp.dtype(dtype))
+    return (INIT_STD * rng.standard_normal(var.shape, np.float32)).astype(jnp.dtype(dtype))
+
+
 def init_model(
     config: Qwen3Config,
     *,
@@ -354,19 +367,43 @@ def init_model(
     )
     graphdef, state = nnx.split(abstract)
     shardings = None if mesh is None else param_shardings(state, mesh, rules)
-    rng = np.random.default_rng(seed)
+    # Adapters from a stream of their own: the base weights are those of the same seed without adapters.
+    rng, adapter_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
 
     def draw(var: nnx.Variable, sharding) -> nnx.Variable:
-        init = var.get_metadata()["init"]
-        if init in ("ones", "zeros"):
-            host = (np.ones if init == "ones" else np.zeros)(var.shape, jnp.dtype(dtype))
-        else:
-            host = (INIT_STD * rng.standard_normal(var.shape, np.float32)).astype(jnp.dtype(dtype))
-        return var.replace(value=place(host, sharding))
+        source = adapter_rng if isinstance(var, LoraParam) else rng
+        return var.replace(value=place(initial_value(var, source, dtype), sharding))
 
     is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     if shardings is None:
         state = jax.tree.map(lambda v: draw(v, None), state, is_leaf=is_var)
     else:
         state = jax.tree.map(draw, state, shardings, is_leaf=is_var)
+    return nnx.merge(graphdef, state)
+
+
+def merge_lora(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+    """`model` itself without adapters; with adapters (config.lora) a plain model of the same architecture whose
+    targeted weights are W + (alpha / r) A B (in W's dtype and sharding), what HF exports and engines take."""
+    lora = model.config.lora
+    if lora is None:
+        return model
+    variables = dict(nnx.to_flat_state(nnx.state(model)))
+    plain = nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(
+            model.config.replace(lora=None), dtype=model.dtype, rngs=nnx.Rngs(0), mesh=model.mesh, rules=model.rules
+        )
+    )
+    graphdef, state = nnx.split(plain)
+
+    def merged(path, var: nnx.Variable) -> nnx.Variable:
+        keys = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
+        weight = variables[keys][...]
+        adapter = (*keys[:-1], f"{keys[-1]}_lora")
+        if (*adapter, "a") in variables:
+            delta = lora_delta(variables[(*adapter, "a")][...], variables[(*adapter, "b")][...], lora.scale)
+            weight = (weight.astype(jnp.float32) + delta).astype(weight.dtype)
+        return var.replace(value=weight)
+
+    state = jax.tree_util.tree_map_with_path(merged, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, state)

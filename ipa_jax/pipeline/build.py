@@ -47,13 +47,14 @@ def build_mesh(mesh_config: MeshConfig) -> Mesh:
 
 
 def learner_side(model_cfg: ModelConfig) -> dict[str, Any]:
-    """The Qwen3Config fields that are the learner's choice, not the checkpoint's."""
+    """The Qwen3Config fields that are the learner's choice, not the checkpoint's (its adapters included)."""
     return dict(
         moe_impl=model_cfg.moe_impl,
         moe_block_rows=model_cfg.moe_block_rows,
         attention_impl=model_cfg.attention_impl,
         remat_policy=model_cfg.remat,
         scan_layers=model_cfg.scan_layers,
+        lora=model_cfg.lora(),
     )
 
 
@@ -80,7 +81,7 @@ def build_model(model_cfg: ModelConfig, mesh: Mesh, seed: int):
     """The policy (master weights in model.param_dtype), each parameter placed in its sharding."""
     dtype = jnp.dtype(model_cfg.param_dtype)
     if model_cfg.path:
-        return from_pretrained(model_cfg.path, dtype=dtype, mesh=mesh, **learner_side(model_cfg))
+        return from_pretrained(model_cfg.path, dtype=dtype, mesh=mesh, seed=seed, **learner_side(model_cfg))
     return init_model(model_config(model_cfg), seed=seed, dtype=dtype, mesh=mesh)
 
 
@@ -196,11 +197,10 @@ def engine_mesh(exp: ExperimentConfig) -> Mesh:
 
 def engine_model(exp: ExperimentConfig, mesh: Mesh) -> Qwen3ForCausalLM:
     """The policy's architecture in model.param_dtype on `mesh`, its weights zeros: the engines serve the learner's
-    weights from the first push on (`Learner` syncs before its first step)."""
+    weights from the first push on (`Learner` syncs before its first step). No adapters: pushes carry merged weights."""
     dtype = jnp.dtype(exp.model.param_dtype)
-    abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(model_config(exp.model), dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh)
-    )
+    config = model_config(exp.model).replace(lora=None)
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh))
     graphdef, state = nnx.split(abstract)
     state = jax.tree.map(
         lambda var, sharding: var.replace(value=jnp.zeros(var.shape, var.dtype, device=sharding)),

@@ -37,6 +37,8 @@ from ipa_jax.engines.sglang import WEIGHT_SYNCS
 from ipa_jax.envs import TASK_BLOCK, Env, TaskSpaceTooSmall, list_envs, make_env
 from ipa_jax.models import MeshConfig
 from ipa_jax.models.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
+from ipa_jax.models.lora import TARGETS as LORA_TARGETS
+from ipa_jax.models.lora import LoraConfig
 from ipa_jax.objectives import PRESETS, ObjectiveConfig, ipa_config
 from ipa_jax.rollout.resample import ResampleConfig
 from ipa_jax.train.checkpoint import CheckpointConfig
@@ -116,6 +118,14 @@ class ModelConfig:
     logprob_keep_logits_mib: the learner's forward keeps its float32 logits for the backward pass instead of
       recomputing them when they take at most this many MiB per microbatch ([b, T, V] x 4 bytes; 0 = always
       recompute, one block at a time). Saves one of the LM head's four matmuls.
+    lora_rank: LoRA adapters of this rank on the projections of lora_targets; only they are trained (and in the
+      optimizer state and checkpoints), the base weights stay frozen; exports and weight syncs carry the merged
+      weights. 0 = full fine-tuning.
+    lora_alpha: the adapters' update is scaled by lora_alpha / lora_rank.
+    lora_targets: projections with adapters, among q_proj, k_proj, v_proj, o_proj (attention) and gate_proj,
+      up_proj, down_proj (the dense MLP's; the experts' too with lora_experts).
+    lora_experts: adapters on the MoE experts' gate/up/down projections of lora_targets (one per expert; the
+      router is never adapted).
     """
 
     path: str = ""
@@ -133,6 +143,10 @@ class ModelConfig:
     router_z_coef: float = 0.0
     logprob_block_size: int = 128
     logprob_keep_logits_mib: int = 256
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_experts: bool = False
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -149,6 +163,17 @@ class ModelConfig:
         _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
         _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
         _require(self.logprob_keep_logits_mib >= 0, "model.logprob_keep_logits_mib", "must be >= 0 (0 = recompute)")
+        _require(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = no adapters), got {self.lora_rank}")
+        _require(
+            self.lora_rank > 0 or not self.lora_experts,
+            "model.lora_experts",
+            "adapters on the experts need model.lora_rank > 0",
+        )
+        try:  # LoraConfig's checks of alpha and targets, also while the adapters are off
+            LoraConfig(max(self.lora_rank, 1), self.lora_alpha, tuple(self.lora_targets), self.lora_experts)
+        except ValueError as e:
+            field_name, message = re.match(r"LoraConfig\.(\w+): (.*)", str(e), re.S).groups()
+            raise ConfigError(f"model.lora_{field_name}", message) from None
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
         _require(
             not unknown,
@@ -177,6 +202,17 @@ class ModelConfig:
             "model.routing_replay",
             "needs an MoE model (model.arch.num_experts > 0)",
         )
+        _require(
+            not (self.lora_experts and arch["num_experts"] == 0),
+            "model.lora_experts",
+            "needs an MoE model (model.arch.num_experts > 0)",
+        )
+
+    def lora(self) -> LoraConfig | None:
+        """The adapters of the learner's model; None for full fine-tuning."""
+        if self.lora_rank == 0:
+            return None
+        return LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets), self.lora_experts)
 
     @property
     def vocab_size(self) -> int | None:

@@ -30,7 +30,7 @@ import numpy as np
 from ipa_jax.chat import ChatFormat, load_tokenizer
 from ipa_jax.engines import Engine
 from ipa_jax.envs import Env, Task
-from ipa_jax.models import Qwen3ForCausalLM
+from ipa_jax.models import Qwen3ForCausalLM, merge_lora
 from ipa_jax.pipeline.build import build_engine, build_mesh, build_model, build_state
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
 from ipa_jax.pipeline.run_folder import RunFolder
@@ -271,7 +271,7 @@ def load_run_policy(
         model = None
         if load_model:
             state, _ = checkpointer.restore(build_state(exp, build_mesh(exp.mesh)), step)
-            model = state.model()
+            model = merge_lora(state.model())  # engines serve plain models
     finally:
         checkpointer.close()
     tokenizer = _first_tokenizer(folder.tokenizer_dir, exp.model.tokenizer, exp.model.path)
@@ -292,7 +292,8 @@ def load_hf_policy(exp: ExperimentConfig, path: str, *, tokenizer: str = "", loa
         raise PolicyError(f"{path}: no tokenizer in the folder; pass one (--tokenizer) or set model.tokenizer")
     model = None
     if load_model:
-        model = build_model(dataclasses.replace(exp.model, path=path), build_mesh(exp.mesh), exp.train.seed)
+        plain = dataclasses.replace(exp.model, path=path, lora_rank=0, lora_experts=False)  # exported: merged weights
+        model = build_model(plain, build_mesh(exp.mesh), exp.train.seed)
     return Policy(path, None, tok, model)
 
 

@@ -9,10 +9,13 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ipa_jax.models.lora import LoraParam
+
 
 @struct.dataclass
 class TrainState:
-    """params and opt_state are trained; `rest` holds the model's non-parameter variables (passed through).
+    """params and opt_state are trained; `rest` holds the model's other variables (passed through). A model with
+    LoRA adapters (config.lora) trains only them: params are the adapters, and the frozen base weights are in rest.
 
     step counts learner steps (one per train_step call); skipped counts steps whose update was not
     applied because the loss or gradient was not finite. The number of applied updates is step - skipped.
@@ -34,9 +37,11 @@ class TrainState:
     def create(
         cls, model: nnx.Module, tx: optax.GradientTransformation, seed: int, mesh: Mesh | None = None, rl_start: int = 0
     ) -> "TrainState":
-        """Splits the model into (graphdef, params, rest). With a mesh, the optimizer's per-parameter state
-        (Adam moments) is created in its parameter's sharding and everything else is replicated on the mesh."""
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        """Splits the model into (graphdef, params, rest): params the adapters with LoRA, else every nnx.Param. With a
+        mesh, the optimizer's per-parameter state (Adam moments) is created in its parameter's sharding and
+        everything else is replicated on the mesh."""
+        trained = LoraParam if model.config.lora is not None else nnx.Param
+        graphdef, params, rest = nnx.split(model, trained, ...)
         out_shardings = None
         if mesh is not None:
             replicated = NamedSharding(mesh, P())
@@ -67,7 +72,8 @@ class TrainState:
         return nnx.merge(self.graphdef, self.params, self.rest)
 
     def checkpoint_tree(self) -> dict[str, Any]:
-        """The saved part (rest is rebuilt from the model config)."""
+        """The saved part (rest is rebuilt from the model config: with LoRA, the base weights from model.path or
+        the seed)."""
         return {
             "params": self.params,
             "opt_state": self.opt_state,

@@ -137,7 +137,8 @@ def batch_advantages(batch: TrajectoryBatch, objective: ObjectiveConfig) -> jax.
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
     """The learner's forward: (log-probs float32 [b, T], entropies [b, T] | None, aux) of one microbatch, at its
     action and expert tokens (the only ones any loss or statistic reads; elsewhere 0)."""
-    model = nnx.merge(graphdef, _cast_floating(params, options.compute_dtype), rest)
+    cast = options.compute_dtype
+    model = nnx.merge(graphdef, _cast_floating(params, cast), _cast_floating(rest, cast))  # rest: LoRA's base weights
     logp, entropy, aux = token_logprobs(
         model,
         mb.tokens,
