@@ -379,11 +379,20 @@ class EnvConfig:
     kwargs: the environment's own settings, passed to its constructor (free-form keys).
     module: a module imported first that registers an environment of your own (ipa_jax.envs.register_env): a
       dotted name (my_pkg.my_env, installed or on PYTHONPATH) or the path of a .py file.
+    expert_error: in [0, 1]: on this share of the tasks (a fixed set, chosen by a hash of the task) the scripted
+      expert's demonstrations make the environment's systematic mistake and fail (docs/environments.md).
+    expert_families: demonstrations only of tasks of these families (the environment's `family`, e.g. the
+      calculator's "add_mul"); empty = every family. Held-out success is reported per family either way.
+    expert_successes_only: imitate only the demonstrations that succeed (filtered imitation: with expert_error > 0
+      the mistaken ones are left out).
     """
 
     name: str = ""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     module: str = ""
+    expert_error: float = 0.0
+    expert_families: tuple[str, ...] = ()
+    expert_successes_only: bool = False
 
     def __post_init__(self) -> None:
         if self.module:
@@ -399,9 +408,38 @@ class EnvConfig:
             )
         if self.name:  # the environment checks its own settings
             try:
-                self.make()
+                env = self.make()
             except (TypeError, ValueError) as e:
                 raise ConfigError("env.kwargs", f"environment {self.name!r} rejects {dict(self.kwargs)}: {e}") from None
+            self._check_demonstrations(env)
+
+    def _check_demonstrations(self, env: Env) -> None:
+        _require(
+            isinstance(self.expert_error, (int, float)) and 0.0 <= self.expert_error <= 1.0,
+            "env.expert_error",
+            f"must be a share in [0, 1], got {self.expert_error!r}",
+        )
+        _require(
+            self.expert_error == 0 or env.has_expert_mistake(),
+            "env.expert_error",
+            f"environment {self.name!r} defines no systematic expert mistake (Env.expert_mistake): leave it at 0",
+        )
+        _require(
+            not (self.expert_successes_only and self.expert_error == 1),
+            "env.expert_successes_only",
+            "with env.expert_error = 1 every demonstration fails: nothing would be left to imitate",
+        )
+        if self.expert_families:
+            try:
+                seen = sorted({env.family(task) for task in env.tasks("train", TASK_BLOCK)})
+            except TaskSpaceTooSmall:
+                return  # the run's task-space check names the problem
+            unknown = [f for f in self.expert_families if f not in seen]
+            _require(
+                not unknown,
+                "env.expert_families",
+                f"{unknown} are not families of {self.name!r} with {dict(self.kwargs)}; its families: {seen}",
+            )
 
     def make(self) -> Env:
         """A fresh environment instance (one per concurrent episode)."""
