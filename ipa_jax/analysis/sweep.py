@@ -57,6 +57,7 @@ RL_PHASE_KEYS = (
     "rollout.concurrency",
     "rollout.weight_sync_every",
     "rollout.seed_offset",
+    "rollout.expert_successes_only",
     "train.reward_flip_fraction",
     "train.steps",
     "train.eval_every",

@@ -234,6 +234,8 @@ class RolloutConfig:
       SGLang's radix cache does the same on a server). Off: every turn prefills its whole context.
     seed_offset: embedded: the rollout engine samples with seed train.seed + seed_offset (0: train.seed), so an A/A
       control reruns an arm from the same warm start and training seed with other rollouts.
+    expert_successes_only: the expert source after the warm start imitates only the demonstrations that succeed
+      (filtered imitation: with env.expert_error > 0 the mistaken ones are left out; the warm start is unchanged).
     """
 
     engine: str = "embedded"
@@ -264,6 +266,7 @@ class RolloutConfig:
     partial: str = "finish"
     prefix_cache: bool = True
     seed_offset: int = 0
+    expert_successes_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
@@ -383,8 +386,6 @@ class EnvConfig:
       expert's demonstrations make the environment's systematic mistake and fail (docs/environments.md).
     expert_families: demonstrations only of tasks of these families (the environment's `family`, e.g. the
       calculator's "add_mul"); empty = every family. Held-out success is reported per family either way.
-    expert_successes_only: imitate only the demonstrations that succeed (filtered imitation: with expert_error > 0
-      the mistaken ones are left out).
     """
 
     name: str = ""
@@ -392,7 +393,6 @@ class EnvConfig:
     module: str = ""
     expert_error: float = 0.0
     expert_families: tuple[str, ...] = ()
-    expert_successes_only: bool = False
 
     def __post_init__(self) -> None:
         if self.module:
@@ -423,11 +423,6 @@ class EnvConfig:
             self.expert_error == 0 or env.has_expert_mistake(),
             "env.expert_error",
             f"environment {self.name!r} defines no systematic expert mistake (Env.expert_mistake): leave it at 0",
-        )
-        _require(
-            not (self.expert_successes_only and self.expert_error == 1),
-            "env.expert_successes_only",
-            "with env.expert_error = 1 every demonstration fails: nothing would be left to imitate",
         )
         if self.expert_families:
             try:
@@ -525,6 +520,11 @@ class ExperimentConfig:
                 self.online_source != "expert" or self.objective.il_weight > 0,
                 "objective.il_weight",
                 "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0",
+            )
+            _require(
+                not (self.rollout.expert_successes_only and self.env.expert_error == 1),
+                "rollout.expert_successes_only",
+                "with env.expert_error = 1 every demonstration fails: nothing would be left to imitate",
             )
             if self.env.name:
                 self._check_task_space()

@@ -88,9 +88,9 @@ def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
 
 
 class ExpertStream:
-    """Endless scripted-expert trajectories over a task stream, as env config `demos` says: the expert errs on its
-    share of the tasks (expert_error), only tasks of expert_families are demonstrated, and with
-    expert_successes_only the failed demonstrations are left out. position = tasks drawn (checkpointed)."""
+    """Endless scripted-expert trajectories over a task stream, as the env config `demos` says: the expert errs on
+    its share of the tasks (expert_error) and only tasks of expert_families are demonstrated. position = tasks drawn
+    (checkpointed)."""
 
     def __init__(
         self, env_factory: Callable[[], Env], tasks: Iterator[Task], chat: ChatFormat, demos: EnvConfig | None = None
@@ -99,7 +99,8 @@ class ExpertStream:
         self.demos = demos or EnvConfig()
         self.count = 0
 
-    def take(self, n: int) -> list[Trajectory]:
+    def take(self, n: int, successes_only: bool = False) -> list[Trajectory]:
+        """The next `n` demonstrations; `successes_only`: the failed (mistaken) ones are left out."""
         out = []
         while len(out) < n:
             task = next(self.tasks)
@@ -108,7 +109,7 @@ class ExpertStream:
             if self.demos.expert_families and env.family(task) not in self.demos.expert_families:
                 continue
             mistaken = expert_errs(task, self.demos.expert_error)
-            if mistaken and self.demos.expert_successes_only:
+            if mistaken and successes_only:
                 continue  # its demonstration fails: filtered imitation leaves it out
             out.append(expert_trajectory(task, env, self.chat, uid=f"expert:{task.task_id}", mistaken=mistaken))
         return out
@@ -318,10 +319,11 @@ class RolloutSource:
 
 
 class ExpertSource(RolloutSource):
-    """rollout.source = "expert": fresh scripted-expert episodes after the warm start too (imitation only)."""
+    """rollout.source = "expert": fresh scripted-expert episodes after the warm start too (imitation only; with
+    rollout.expert_successes_only the successful ones only)."""
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
-        return self.experts.take(n)
+        return self.experts.take(n, successes_only=self.exp.rollout.expert_successes_only)
 
 
 class QueueSource(RolloutSource):
@@ -472,7 +474,7 @@ class ResamplingSource(RolloutSource):
         super().__init__(exp, folder, clock)
         tasks = self.env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=exp.train.seed)
         self.resample = ResampleSource(
-            Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
+            Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat, exp.env.expert_error)),
             self.engines.rollout,
             self.chat,
             self.agent,

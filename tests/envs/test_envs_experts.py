@@ -106,14 +106,15 @@ def config(**env):
 
 
 def test_demonstration_settings_are_validated():
-    exp = validate(config(expert_error=0.5, expert_families=("add_mul",), expert_successes_only=True))
+    exp = validate(config(expert_error=0.5, expert_families=("add_mul",)))
     assert exp.env.expert_error == 0.5 and exp.env.expert_families == ("add_mul",)
     with pytest.raises(ConfigError, match=r"env.expert_error.*\[0, 1\]"):
         validate(config(expert_error=1.5))
     with pytest.raises(ConfigError, match=r"env.expert_families.*\['div'\].*'add_mul'"):
         validate(config(expert_families=("div",)))
-    with pytest.raises(ConfigError, match="env.expert_successes_only"):
-        validate(config(expert_error=1.0, expert_successes_only=True))
+    filtered = {"rollout.expert_successes_only": True, "env.expert_error": 1.0}
+    with pytest.raises(ConfigError, match="rollout.expert_successes_only.*nothing would be left"):
+        validate(load_config("configs/quickstart.py", {"train.eval_episodes": 4, **filtered}))
     register_env("no_mistake", NoMistakeEnv, overwrite=True)
     with pytest.raises(ConfigError, match="env.expert_error.*no systematic expert mistake"):
         EnvConfig(name="no_mistake", expert_error=0.1)
@@ -138,11 +139,11 @@ def test_expert_stream_yields_the_configured_demonstrations(chat):
         assert env.family(task) in ("add", "mul")
         assert traj.reward == (0.0 if expert_errs(task, 0.5) else 1.0)
     assert 0 < sum(t.reward == 0 for t in trajs) < 40
-    filtered = validate(config(expert_error=0.5, expert_successes_only=True)).env
-    stream = ExpertStream(filtered.make, env.task_stream("train", seed=5), chat, filtered)
-    assert all(t.reward == 1.0 for t in stream.take(20)) and stream.count > 20
+    demos = validate(config(expert_error=0.5)).env
+    stream = ExpertStream(demos.make, env.task_stream("train", seed=5), chat, demos)
+    assert all(t.reward == 1.0 for t in stream.take(20, successes_only=True)) and stream.count > 20
     # Resume: a stream skipped to the count yields what the original yields next.
-    again = ExpertStream(filtered.make, env.task_stream("train", seed=5), chat, filtered)
+    again = ExpertStream(demos.make, env.task_stream("train", seed=5), chat, demos)
     again.skip_to(stream.count)
-    assert [t.uid for t in again.take(5)] == [t.uid for t in stream.take(5)]
+    assert [t.uid for t in again.take(5, True)] == [t.uid for t in stream.take(5, True)]
     assert json.dumps([t.info["task_id"] for t in trajs])  # JSON-serialisable ids
