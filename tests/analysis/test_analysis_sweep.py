@@ -187,6 +187,13 @@ ABLATIONS = {
     "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
     "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
+    # IL continuation at IPA's lr and aggregation (its data is the one difference), and filtered imitation.
+    "control_il_continue_matched": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", _OBJ + "il_aggregation"}),
+    "control_il_filtered": ("control_il_continue_matched", {"rollout.expert_successes_only"}),
+    # Chunk vs token credit with a baseline (failures carry negative credit), each from its no-baseline arm.
+    "credit_chunk_baseline": ("credit_chunk", {_OBJ + "baseline", "optimizer.lr"}),
+    "credit_token_baseline": ("credit_token", {_OBJ + "baseline", "optimizer.lr"}),
+    "credit_token_matched_baseline": ("credit_token_matched", {_OBJ + "baseline", "optimizer.lr"}),
     # The long-horizon task's base (longhorizon_common) and its arms.
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
     "longhorizon_credit_token": ("longhorizon_common", {_OBJ + "credit"}),
