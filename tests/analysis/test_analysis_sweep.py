@@ -256,9 +256,31 @@ def test_every_ablation_config_changes_one_thing():
         "train.steps": 680,
     }
     assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
-    claims = PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
-    assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
-    assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)
+    # The claims preset: 8 seeds x 512 held-out tasks on the calculator with 2 and 3 operations, the expert perfect
+    # and wrong on half the tasks; warm starts to the imitation plateau, shared by every arm of a seed but the IL
+    # term's pair (which runs through the resampling source, whose checkpoint carries its own state).
+    claims = PRESETS["claims"]
+    assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 8)
+    assert dict(claims.overrides)["train.eval_episodes"] == 512 and dict(claims.overrides)["train.il_warmup_patience"]
+    assert [dict(o) for _, o in claims.conditions] == [
+        {"env.kwargs.ops": ops, "env.expert_error": error} for ops in (2, 3) for error in (0.0, 0.5)
+    ]
+    assert {"control_il_continue_matched", "control_il_filtered", "credit_token_matched", "il_term_on"} <= set(
+        claims.configs
+    )
+    assert dict(claims.pairs) == {
+        "credit_token_baseline": "credit_chunk_baseline",
+        "credit_token_matched_baseline": "credit_chunk_baseline",
+        "il_term_off": "il_term_on",
+    }
+    for _, condition in claims.conditions[-1:]:
+        settings = dict(claims.overrides) | dict(condition)
+        keys = {
+            name: ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), settings) for name in claims.configs
+        }
+        shared = {name for name, key in keys.items() if key == keys["credit_chunk"]}
+        assert set(claims.configs) - shared == {"il_term_on", "il_term_off"}
+        assert keys["credit_chunk"][0].count('"env.expert_error": 0.5') == 1
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
