@@ -313,7 +313,7 @@ def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) 
     """table.md, table.csv and runs.csv of an ablation folder's manifest (`load_ablation`): from its results files
     when it has them, else its run folders; prints table.md."""
     runs = manifest.get("results") or manifest["runs"]
-    reference = ablation_reference({**manifest, "runs": runs})
+    reference = ablation_reference(manifest)
     if reference != manifest.get("reference"):
         log.warning("%s has no finished run: differences are taken against %s", manifest.get("reference"), reference)
     pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}

@@ -59,12 +59,14 @@ def load_ablation(ablation_dir: str) -> dict[str, Any]:
 
 
 def ablation_reference(manifest: dict[str, Any]) -> str:
-    """The config the differences are taken against: the manifest's reference when it has finished runs, else (an
-    older manifest without one, or every reference run failed) the first config with finished runs."""
-    if not manifest["runs"]:
+    """The config the differences are taken against: the manifest's reference when it has finished runs (run
+    folders, or results files when it has them), else (an older manifest without one, or every reference run failed)
+    the first config with finished runs."""
+    runs = manifest.get("results") or manifest["runs"]  # results files, when the sweep wrote them
+    if not runs:
         raise ValueError("the ablation has no finished run")
     reference = manifest.get("reference")
-    return reference if reference in manifest["runs"] else next(iter(manifest["runs"]))
+    return reference if reference in runs else next(iter(runs))
 
 
 def newest_ablation(root: str = os.path.join("runs", "ablations")) -> str:
