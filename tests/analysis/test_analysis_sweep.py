@@ -428,7 +428,8 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
         before, after = (f"{100 * summary[k]:.1f}%" for k in ("success_before", "success_after"))
         assert f"[{i}/2] {name} seed 0: held-out success {before} -> {after} in " in stdout
     md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
-    assert md in stdout and md.count("\n| tiny_") == 3  # two configs, then tiny_chunk - tiny_token
+    # two configs, then tiny_chunk - tiny_token, then the two configs per task family (the 3 tasks hold 2 families)
+    assert md in stdout and md.count("\n| tiny_") == 5
     assert "verdict on the claim: config < tiny_token" in md
     # Every evaluation stored task by task: 3 tasks x 2 samples at the rollout temperature (eval_temperature is 0),
     # the same tasks in both arms; the warm start's evaluation (step 2) copied into both.
