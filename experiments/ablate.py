@@ -144,7 +144,10 @@ def main(argv):
         if condition:
             print(f"condition {condition}: {dict(condition_overrides)}", flush=True)
         if FLAGS.from_results:
-            tables_from_results([n for n, _ in configs], seeds, results_dir, where, **comparison)
+            try:
+                tables_from_results([n for n, _ in configs], seeds, results_dir, where, **comparison)
+            except FileNotFoundError as e:
+                raise app.UsageError(f"--from_results: {e}; run the sweep first (without --from_results)") from None
             continue
         manifest = sweep(
             configs,
