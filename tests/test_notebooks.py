@@ -276,3 +276,22 @@ def test_ablations_notebook(tmp_path, tokenizer, monkeypatch):
     diffs = [written[("cfg_high", s)]["solved"].mean() - written[("cfg_low", s)]["solved"].mean() for s in (0, 1)]
     assert f"| cfg_high | 2 | {EVAL_TASKS} | {np.mean(diffs):+.3f} | [" in text
     assert "config - cfg_low (same seeds, same tasks)" in text and "reference: cfg_low" in text
+
+
+def test_ablations_notebook_reads_results_files_alone(tmp_path, tokenizer, monkeypatch):
+    """The tables from committed results files (no run folder): the same rows as from the run folders."""
+    from ipa_jax.analysis.results import result_path, write_result
+    from ipa_jax.analysis.sweep import tables_from_results
+
+    written = write_synthetic_ablation(str(tmp_path / "runs_out"), tokenizer, {"cfg_low": 0.1, "cfg_high": 0.6})
+    results = str(tmp_path / "results")
+    for name, seed in written:
+        run = analysis.RunResult.from_run(str(tmp_path / "runs_out" / "runs" / name / f"seed_{seed}"))
+        write_result(result_path(results, name, seed), run, name, "sha")
+    out = str(tmp_path / "tables")
+    tables_from_results(["cfg_low", "cfg_high"], [0, 1], results, out)
+    nb = execute("ablations.ipynb", {"ABLATION_DIR": out}, monkeypatch)
+    text = outputs_text(nb)
+    diffs = [written[("cfg_high", s)]["solved"].mean() - written[("cfg_low", s)]["solved"].mean() for s in (0, 1)]
+    assert f"| cfg_high | 2 | {EVAL_TASKS} | {np.mean(diffs):+.3f} | [" in text
+    assert open(os.path.join(out, "table.md"), encoding="utf-8").read().splitlines()[2] in text

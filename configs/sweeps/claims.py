@@ -1,13 +1,54 @@
-"""The README's headline table: IPA (chunk credit) against imitation continued for as many updates, token credit, and
-token credit with the early turns' weight matched; 4 seeds, shared warm starts, each arm paired with credit_chunk."""
+"""IPA's claims against one-change arms, each with a verdict: IPA (credit_chunk) against imitation continued with
+IPA's learning rate and aggregation (its data the one difference) and filtered imitation; token credit beside its
+matched-discount arm, without a baseline and with one (failures carrying negative credit); the hybrid IL term
+(il_term_on against il_term_off); with an A/A rerun and two positive controls. 8 seeds x 512 held-out tasks, on
+the calculator with 2 and 3 operations, the expert perfect and wrong on half the tasks (4 conditions, a table each);
+warm starts to the imitation plateau (train.il_warmup_patience, at most 600 steps), then 80 RL steps, shared by
+the arms of a seed."""
 
 from ipa_jax.analysis.presets import Preset
+
+# The imitation plateau: no rise of the greedy match's 10-batch mean for 40 steps, at most 600 imitation steps.
+PLATEAU = (
+    ("train.il_warmup_target", 0.0),
+    ("train.il_warmup_patience", 40),
+    ("train.il_warmup_steps", 600),
+    ("train.steps", 680),
+    ("train.eval_episodes", 512),
+)
+CONDITIONS = tuple(
+    (f"ops{ops}_error{round(100 * error)}", (("env.kwargs.ops", ops), ("env.expert_error", error)))
+    for ops in (2, 3)
+    for error in (0.0, 0.5)
+)
 
 
 def get_preset():
     return Preset(
-        configs=("credit_chunk", "control_il_continue", "credit_token", "credit_token_matched"),
-        seeds=(0, 1, 2, 3),
+        configs=(
+            "credit_chunk",
+            "control_il_continue_matched",
+            "control_il_filtered",
+            "credit_token",
+            "credit_token_matched",
+            "credit_chunk_baseline",
+            "credit_token_baseline",
+            "credit_token_matched_baseline",
+            "il_term_on",
+            "il_term_off",
+            "control_aa",
+            "control_advantage_flip",
+            "control_reward_flip",
+        ),
+        seeds=tuple(range(8)),
         reference="credit_chunk",
-        claim="lower",
+        claim="lower",  # IPA's choice (each row's reference) beats the alternative
+        pairs=(
+            ("credit_token_baseline", "credit_chunk_baseline"),
+            ("credit_token_matched_baseline", "credit_chunk_baseline"),
+            ("il_term_off", "il_term_on"),
+        ),
+        controls=("control_advantage_flip", "control_reward_flip"),
+        overrides=PLATEAU,
+        conditions=CONDITIONS,
     )

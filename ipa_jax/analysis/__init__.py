@@ -1,11 +1,14 @@
 """Reading runs and ablations: curves, per-run numbers, episode rendering, ablation sweeps, tables and plots.
 
     curves.py     metric series of one run, smoothing, AUC, steps to a threshold, the per-run table numbers
+                  (RunResult: what a table reads of one run, from its folder or its results file)
+    results.py    results files: per (config, seed) the table's numbers and per-task outcomes, committed-friendly
     stats.py      confidence intervals over seeds and held-out tasks, paired t-intervals, Holm, detectable
                   effects, sign tests, verdicts
     episodes.py   one episode as HTML (tokens coloured by chunk, context and expert targets)
     tables.py     ablation folders: manifest, comparison tables (Markdown, CSV) and plots
-    sweep.py      train a set of configs over seeds (shared warm starts) and write the comparison
+    sweep.py      train a set of configs over seeds (shared warm starts, interleaved arms, resumable) and write
+                  the comparison; rebuild it from results files
 
 The numbers in a table and the curves in a notebook come from the same code. Files are read through
 `ipa_jax.pipeline.RunFolder`.
@@ -16,6 +19,7 @@ from ipa_jax.analysis.curves import (
     EVAL_SUCCESS,
     RUN_CURVES,
     SCALARS,
+    RunResult,
     curve_auc,
     final_outcomes,
     newest_run,
@@ -27,6 +31,7 @@ from ipa_jax.analysis.curves import (
     steps_to_threshold,
 )
 from ipa_jax.analysis.episodes import Segment, episode_segments, load_run_tokenizer, render_episode_html
+from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
 from ipa_jax.analysis.stats import (
     Estimate,
     PairedDifference,
@@ -62,6 +67,13 @@ __all__ = [
     "EVAL_SUCCESS",
     "RUN_CURVES",
     "SCALARS",
+    "RunResult",
+    "config_sha",
+    "load_result",
+    "read_result",
+    "result_path",
+    "results_of",
+    "write_result",
     "Estimate",
     "PairedDifference",
     "Segment",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,48 +84,109 @@ def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float) 
     return float(steps[hit[0]]) if hit.size else math.nan
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """What an ablation table reads of one finished run, from its run folder (`from_run`) or a results file
+    (`from_records`: small, committed, rebuilt into the same tables without the run folder).
+
+    seed: train seed; success_before / success_after: held-out success after the warm start / at the end
+    (summary.json); wall_time_s; admitted_fraction: mean over RL steps (nan if never logged); curve: (RL step counted
+    from the warm start's end, held-out success) of every evaluation from the warm start's end on; tasks: the last
+    evaluation's per-task records {task_id, family, samples, successes} (() for a run from before per-task records).
+    """
+
+    seed: int
+    success_before: float
+    success_after: float
+    wall_time_s: float
+    admitted_fraction: float
+    curve: tuple[tuple[int, float], ...]
+    tasks: tuple[dict[str, Any], ...]
+
+    @classmethod
+    def from_run(cls, run_dir: str) -> RunResult:
+        """The numbers of a finished run folder (RL phase = after the IL warm start, see RunFolder.rl_start)."""
+        folder = RunFolder(run_dir)
+        summary, rows = folder.read_summary(), folder.read_metrics()
+        for key in ("success_before", "success_after", "wall_time_s"):
+            if summary.get(key) is None:
+                raise ValueError(f"{run_dir}/summary.json: no value for {key!r}")
+        start = folder.rl_start(rows)
+        steps, success = series(rows, EVAL_SUCCESS)
+        admitted_steps, admitted = series(rows, "admitted_fraction")
+        admitted = admitted[admitted_steps > start]
+        history = summary.get("eval_history") or [{"step": summary["steps"]}]
+        last = int(history[-1]["step"])
+        tasks = folder.read_eval_tasks(last)["tasks"] if os.path.exists(folder.eval_tasks_path(last)) else []
+        return cls(
+            seed=int(summary["seed"]),
+            success_before=float(summary["success_before"]),
+            success_after=float(summary["success_after"]),
+            wall_time_s=float(summary["wall_time_s"]),
+            admitted_fraction=float(np.mean(admitted)) if admitted.size else math.nan,
+            curve=tuple((int(s - start), float(v)) for s, v in zip(steps, success) if s >= start),
+            tasks=tuple(tasks),
+        )
+
+    def scalars(self, threshold: float) -> dict[str, float]:
+        """The per-run numbers of an ablation table: success_before, success_after, wall_time_s, admitted_fraction;
+        auc = curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps to held-out
+        success >= threshold; collapsed = 1.0 when success_after < COLLAPSE_FRACTION * success_before, else 0.0."""
+        steps = np.array([s for s, _ in self.curve], dtype=np.int64)
+        success = np.array([v for _, v in self.curve], dtype=np.float64)
+        return {
+            "success_before": self.success_before,
+            "success_after": self.success_after,
+            "auc": curve_auc(steps, success),
+            "steps_to_threshold": steps_to_threshold(steps, success, threshold),
+            "wall_time_s": self.wall_time_s,
+            "admitted_fraction": self.admitted_fraction,
+            "collapsed": float(self.success_after < COLLAPSE_FRACTION * self.success_before),
+        }
+
+    def outcomes(self) -> TaskOutcomes:
+        """The last evaluation task by task; without per-task records the run's success_after as one pseudo-task
+        (`TaskOutcomes.from_rate`: only seeds can then be resampled)."""
+        if self.tasks:
+            return TaskOutcomes.from_records(self.tasks)
+        return TaskOutcomes.from_rate(self.success_after)
+
+    def success_by_family(self) -> dict[str, float]:
+        """{family: successes / samples over its tasks} of the last evaluation, families sorted ({} without records
+        of families)."""
+        won: dict[str, list[float]] = {}
+        for t in self.tasks:
+            if "family" in t:
+                counts = won.setdefault(t["family"], [0.0, 0.0])
+                counts[0] += float(t["successes"])
+                counts[1] += float(t["samples"])
+        return {f: w / n for f, (w, n) in sorted(won.items()) if n > 0}
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """JSON lines: the run's numbers first (with its curve), then one line per task."""
+        head = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tasks"}
+        head["curve"] = [list(point) for point in self.curve]
+        return [head, *self.tasks]
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> RunResult:
+        head, *tasks = records
+        values = {f.name: head[f.name] for f in dataclasses.fields(cls) if f.name != "tasks"}
+        values["curve"] = tuple((int(s), float(v)) for s, v in values["curve"])
+        values["admitted_fraction"] = math.nan if values["admitted_fraction"] is None else values["admitted_fraction"]
+        return cls(**values, tasks=tuple(tasks))
+
+
 def run_scalars(run_dir: str, threshold: float) -> dict[str, float]:
-    """The per-run numbers of an ablation table (RL phase = after the IL warm start, see RunFolder.rl_start):
-    success_before / success_after (summary.json: held-out success after the warm start / at the end); auc =
-    curve_auc of the held-out success curve over the RL phase; steps_to_threshold = RL steps (counted from the end
-    of the warm start, whose length depends on the seed) to held-out success >= threshold; wall_time_s (summary.json);
-    admitted_fraction = mean over RL steps (metrics.jsonl; nan if never logged); collapsed = 1.0 when success_after
-    < COLLAPSE_FRACTION * success_before, else 0.0."""
-    folder = RunFolder(run_dir)
-    summary, rows = folder.read_summary(), folder.read_metrics()
-    start = folder.rl_start(rows)
-    steps, success = series(rows, EVAL_SUCCESS)
-    rl = steps >= start
-    admitted_steps, admitted = series(rows, "admitted_fraction")
-    admitted = admitted[admitted_steps > start]
-    for key in ("success_before", "success_after", "wall_time_s"):
-        if summary.get(key) is None:
-            raise ValueError(f"{run_dir}/summary.json: no value for {key!r}")
-    before, after = float(summary["success_before"]), float(summary["success_after"])
-    return {
-        "success_before": before,
-        "success_after": after,
-        "auc": curve_auc(steps[rl], success[rl]),
-        "steps_to_threshold": steps_to_threshold(steps[rl] - start, success[rl], threshold),
-        "wall_time_s": float(summary["wall_time_s"]),
-        "admitted_fraction": float(np.mean(admitted)) if admitted.size else math.nan,
-        "collapsed": float(after < COLLAPSE_FRACTION * before),
-    }
+    """The per-run numbers of an ablation table of a run folder (`RunResult.scalars`)."""
+    return RunResult.from_run(run_dir).scalars(threshold)
 
 
 def final_outcomes(run_dir: str) -> tuple[int, TaskOutcomes]:
-    """(train seed, outcomes of the run's last held-out evaluation task by task): eval_tasks/ at the step of the last
-    evaluation in summary.json; a run folder without that record (from before per-task records) gives the run's
-    success_after as one pseudo-task (`TaskOutcomes.from_rate`: only seeds can then be resampled)."""
-    folder = RunFolder(run_dir)
-    summary = folder.read_summary()
-    if summary.get("success_after") is None:
-        raise ValueError(f"{run_dir}/summary.json: no value for 'success_after' (a run without evaluations)")
-    history = summary.get("eval_history") or [{"step": summary["steps"]}]
-    step = int(history[-1]["step"])
-    if os.path.exists(folder.eval_tasks_path(step)):
-        return int(summary["seed"]), TaskOutcomes.from_records(folder.read_eval_tasks(step)["tasks"])
-    return int(summary["seed"]), TaskOutcomes.from_rate(float(summary["success_after"]))
+    """(train seed, outcomes of the run's last held-out evaluation task by task) of a run folder: eval_tasks/ at the
+    step of the last evaluation in summary.json (`RunResult.outcomes`)."""
+    result = RunResult.from_run(run_dir)
+    return result.seed, result.outcomes()
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,10 @@ class Preset:
     """A named sweep: config names (files of the ablation config folder), seeds, overrides for every arm, and the
     paired comparison its table reports (`reference`: default the first config; `claim`: see CLAIMS; `controls`:
     positive controls among the configs, built to be worse than the reference, whose detection the table checks;
-    `effect`: the effect of interest, in success rate, whose seed count the table states)."""
+    `effect`: the effect of interest, in success rate, whose seed count the table states; `pairs`: (config, its own
+    reference) for configs compared with another config than `reference`, the one they differ from by one change;
+    `conditions`: (name, overrides) settings the whole sweep runs under one after the other, each its own table in
+    <out>/<name> and results in <results>/<name>)."""
 
     configs: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -31,12 +35,20 @@ class Preset:
     claim: str = "higher"
     controls: tuple[str, ...] = ()
     effect: float = DEFAULT_EFFECT
+    pairs: tuple[tuple[str, str], ...] = ()
+    conditions: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
 
     def __post_init__(self) -> None:
+        bad = [p for p in self.pairs if p[0] not in self.configs or p[1] not in self.configs or p[0] == p[1]]
+        if bad or len({config for config, _ in self.pairs}) != len(self.pairs):
+            raise ValueError(f"pairs {self.pairs} must pair each config of {self.configs} once with another config")
+        names = [name for name, _ in self.conditions]
+        if len(set(names)) != len(names) or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", name) for name in names):
+            raise ValueError(f"condition names must be distinct folder names, got {names}")
         if self.reference is not None and self.reference not in self.configs:
             raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
         reference = self.reference or self.configs[0]
-        if any(c not in self.configs or c == reference for c in self.controls):
+        if any(c not in self.configs or c == dict(self.pairs).get(c, reference) for c in self.controls):
             raise ValueError(
                 f"controls {self.controls} must be configs {self.configs} other than the reference {reference!r}"
             )

@@ -37,6 +37,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ipa_jax.analysis.curves import RunResult
+from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
 from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
 from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run, validate
@@ -57,6 +59,7 @@ RL_PHASE_KEYS = (
     "rollout.concurrency",
     "rollout.weight_sync_every",
     "rollout.seed_offset",
+    "rollout.expert_successes_only",
     "train.reward_flip_fraction",
     "train.steps",
     "train.eval_every",
@@ -159,11 +162,16 @@ def sweep(
     claim: str = "higher",
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
+    pairs: Mapping[str, str] | None = None,
+    results_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Trains every (config, seed) in order with `overrides` on every arm (a line per run as it starts), then writes
-    the tables (and prints the Markdown one) and the plots into `out`: differences against `reference` (default the
-    first config), verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats
-    it), positive `controls` checked for detection, seeds stated for the `effect` of interest. Returns the manifest
+    """Trains every (config, seed) with `overrides` on every arm (a line per run as it starts), seed by seed with
+    the arms of a seed interleaved (`run_order`), then writes the tables (and prints the Markdown one) and the plots
+    into `out`: differences against `reference` (default the first config; `pairs`: {config: its own reference}),
+    verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it), positive
+    `controls` checked for detection, seeds stated for the `effect` of interest. With `results_dir`, every finished
+    run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is gone is taken from its results
+    file when that matches the arm's config, and the tables are built from the results files. Returns the manifest
     (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
@@ -175,6 +183,10 @@ def sweep(
         raise ValueError(f"reference {reference!r} is not one of the configs {names}")
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
+    pairs = dict(pairs or {})
+    unknown = {k: v for k, v in pairs.items() if k not in names or v not in names}
+    if unknown:
+        raise ValueError(f"pairs {unknown} must map configs to configs of {names}")
     overrides = dict(overrides)
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
@@ -187,11 +199,15 @@ def sweep(
         "claim": claim,
         "controls": list(controls),
         "effect": effect,
+        "pairs": pairs,
+        "results_dir": results_dir,
         "isolation": "subprocess" if train_command else "inprocess",
         "runs": {},
         "failed": [],
         "wall_time_s": {},
         "warm_starts": {},
+        "results": {},
+        "order": [],
     }
     # Configs with the same warm start (module doc): the first of each group trains it for all.
     # shared: config name -> (donor config name, its path, IL steps).
@@ -206,17 +222,22 @@ def sweep(
                 shared[name] = (donor, paths[donor], keys[name][1])
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
     progress = SweepProgress(len(configs) * len(seeds))
-    for seed in seeds:
-        for name, path in configs:
+    for index, seed in enumerate(seeds):
+        for name, path in run_order(configs, index):
+            manifest["order"].append([name, seed])
             run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
             rel = os.path.relpath(run_dir, out)
+            results_file = result_path(results_dir, name, seed) if results_dir else None
             if rerun and os.path.isdir(run_dir):
                 shutil.rmtree(run_dir)
             trained = False
             t0 = time.perf_counter()
             try:
+                sha = config_sha(path, run_overrides(run_dir, seed, overrides)) if results_dir else ""
                 if RunFolder(run_dir).has_summary():
                     check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
+                elif not rerun and results_file and os.path.exists(results_file):
+                    check_result(results_file, sha, path)
                 else:
                     trained = True
                     try:
@@ -225,8 +246,16 @@ def sweep(
                         )
                     finally:
                         manifest["wall_time_s"][rel] = time.perf_counter() - t0
-                manifest["runs"].setdefault(name, []).append(rel)
-                outcome = run_outcome(RunFolder(run_dir).read_summary(), reused=not trained)
+                if RunFolder(run_dir).has_summary():
+                    manifest["runs"].setdefault(name, []).append(rel)
+                    result = RunResult.from_run(run_dir)
+                    if results_file:
+                        write_result(results_file, result, name, sha)
+                else:
+                    result = load_result(results_file)
+                if results_file:
+                    manifest["results"].setdefault(name, []).append(os.path.relpath(results_file, out))
+                outcome = run_outcome(result, reused=not trained)
             except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
                 log.debug("%s seed %d failed", name, seed, exc_info=True)
                 manifest["failed"].append(
@@ -241,34 +270,107 @@ def sweep(
                 outcome = f"FAILED: {e} (log: {run_dir}/ablate.log)"
             progress.finished(name, seed, outcome, time.perf_counter() - t0 if trained else None)
             _write_manifest(out, manifest)
-    manifest["runs"] = {name: manifest["runs"][name] for name, _ in configs if name in manifest["runs"]}
+    for key in ("runs", "results"):  # in config order, whatever order they ran in
+        manifest[key] = {name: sorted(manifest[key][name]) for name, _ in configs if name in manifest[key]}
     _write_manifest(out, manifest)
+    finished = manifest["results"] if results_dir else manifest["runs"]
     print(
-        f"{sum(map(len, manifest['runs'].values()))} runs finished, {len(manifest['failed'])} failed, "
+        f"{sum(map(len, finished.values()))} runs finished, {len(manifest['failed'])} failed, "
         f"{minutes(progress.elapsed())}; table, plots and runs in {out}",
         flush=True,
     )
-    if not manifest["runs"]:
+    if not finished:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
     loaded = load_ablation(out)
-    runs = loaded["runs"]
-    if ablation_reference(loaded) != reference:
-        log.warning("%s has no finished run: differences are taken against %s", reference, ablation_reference(loaded))
+    write_ablation_tables(out, loaded, threshold)
+    try:
+        if loaded["runs"]:
+            write_plots(out, loaded["runs"])
+    except ImportError as e:  # the table is written; plots need matplotlib
+        log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
+    return manifest
+
+
+def run_order(configs: Sequence[tuple[str, str]], index: int) -> list[tuple[str, str]]:
+    """The arms of the `index`-th seed, rotated by `index`: over len(configs) seeds every arm runs once in every
+    position of a seed's runs, so a machine's load (other work, a slower hour) hits the arms alike."""
+    k = index % len(configs)
+    return [*configs[k:], *configs[:k]]
+
+
+def check_result(results_file: str, sha: str, config_path: str) -> None:
+    """Raises ConfigError when a results file was written by another config than the arm's (`config_sha`)."""
+    _, head = read_result(results_file)
+    if head["config_sha"] != sha:
+        raise ConfigError(
+            "",
+            f"{results_file} was written by a different config than {config_path} (config_sha {head['config_sha']} "
+            f"!= {sha}); retrain it with --rerun or remove the file",
+        )
+
+
+def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) -> None:
+    """table.md, table.csv and runs.csv of an ablation folder's manifest (`load_ablation`): from its results files
+    when it has them, else its run folders; prints table.md."""
+    runs = manifest.get("results") or manifest["runs"]
+    reference = ablation_reference(manifest)
+    if reference != manifest.get("reference"):
+        log.warning("%s has no finished run: differences are taken against %s", manifest.get("reference"), reference)
+    pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}
     write_tables(
         out,
         runs,
         threshold,
-        reference=ablation_reference(loaded),
-        claim=claim,
-        controls=[c for c in controls if c in runs and c != ablation_reference(loaded)],
-        effect=effect,
+        reference=reference,
+        claim=manifest.get("claim", "higher"),
+        controls=[c for c in manifest.get("controls", ()) if c in runs and c != pairs.get(c, reference)],
+        effect=manifest.get("effect", DEFAULT_EFFECT),
+        pairs=pairs,
     )
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
-    try:
-        write_plots(out, runs)
-    except ImportError as e:  # the table is written; plots need matplotlib
-        log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
+
+
+def tables_from_results(
+    configs: Sequence[str],
+    seeds: Sequence[int],
+    results_dir: str,
+    out: str,
+    *,
+    threshold: float = 0.5,
+    reference: str | None = None,
+    claim: str = "higher",
+    controls: Sequence[str] = (),
+    effect: float = DEFAULT_EFFECT,
+    pairs: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The tables of a sweep rebuilt from its results files alone (no run folder, nothing trained): the results of
+    `configs` x `seeds` under `results_dir`, written into `out` with an ablation.json naming them. Returns that
+    manifest; FileNotFoundError when no results file exists."""
+    found = results_of(results_dir, list(configs), list(seeds))
+    if not found:
+        raise FileNotFoundError(f"no results files of {list(configs)} under {os.path.abspath(results_dir)}")
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    manifest = {
+        "configs": {name: name for name in configs},
+        "seeds": list(seeds),
+        "threshold": threshold,
+        "reference": reference or configs[0],
+        "claim": claim,
+        "controls": list(controls),
+        "effect": effect,
+        "pairs": dict(pairs or {}),
+        "results_dir": os.path.abspath(results_dir),
+        "runs": {},
+        "results": {name: [os.path.relpath(p, out) for p in paths] for name, paths in found.items()},
+        "failed": [],
+    }
+    _write_manifest(out, manifest)
+    missing = [(c, s) for c in configs for s in seeds if not os.path.exists(result_path(results_dir, c, s))]
+    if missing:
+        log.warning("no results file for %d runs (the tables leave them out): %s", len(missing), missing[:8])
+    write_ablation_tables(out, load_ablation(out), threshold)
     return manifest
 
 
@@ -276,14 +378,11 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def run_outcome(summary: dict[str, Any], reused: bool) -> str:
-    """A finished run in a few words: its held-out success before RL and at the end."""
-
-    def pct(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
-
-    before = f"{pct(summary['success_before'])} -> " if summary["il_warmup_steps"] else ""
-    return f"held-out success {before}{pct(summary['success_after'])}" + (" (finished earlier)" if reused else "")
+def run_outcome(result: RunResult, reused: bool) -> str:
+    """A finished run in a few words: its held-out success after the warm start and at the end."""
+    return f"held-out success {100 * result.success_before:.1f}% -> {100 * result.success_after:.1f}%" + (
+        " (finished earlier)" if reused else ""
+    )
 
 
 class SweepProgress:

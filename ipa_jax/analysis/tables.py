@@ -16,21 +16,13 @@ import glob
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ipa_jax.analysis.curves import (
-    COLLAPSE_FRACTION,
-    EVAL_SUCCESS,
-    SCALARS,
-    final_outcomes,
-    run_scalars,
-    seed_band,
-    series,
-    smooth,
-)
+from ipa_jax.analysis.curves import COLLAPSE_FRACTION, EVAL_SUCCESS, SCALARS, RunResult, seed_band, series, smooth
+from ipa_jax.analysis.results import load_result
 from ipa_jax.analysis.stats import (
     CLAIMS,
     DEFAULT_EFFECT,
@@ -51,23 +43,30 @@ CONTROL_DETECTED, CONTROL_MISSED = "control detected", "control NOT detected"  #
 
 
 def load_ablation(ablation_dir: str) -> dict[str, Any]:
-    """<ablation_dir>/ablation.json, with run folders made absolute (they are stored relative to the folder)."""
+    """<ablation_dir>/ablation.json, with run folders and results files made absolute (they are stored relative to the
+    folder)."""
     path = os.path.join(ablation_dir, "ablation.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{ablation_dir}: no ablation.json (not an ablation folder)")
     with open(path, encoding="utf-8") as f:
         manifest = json.load(f)
-    manifest["runs"] = {name: [os.path.join(ablation_dir, d) for d in dirs] for name, dirs in manifest["runs"].items()}
+    for key in ("runs", "results"):  # results: the runs' results files (ipa_jax.analysis.results), when written
+        manifest[key] = {
+            name: [os.path.normpath(os.path.join(ablation_dir, d)) for d in paths]
+            for name, paths in manifest.get(key, {}).items()
+        }
     return manifest
 
 
 def ablation_reference(manifest: dict[str, Any]) -> str:
-    """The config the differences are taken against: the manifest's reference when it has finished runs, else (an
-    older manifest without one, or every reference run failed) the first config with finished runs."""
-    if not manifest["runs"]:
+    """The config the differences are taken against: the manifest's reference when it has finished runs (run
+    folders, or results files when it has them), else (an older manifest without one, or every reference run failed)
+    the first config with finished runs."""
+    runs = manifest.get("results") or manifest["runs"]  # results files, when the sweep wrote them
+    if not runs:
         raise ValueError("the ablation has no finished run")
     reference = manifest.get("reference")
-    return reference if reference in manifest["runs"] else next(iter(manifest["runs"]))
+    return reference if reference in runs else next(iter(runs))
 
 
 def newest_ablation(root: str = os.path.join("runs", "ablations")) -> str:
@@ -94,13 +93,17 @@ def comparison_columns(
     resamples: int = DEFAULT_RESAMPLES,
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
+    pairs: Mapping[str, str] | None = None,
+    results: Mapping[str, RunResult] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per config, the statistics of its final held-out success (`final_outcomes` of each run, paired by train seed):
+    """Per config, the statistics of its final held-out success (`RunResult.outcomes` of each run: a run folder or a
+    results file, `load_result`; `results`: those already loaded, by path), paired by train seed:
 
     success_after_ci_low / _high, ci_resampled: the 95% hierarchical-bootstrap interval of the mean over seeds
     (`arm_estimate`; ci_resampled "seeds, tasks", or "seeds" for run folders without per-task records);
-    reference, claim, diff_*: its paired difference with `reference` (default: the first config) over their common
-    seeds (`paired_difference`): diff_mean, diff_ci_low / _high (the t-interval over the seeds' differences),
+    reference, claim, diff_*: its paired difference with its reference (`pairs`: {config: the config it differs from
+    by one change}; the others: `reference`, default the first config) over their common seeds
+    (`paired_difference`): diff_mean, diff_ci_low / _high (the t-interval over the seeds' differences),
     diff_sd, diff_p (paired t-test), diff_p_holm (Holm-adjusted across every comparison of the table), diff_mde
     (minimum detectable effect at 80% power), seeds_needed (for a true difference of `effect`), diff_seeds,
     diff_tasks, the sign tests over (seed, task) pairs (descriptive: tasks_better / _worse / _tied, sign_p_tasks)
@@ -114,35 +117,42 @@ def comparison_columns(
     reference = next(iter(runs), None) if reference is None else reference
     if reference not in runs:
         raise ValueError(f"reference {reference!r} has no finished run (configs with runs: {', '.join(runs)})")
-    unknown = [name for name in controls if name == reference or name not in runs]
+    reference_of = {name: (pairs or {}).get(name, reference) for name in runs}
+    missing = {name: ref for name, ref in reference_of.items() if ref not in runs}
+    if missing:
+        raise ValueError(f"paired references without a finished run: {missing} (configs with runs: {', '.join(runs)})")
+    unknown = [name for name in controls if name == reference_of.get(name) or name not in runs]
     if unknown:
         raise ValueError(
-            f"positive controls {unknown} must be configs with runs other than the reference "
+            f"positive controls {unknown} must be configs with runs other than their reference "
             f"{reference!r} (configs with runs: {', '.join(runs)})"
         )
+    results = dict(results or {})
     outcomes = {}
     for name, run_dirs in runs.items():
-        by_seed = dict(final_outcomes(d) for d in run_dirs)
+        loaded = [results.get(d) or load_result(d) for d in run_dirs]
+        by_seed = {r.seed: r.outcomes() for r in loaded}
         if len(by_seed) != len(run_dirs):
             raise ValueError(f"{name}: two runs share a train seed ({run_dirs})")
         outcomes[name] = by_seed
     columns, differences = {}, {}
     for name, by_seed in outcomes.items():
+        ref = reference_of[name]
         arm = arm_estimate(list(by_seed.values()), resamples=resamples)
         row: dict[str, Any] = {
             "success_after_ci_low": arm.low,
             "success_after_ci_high": arm.high,
             "ci_resampled": arm.resampled,
-            "reference": reference,
+            "reference": ref,
             "claim": claim,
         }
         notes = [arm.note]
-        if name == reference or not set(by_seed) & set(outcomes[reference]):
+        if name == ref or not set(by_seed) & set(outcomes[ref]):
             row.update(_no_difference())
-            if name != reference:
-                notes.append(f"no seed in common with {reference}")
+            if name != ref:
+                notes.append(f"no seed in common with {ref}")
         else:
-            diff = differences[name] = paired_difference(outcomes[reference], by_seed)
+            diff = differences[name] = paired_difference(outcomes[ref], by_seed)
             row.update(
                 diff_mean=diff.mean,
                 diff_ci_low=diff.low,
@@ -219,21 +229,33 @@ def ablation_rows(
     resamples: int = DEFAULT_RESAMPLES,
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
+    pairs: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(per-config rows, per-run rows). A per-config row holds n_seeds, <scalar>_mean and <scalar>_std for each
-    of SCALARS (over seeds), threshold_reached = how many seeds reached `threshold` (steps_to_threshold is
-    averaged over those only), collapsed = how many seeds collapsed (run_scalars), and the `comparison_columns` of
-    its final success against `reference` (with the positive `controls` and the `effect` of interest)."""
+    """(per-config rows, per-run rows) of runs given as run folders or results files (`load_result`). A per-config
+    row holds n_seeds, <scalar>_mean and <scalar>_std for each of SCALARS (over seeds), threshold_reached = how many
+    seeds reached `threshold` (steps_to_threshold is averaged over those only), collapsed = how many seeds collapsed
+    (`RunResult.scalars`), family_<f>_success_mean / _std per task family of the final evaluation (with several
+    families), and the `comparison_columns` of its final success against its reference (`reference`, or its
+    entry in `pairs`; with the positive `controls` and the `effect` of interest)."""
+    loaded = {d: load_result(d) for run_dirs in runs.values() for d in run_dirs}
     config_rows, run_rows = [], []
     comparison = (
         comparison_columns(
-            runs, reference=reference, claim=claim, resamples=resamples, controls=controls, effect=effect
+            runs,
+            reference=reference,
+            claim=claim,
+            resamples=resamples,
+            controls=controls,
+            effect=effect,
+            pairs=pairs,
+            results=loaded,
         )
         if runs
         else {}
     )
+    families = sorted({f for r in loaded.values() for f in r.success_by_family()})
     for name, run_dirs in runs.items():
-        per_run = [run_scalars(d, threshold) for d in run_dirs]
+        per_run = [loaded[d].scalars(threshold) for d in run_dirs]
         for d, scalars in zip(run_dirs, per_run):
             run_rows.append({"config": name, "run_dir": d, **scalars})
         row: dict[str, Any] = {"config": name, "n_seeds": len(per_run)}
@@ -241,6 +263,9 @@ def ablation_rows(
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in per_run])
         row["threshold_reached"] = sum(math.isfinite(s["steps_to_threshold"]) for s in per_run)
         row["collapsed"] = int(sum(s["collapsed"] for s in per_run))
+        for family in families if len(families) > 1 else ():
+            rates = [loaded[d].success_by_family().get(family, math.nan) for d in run_dirs]
+            row[f"family_{family}_success_mean"], row[f"family_{family}_success_std"] = _mean_std(rates)
         config_rows.append({**row, **comparison[name], "effect": effect})
     return config_rows, run_rows
 
@@ -312,21 +337,23 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     reference, claim, effect = rows[0]["reference"], rows[0]["claim"], rows[0]["effect"]
     sign = ">" if claim == "higher" else "<"
     power = f"{DEFAULT_POWER:.0%}"
+    compared = [r for r in rows if r["config"] != r["reference"]]
+    paired = any(r["reference"] != reference for r in compared)  # some configs differ from another reference
+    versus = "its reference (vs)" if paired else reference
     lines += [
         "",
-        f"Paired difference in final held-out success, config - {reference} (same seeds, same tasks); "
-        f"verdict on the claim: config {sign} {reference}",
+        f"Paired difference in final held-out success, config - {versus} (same seeds, same tasks); "
+        f"verdict on the claim: config {sign} {versus}",
         "",
-        f"| config | seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | detectable at {power} | "
-        f"seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
+        "| config | " + ("vs | " if paired else "") + f"seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | "
+        f"detectable at {power} | seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
         "sign test p (tasks) | verdict |",
-        "|" + "---|" * 14,
+        "|" + "---|" * (15 if paired else 14),
     ]
-    for r in rows:
-        if r["config"] == reference:
-            continue
+    for r in compared:
         cells = [
             r["config"],
+            *([r["reference"]] if paired else []),
             str(r["diff_seeds"]),
             str(r["diff_tasks"]),
             "-" if not math.isfinite(r["diff_mean"]) else f"{r['diff_mean']:+.3f}",
@@ -342,6 +369,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
             r["verdict"] or "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _family_table(rows)
     missed = [r["config"] for r in rows if r["verdict"] == CONTROL_MISSED]
     if missed:
         lines += [
@@ -368,6 +396,22 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _family_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: final held-out success per task family (mean ± std over seeds) per config; none with a
+    single family."""
+    families = [
+        k[len("family_") : -len("_success_mean")] for k in rows[0] if k.startswith("family_") and k.endswith("_mean")
+    ]
+    if not families:
+        return []
+    lines = ["", "Final held-out success per task family (mean ± std over seeds)", ""]
+    lines += ["| config | " + " | ".join(families) + " |", "|" + "---|" * (len(families) + 1)]
+    for r in rows:
+        cells = [_fmt(r[f"family_{f}_success_mean"], r[f"family_{f}_success_std"], 3) for f in families]
+        lines.append("| " + " | ".join([r["config"], *cells]) + " |")
+    return lines
+
+
 def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     """Rows (dicts with the same keys) as CSV; non-finite numbers as empty cells."""
     if not rows:
@@ -388,12 +432,14 @@ def write_tables(
     claim: str = "higher",
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
+    pairs: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """table.md, table.csv (per config; differences against `reference`, default the first config, verdicts on
-    `claim`, the positive `controls` checked, seeds stated for the `effect` of interest) and runs.csv (per run) in
-    `ablation_dir`; returns the per-config rows."""
+    """table.md, table.csv (per config; differences against `reference`, default the first config, or the config's
+    entry in `pairs`, verdicts on `claim`, the positive `controls` checked, seeds stated for the `effect` of
+    interest) and runs.csv (per run) in `ablation_dir`, from run folders or results files; returns the per-config
+    rows."""
     config_rows, run_rows = ablation_rows(
-        runs, threshold, reference=reference, claim=claim, controls=controls, effect=effect
+        runs, threshold, reference=reference, claim=claim, controls=controls, effect=effect, pairs=pairs
     )
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))

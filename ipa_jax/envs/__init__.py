@@ -1,6 +1,15 @@
 """Environments (pure Python, stdlib only): protocol, tool-call parsing, built-in multi-turn tasks, registry."""
 
-from ipa_jax.envs.base import TASK_BLOCK, Env, StepResult, Task, TaskSpaceTooSmall, ToolError, normalize_answer
+from ipa_jax.envs.base import (
+    TASK_BLOCK,
+    Env,
+    StepResult,
+    Task,
+    TaskSpaceTooSmall,
+    ToolError,
+    expert_errs,
+    normalize_answer,
+)
 from ipa_jax.envs.calculator import CalculatorEnv
 from ipa_jax.envs.kv_chain import KVChainEnv
 from ipa_jax.envs.lookup import LookupEnv
@@ -22,6 +31,7 @@ __all__ = [
     "Task",
     "TaskSpaceTooSmall",
     "ToolError",
+    "expert_errs",
     "normalize_answer",
     "CalculatorEnv",
     "KVChainEnv",

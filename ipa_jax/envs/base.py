@@ -93,6 +93,14 @@ def content_hash(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big")
 
 
+def expert_errs(task: Task, share: float) -> bool:
+    """Whether the expert makes its systematic mistake on `task` (env.expert_error = `share`): a fixed share of the
+    tasks, chosen by a hash of the task's content independent of its split."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"expert_error share must be in [0, 1], got {share}")
+    return content_hash("expert_error", task.prompt, task.data) % 10_000 < share * 10_000
+
+
 class Env(abc.ABC):
     """Base class of built-in environments. Subclasses implement `tools`, `_sample`, `_execute`, `expert_action`.
 
@@ -128,6 +136,22 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def expert_action(self, task: Task, observations: list[str]) -> ToolCall | str:
         """The scripted expert's next action given the observations so far: a call, or the final answer."""
+
+    def expert_mistake(self, task: Task, observations: list[str], action: ToolCall | str) -> ToolCall | str | None:
+        """The mistaken expert's action where the scripted expert's is `action`: another action (the environment's
+        systematic mistake, which must make the episode fail), or None to take `action`. Environments without one
+        cannot run with env.expert_error > 0 (`has_expert_mistake`)."""
+        raise NotImplementedError(f"{self.name}: no systematic expert mistake defined")
+
+    @classmethod
+    def has_expert_mistake(cls) -> bool:
+        return cls.expert_mistake is not Env.expert_mistake
+
+    def family(self, task: Task) -> str:
+        """The task's family (a short identifier: the kind of problem), for demonstrations restricted to some
+        families (env.expert_families) and held-out success per family; one family ("all") unless the environment
+        defines them."""
+        return "all"
 
     def max_turns_for(self, data: dict[str, Any]) -> int:
         """Turn budget of a task (assistant turns including the final answer)."""
@@ -231,24 +255,28 @@ class Env(abc.ABC):
         self.done = True
 
     # ---- expert -------------------------------------------------------------------------------------
-    def expert(self, task: Task) -> list[dict[str, Any]]:
+    def expert(self, task: Task, mistaken: bool = False) -> list[dict[str, Any]]:
         """A successful conversation as chat messages (initial messages, assistant tool calls, tool
-        responses, final answer), produced by running the scripted expert against this environment.
-        Raises RuntimeError if the expert fails (a bug in the environment)."""
+        responses, final answer), produced by running the scripted expert against this environment; `mistaken`:
+        the expert makes the environment's systematic mistake (`expert_mistake`) and fails.
+        Raises RuntimeError if the expert fails (or, mistaken, succeeds: a bug in the environment)."""
         try:
-            return self._expert_messages(task)
+            return self._expert_messages(task, mistaken)
         finally:
             self.close()
 
-    def _expert_messages(self, task: Task) -> list[dict[str, Any]]:
+    def _expert_messages(self, task: Task, mistaken: bool) -> list[dict[str, Any]]:
         self.reset(task)
         messages = task.initial_messages()
         observations: list[str] = []
         for _ in range(task.max_turns):
             action = self.expert_action(task, observations)
+            if mistaken:
+                action = self.expert_mistake(task, observations, action) or action
             if isinstance(action, str):
-                if self.final_answer(action) != 1.0:
-                    raise RuntimeError(f"{self.name}: expert answer {action!r} is wrong for {task.task_id}")
+                if self.final_answer(action) != (0.0 if mistaken else 1.0):
+                    outcome = "mistaken expert answer {!r} is right" if mistaken else "expert answer {!r} is wrong"
+                    raise RuntimeError(f"{self.name}: {outcome.format(action)} for {task.task_id}")
                 messages.append({"role": "assistant", "content": action})
                 return messages
             result = self.step(action)

@@ -2,6 +2,11 @@
 
 The tool does a single binary operation, so an expression with `ops` operators needs `ops` calls, each
 after the first copying the previous result (an observation) into its arguments.
+
+Families (`family`): the operation kinds a task uses, in the order add, sub, mul: "add", "add_mul", "add_sub_mul", ...
+The expert's systematic mistake (env.expert_error): its last call applies the wrong operation, the next of + - *
+(cyclically) that changes the result, and it answers that result (0 op 0, the same under every operation: the
+answer off by one).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from ipa_jax.envs.base import Env, ToolError
 from ipa_jax.envs.tool_calls import ToolCall
 
 OPS = ("+", "-", "*")
+OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
 MAX_ABS_RESULT = 10**9  # keeps observations short whatever numbers a random policy sends
 
 CALC_TOOL = {
@@ -75,6 +81,20 @@ class CalculatorEnv(Env):
         if abs(result) > MAX_ABS_RESULT:
             raise ToolError("result too large")
         return str(result)
+
+    def family(self, task) -> str:
+        used = set(task.data["ops"])
+        return "_".join(name for op, name in OP_NAMES.items() if op in used)
+
+    def expert_mistake(self, task, observations: list[str], action: ToolCall | str) -> ToolCall | str | None:
+        if isinstance(action, str):  # the answer copies the wrong result; 0 op 0 (same under every op) is off by one
+            return str(int(action) + 1) if action == task.answer else None
+        if len(observations) != len(task.data["ops"]) - 1:
+            return None  # the mistake is in the last call
+        a, op, b = action.arguments["a"], action.arguments["op"], action.arguments["b"]
+        rotation = OPS[OPS.index(op) + 1 :] + OPS[: OPS.index(op)]
+        wrong = next((w for w in rotation if _apply(a, w, b) != _apply(a, op, b)), op)
+        return ToolCall("calc", {"a": a, "op": wrong, "b": b})
 
     def expert_action(self, task, observations: list[str]) -> ToolCall | str:
         nums, ops = task.data["nums"], task.data["ops"]

@@ -20,7 +20,9 @@ turns. What makes it long-horizon:
   too (the aggregation ablations weigh long episodes differently).
 
 The scripted expert reads each observation like the policy must (not the hidden store): start at the prompt's key,
-follow "next", answer the "value".
+follow "next", answer the "value". Families (`family`): the chain length, "hops_<n>". The expert's systematic
+mistake (env.expert_error): it answers one hop short, with the last key instead of fetching its record (a key is
+never a value: the episode fails).
 """
 
 from __future__ import annotations
@@ -151,6 +153,13 @@ class KVChainEnv(Env):
         22) and scores 0."""
         reward = super().final_answer(text)
         return reward if self.task.data["path"][-1] in self.fetched else 0.0
+
+    def family(self, task) -> str:
+        return f"hops_{len(task.data['path'])}"
+
+    def expert_mistake(self, task, observations: list[str], action: ToolCall | str) -> ToolCall | str | None:
+        last = isinstance(action, ToolCall) and action.arguments["key"] == task.data["path"][-1]
+        return action.arguments["key"] if last else None
 
     def expert_action(self, task, observations: list[str]) -> ToolCall | str:
         if not observations:

@@ -5,6 +5,9 @@ and two attributes (city, pet). A question follows `hops - 1` links from a start
 attribute, so the policy needs exactly `hops` lookups and must copy a name out of each observation into
 the next call; the other fields of each record are distractors (their order is shuffled per record). Records are JSON
 and names are quoted in the question, so a name is the same token sequence wherever it appears.
+
+Families (`family`): the attribute asked, "city" or "pet". The expert's systematic mistake (env.expert_error): it
+answers one lookup short, with the name it should look up last (a name is never a city or a pet: the episode fails).
 """
 
 from __future__ import annotations
@@ -91,6 +94,13 @@ class LookupEnv(Env):
         if name not in table:
             raise ToolError(f"no person named '{name[:20]}'")
         return json.dumps(table[name])
+
+    def family(self, task) -> str:
+        return task.data["attribute"]
+
+    def expert_mistake(self, task, observations: list[str], action: ToolCall | str) -> ToolCall | str | None:
+        last = isinstance(action, ToolCall) and len(observations) == len(task.data["path"]) - 1
+        return action.arguments["name"] if last else None
 
     def expert_action(self, task, observations: list[str]) -> ToolCall | str:
         path, attribute = task.data["path"], task.data["attribute"]

@@ -52,7 +52,7 @@ from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import credit_returns
-from ipa_jax.objectives.imitation import imitation_term
+from ipa_jax.objectives.imitation import imitation_denominator, imitation_sample_mean, imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
@@ -196,7 +196,8 @@ def objective_terms(
         scale = kept_row_scale(keep, dtype, seqs)
     num_rl = -jnp.sum(jnp.where(keep, weights * scale * l, 0))
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
-    terms = {"rl": (num_rl, den_rl), "il": imitation_term(l, expert)}
+    il = imitation_term(l, expert) if config.il_aggregation == "token_mean" else imitation_sample_mean(l, expert, seqs)
+    terms = {"rl": (num_rl, den_rl), "il": il}
 
     n_keep = jnp.sum(keep)
     n_action = jnp.sum(action)
@@ -247,7 +248,12 @@ def term_denominators(
     _, den_rl = aggregation_weights(
         action, chunk_ids, config.aggregation, sequences=sequences_of(action.shape, segment_ids)
     )
-    den_il = jnp.zeros((), jnp.float32) if expert_mask is None else expert_mask.astype(bool).sum().astype(jnp.float32)
+    seqs = sequences_of(action.shape, segment_ids)
+    den_il = (
+        jnp.zeros((), jnp.float32)
+        if expert_mask is None
+        else imitation_denominator(expert_mask, config.il_aggregation, seqs)
+    )
     return {"rl": den_rl, "il": den_il}
 
 

@@ -19,6 +19,7 @@ IS_APPLY_TO = ("all", "negatives")
 MISMATCH_LEVELS = ("none", "token", "chunk", "sequence")
 TRUST_REGION_LEVELS = ("none", "sequence", "chunk")
 AGGREGATIONS = ("sample_mean", "token_mean", "chunk_mean", "sequence_sum")
+IL_AGGREGATIONS = ("token_mean", "sample_mean")
 OLD_LOGPROBS = ("behavior", "recompute")
 SIGN_BY = ("advantage", "reward")
 ROW_DENOMINATORS = ("action", "kept")
@@ -55,6 +56,8 @@ class ObjectiveConfig:
     row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
+    il_aggregation: how the imitation term averages: "token_mean" (over expert tokens) or "sample_mean" (over
+      imitated sequences, each its token mean: the RL term's sample_mean).
     """
 
     baseline: str = "none"
@@ -77,6 +80,7 @@ class ObjectiveConfig:
     row_denominator: str = "action"
     rl_weight: float = 1.0
     il_weight: float = 1.0
+    il_aggregation: str = "token_mean"
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -90,6 +94,7 @@ class ObjectiveConfig:
             ("trust_region_level", TRUST_REGION_LEVELS),
             ("aggregation", AGGREGATIONS),
             ("row_denominator", ROW_DENOMINATORS),
+            ("il_aggregation", IL_AGGREGATIONS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")

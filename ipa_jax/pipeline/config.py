@@ -270,6 +270,8 @@ class RolloutConfig:
       SGLang's radix cache does the same on a server). Off: every turn prefills its whole context.
     seed_offset: embedded: the rollout engine samples with seed train.seed + seed_offset (0: train.seed), so an A/A
       control reruns an arm from the same warm start and training seed with other rollouts.
+    expert_successes_only: the expert source after the warm start imitates only the demonstrations that succeed
+      (filtered imitation: with env.expert_error > 0 the mistaken ones are left out; the warm start is unchanged).
     """
 
     engine: str = "embedded"
@@ -300,6 +302,7 @@ class RolloutConfig:
     partial: str = "finish"
     prefix_cache: bool = True
     seed_offset: int = 0
+    expert_successes_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sglang_urls", tuple(self.sglang_urls))
@@ -433,11 +436,17 @@ class EnvConfig:
     kwargs: the environment's own settings, passed to its constructor (free-form keys).
     module: a module imported first that registers an environment of your own (ipa_jax.envs.register_env): a
       dotted name (my_pkg.my_env, installed or on PYTHONPATH) or the path of a .py file.
+    expert_error: in [0, 1]: on this share of the tasks (a fixed set, chosen by a hash of the task) the scripted
+      expert's demonstrations make the environment's systematic mistake and fail (docs/environments.md).
+    expert_families: demonstrations only of tasks of these families (the environment's `family`, e.g. the
+      calculator's "add_mul"); empty = every family. Held-out success is reported per family either way.
     """
 
     name: str = ""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     module: str = ""
+    expert_error: float = 0.0
+    expert_families: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.module:
@@ -453,9 +462,33 @@ class EnvConfig:
             )
         if self.name:  # the environment checks its own settings
             try:
-                self.make()
+                env = self.make()
             except (TypeError, ValueError) as e:
                 raise ConfigError("env.kwargs", f"environment {self.name!r} rejects {dict(self.kwargs)}: {e}") from None
+            self._check_demonstrations(env)
+
+    def _check_demonstrations(self, env: Env) -> None:
+        _require(
+            isinstance(self.expert_error, (int, float)) and 0.0 <= self.expert_error <= 1.0,
+            "env.expert_error",
+            f"must be a share in [0, 1], got {self.expert_error!r}",
+        )
+        _require(
+            self.expert_error == 0 or env.has_expert_mistake(),
+            "env.expert_error",
+            f"environment {self.name!r} defines no systematic expert mistake (Env.expert_mistake): leave it at 0",
+        )
+        if self.expert_families:
+            try:
+                seen = sorted({env.family(task) for task in env.tasks("train", TASK_BLOCK)})
+            except TaskSpaceTooSmall:
+                return  # the run's task-space check names the problem
+            unknown = [f for f in self.expert_families if f not in seen]
+            _require(
+                not unknown,
+                "env.expert_families",
+                f"{unknown} are not families of {self.name!r} with {dict(self.kwargs)}; its families: {seen}",
+            )
 
     def make(self) -> Env:
         """A fresh environment instance (one per concurrent episode)."""
@@ -541,6 +574,11 @@ class ExperimentConfig:
                 self.online_source != "expert" or self.objective.il_weight > 0,
                 "objective.il_weight",
                 "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0",
+            )
+            _require(
+                not (self.rollout.expert_successes_only and self.env.expert_error == 1),
+                "rollout.expert_successes_only",
+                "with env.expert_error = 1 every demonstration fails: nothing would be left to imitate",
             )
             if self.env.name:
                 self._check_task_space()

@@ -96,11 +96,11 @@ class EvalReport:
     """The outcome of k episodes per task. `evaluate_policy` fills the numbers; `evaluate` adds what was evaluated
     (policy, step, engine, split, seed).
 
-    success: mean over finished episodes (pass@1); pass_at_k: `pass_at_k` over tasks; reward, tool_calls,
-    tool_errors, turns: means over finished episodes; per_task: {task_id, successes, rewards} (the task's finished
-    samples, in order); per_episode: {task_id, sample, reward, success, tool_calls, tool_errors, turns,
-    finish_reason, generated_tokens}; aborted: episodes the engine aborted (left out of every number);
-    trajectories: the finished episodes (not written to JSON).
+    success: mean over finished episodes (pass@1); success_by_family: the same per task family (`Env.family`);
+    pass_at_k: `pass_at_k` over tasks; reward, tool_calls, tool_errors, turns: means over finished episodes;
+    per_task: {task_id, family, successes, rewards} (the task's finished samples, in order); per_episode: {task_id,
+    sample, reward, success, tool_calls, tool_errors, turns, finish_reason, generated_tokens}; aborted: episodes the
+    engine aborted (left out of every number); trajectories: the finished episodes (not written to JSON).
     """
 
     k: int
@@ -122,12 +122,16 @@ class EvalReport:
     engine: str = ""
     split: str = ""
     seed: int | None = None  # the embedded engine's sampling seed
+    success_by_family: dict[str, float] = field(default_factory=dict)
     trajectories: tuple[Trajectory, ...] = field(default=(), repr=False, compare=False)
 
     def scalars(self) -> dict[str, float]:
-        """The numbers a run logs as eval/<name> (pass_at_k with k > 1 only)."""
+        """The numbers a run logs as eval/<name> (pass_at_k with k > 1 only; success_<family> with several task
+        families)."""
         names = ("success", "reward", "tool_calls", "tool_errors", "turns", "episodes", "time_s")
         out = {name: float(getattr(self, name)) for name in names}
+        if len(self.success_by_family) > 1:
+            out.update({f"success_{family}": rate for family, rate in self.success_by_family.items()})
         return {**out, "pass_at_k": self.pass_at_k} if self.k > 1 else out
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,9 +142,15 @@ class EvalReport:
         return {**out, "per_task": list(self.per_task), "per_episode": list(self.per_episode)}
 
     def task_outcomes(self) -> list[dict[str, Any]]:
-        """[{task_id, samples, successes}] per task, in task order: finished samples and how many succeeded."""
+        """[{task_id, family, samples, successes}] per task, in task order: finished samples and how many
+        succeeded."""
         return [
-            {"task_id": t["task_id"], "samples": len(t["successes"]), "successes": sum(t["successes"])}
+            {
+                "task_id": t["task_id"],
+                "family": t["family"],
+                "samples": len(t["successes"]),
+                "successes": sum(t["successes"]),
+            }
             for t in self.per_task
         ]
 
@@ -158,6 +168,15 @@ def eval_tasks_record(report: EvalReport) -> dict[str, Any]:
         "success": report.success,
         "tasks": report.task_outcomes(),
     }
+
+
+def success_by_family(families: Sequence[str], by_task: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """{family: mean success over the finished episodes of its tasks}, families sorted; task i is of `families[i]`
+    with finished episodes `by_task[i]` (a family without any is left out)."""
+    outcomes: dict[str, list[bool]] = {}
+    for family, samples in zip(families, by_task):
+        outcomes.setdefault(family, []).extend(t.reward >= SUCCESS_REWARD for t in samples)
+    return {family: float(np.mean(o)) for family, o in sorted(outcomes.items()) if o}
 
 
 def episode_record(traj: Trajectory, sample: int) -> dict[str, Any]:
@@ -203,6 +222,11 @@ async def evaluate_policy(
     by_task = [[t for t in samples if t is not None] for samples in slots]
     done = [t for samples in by_task for t in samples]
     metrics = episode_metrics(done)
+    family_env = env_factory(tasks[0])
+    try:
+        families = [family_env.family(task) for task in tasks]
+    finally:
+        family_env.close()
     return EvalReport(
         k=k,
         temperature=agent_config.temperature,
@@ -219,11 +243,13 @@ async def evaluate_policy(
         per_task=tuple(
             {
                 "task_id": task.task_id,
+                "family": family,
                 "successes": [bool(t.reward >= SUCCESS_REWARD) for t in samples],
                 "rewards": [t.reward for t in samples],
             }
-            for task, samples in zip(tasks, by_task)
+            for task, family, samples in zip(tasks, families, by_task)
         ),
+        success_by_family=success_by_family(families, by_task),
         per_episode=tuple(episode_record(t, j) for samples in slots for j, t in enumerate(samples) if t is not None),
         trajectories=tuple(done),
     )
@@ -390,6 +416,7 @@ def format_report(report: EvalReport) -> str:
         ("tasks", f"{report.tasks} {report.split} tasks x {report.k} samples = {report.episodes} episodes{aborted}"),
         ("temperature", f"{report.temperature:g}" + ("  (greedy)" if report.temperature == 0 else "")),
         ("success", f"{report.success:.4f}  (pass@1)"),
+        *((f"  {family}", f"{rate:.4f}") for family, rate in report.success_by_family.items()),
         (f"pass@{report.k}", f"{report.pass_at_k:.4f}"),
         ("reward", f"{report.reward:.4f}"),
         ("tool calls", f"{report.tool_calls:.2f}"),

@@ -32,7 +32,7 @@ def probe_policy(
     tok = load_tokenizer(tokenizer or exp.model.tokenizer or policy)
     chat = ChatFormat(tok, enable_thinking=exp.rollout.enable_thinking)
     tasks = exp.env.make().tasks(split, num_tasks, seed=seed)
-    experts = build_experts(exp.resample, tasks, chat)
+    experts = build_experts(exp.resample, tasks, chat, exp.env.expert_error)
     r = exp.rollout
     engine = EmbeddedEngine(
         from_pretrained(policy),

@@ -45,10 +45,10 @@ from ipa_jax.chat import ChatFormat
 from ipa_jax.engines import Engine, EngineError
 from ipa_jax.engines.base import PartialCounts, PrefixCounts
 from ipa_jax.engines.threads import LoopThread, OnLoop
-from ipa_jax.envs import Env, Task
+from ipa_jax.envs import Env, Task, expert_errs
 from ipa_jax.models.hf_io import gather_model
 from ipa_jax.pipeline.build import build_online_engines
-from ipa_jax.pipeline.config import ConfigError, ExperimentConfig
+from ipa_jax.pipeline.config import ConfigError, EnvConfig, ExperimentConfig
 from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks_record, evaluate_policy
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
@@ -67,9 +67,10 @@ WAIT_POLL_S = 1.0  # the learner re-checks the rollout worker's health this ofte
 
 
 # ---------------------------------------------------------------------------------------------- experts
-def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str) -> Trajectory:
-    """The scripted expert's episode of `task` (`env.expert`) as a pure imitation row (`expert_episode`)."""
-    return expert_episode(task, env.expert(task), env, chat, uid, info={"split": "train"})
+def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str, mistaken: bool = False) -> Trajectory:
+    """The scripted expert's episode of `task` (`env.expert`; `mistaken`: with its systematic mistake, a failure) as
+    a pure imitation row (`expert_episode`)."""
+    return expert_episode(task, env.expert(task, mistaken), env, chat, uid, info={"split": "train"})
 
 
 def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
@@ -87,18 +88,30 @@ def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
 
 
 class ExpertStream:
-    """Endless scripted-expert trajectories over a task stream; position = number yielded (checkpointed)."""
+    """Endless scripted-expert trajectories over a task stream, as the env config `demos` says: the expert errs on
+    its share of the tasks (expert_error) and only tasks of expert_families are demonstrated. position = tasks drawn
+    (checkpointed)."""
 
-    def __init__(self, env_factory: Callable[[], Env], tasks: Iterator[Task], chat: ChatFormat):
+    def __init__(
+        self, env_factory: Callable[[], Env], tasks: Iterator[Task], chat: ChatFormat, demos: EnvConfig | None = None
+    ):
         self.env_factory, self.tasks, self.chat = env_factory, tasks, chat
+        self.demos = demos or EnvConfig()
         self.count = 0
 
-    def take(self, n: int) -> list[Trajectory]:
+    def take(self, n: int, successes_only: bool = False) -> list[Trajectory]:
+        """The next `n` demonstrations; `successes_only`: the failed (mistaken) ones are left out."""
         out = []
-        for _ in range(n):
+        while len(out) < n:
             task = next(self.tasks)
-            out.append(expert_trajectory(task, self.env_factory(), self.chat, uid=f"expert:{task.task_id}"))
             self.count += 1
+            env = self.env_factory()
+            if self.demos.expert_families and env.family(task) not in self.demos.expert_families:
+                continue
+            mistaken = expert_errs(task, self.demos.expert_error)
+            if mistaken and successes_only:
+                continue  # its demonstration fails: filtered imitation leaves it out
+            out.append(expert_trajectory(task, env, self.chat, uid=f"expert:{task.task_id}", mistaken=mistaken))
         return out
 
     def skip_to(self, count: int) -> None:
@@ -198,7 +211,9 @@ class RolloutSource:
         self.tokenizer = load_or_build_tokenizer(exp.model, folder, exp.env)
         self.chat = ChatFormat(self.tokenizer, enable_thinking=exp.rollout.enable_thinking)
         self.engines = EngineHost(exp, self.tokenizer, folder)
-        self.experts = ExpertStream(self.env_factory, self.env.task_stream("train", seed=t.seed + 1_000_000), self.chat)
+        self.experts = ExpertStream(
+            self.env_factory, self.env.task_stream("train", seed=t.seed + 1_000_000), self.chat, exp.env
+        )
         self.eval_tasks = self.env.tasks("eval", t.eval_episodes, seed=EVAL_SEED)
         self.agent = sampling_agent_config(exp)
         self.eval_agent = dataclasses.replace(eval_agent_config(exp), record_messages=True)  # for samples/
@@ -304,10 +319,11 @@ class RolloutSource:
 
 
 class ExpertSource(RolloutSource):
-    """rollout.source = "expert": fresh scripted-expert episodes after the warm start too (imitation only)."""
+    """rollout.source = "expert": fresh scripted-expert episodes after the warm start too (imitation only; with
+    rollout.expert_successes_only the successful ones only)."""
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
-        return self.experts.take(n)
+        return self.experts.take(n, successes_only=self.exp.rollout.expert_successes_only)
 
 
 class QueueSource(RolloutSource):
@@ -471,7 +487,7 @@ class ResamplingSource(RolloutSource):
         super().__init__(exp, folder, clock)
         tasks = self.env.tasks("train", exp.resample.num_tasks or 8 * exp.resample.tasks_per_round, seed=exp.train.seed)
         self.resample = ResampleSource(
-            Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat)),
+            Resampler(exp.resample, build_experts(exp.resample, tasks, self.chat, exp.env.expert_error)),
             self.engines.rollout,
             self.chat,
             self.agent,

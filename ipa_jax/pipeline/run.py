@@ -190,9 +190,14 @@ def write_summary(
     def at(evaluation: dict[str, Any] | None, key: str) -> float | None:
         return None if evaluation is None else evaluation[key]
 
+    def by_family(evaluation: dict[str, Any] | None) -> dict[str, float]:  # success_<family> (several families)
+        return {k.removeprefix("success_"): v for k, v in (evaluation or {}).items() if k.startswith("success_")}
+
     summary = {
         "success_before": at(before, "success"),
         "success_after": at(after, "success"),
+        "success_by_family_before": by_family(before),
+        "success_by_family_after": by_family(after),
         "tool_calls_before": at(before, "tool_calls"),
         "tool_calls_after": at(after, "tool_calls"),
         "reward_before": at(before, "reward"),

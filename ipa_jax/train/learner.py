@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import hashlib
 import logging
+import math
 import operator
 import os
 import time
@@ -22,13 +23,14 @@ import jax
 import numpy as np
 
 from ipa_jax.activity import ActivityClock
+from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.train.checkpoint import Checkpointer
 from ipa_jax.train.distributed import agreed_stop
-from ipa_jax.train.metrics import LoggingConfig
+from ipa_jax.train.metrics import CREDIT_POSITIONS, LoggingConfig, chunk_position_weights
 from ipa_jax.train.progress import Progress
 from ipa_jax.train.sources import TrajectorySource
 from ipa_jax.train.state import TrainState
-from ipa_jax.train.step import TrainStep, batch_advantages
+from ipa_jax.train.step import TrainStep, batch_advantages, batch_sequences
 from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryBatch, pack_batch, pad_batch
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,10 @@ class TrainConfig:
     il_warmup_steps: at most this many IL-only updates on scripted expert episodes first (the warm start).
     il_warmup_target: > 0: end the warm start once greedy decoding would reproduce this fraction of fresh expert
       episodes (mean il_greedy_match over il_warmup_window batches); RL then still runs steps - il_warmup_steps.
-    il_warmup_window: batches averaged for il_warmup_target.
+    il_warmup_window: batches averaged for il_warmup_target and il_warmup_patience.
+    il_warmup_patience: > 0: end the warm start at the imitation plateau, once the mean il_greedy_match over
+      il_warmup_window batches has not risen PLATEAU_MIN_GAIN above its best for this many steps (the target,
+      when set too, ends it if reached first).
     data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
     buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
     packing: pack several trajectories into each row of the bucket length (first-fit decreasing; attention and
@@ -105,6 +110,7 @@ class TrainConfig:
     il_warmup_steps: int = 0
     il_warmup_target: float = 0.0
     il_warmup_window: int = 10
+    il_warmup_patience: int = 0
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     packing: bool = False
@@ -146,6 +152,8 @@ class TrainConfig:
             raise ValueError(f"train.il_warmup_target: must be in [0, 1] (0 = off), got {self.il_warmup_target}")
         if self.il_warmup_window < 1:
             raise ValueError(f"train.il_warmup_window: must be >= 1, got {self.il_warmup_window}")
+        if self.il_warmup_patience < 0:
+            raise ValueError(f"train.il_warmup_patience: must be >= 0 (0 = off), got {self.il_warmup_patience}")
         if not self.buckets or any(b < 2 for b in self.buckets):
             raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
         if not isinstance(self.packing, bool):
@@ -191,6 +199,28 @@ class Streak:
         """Counts one update's outcome; True exactly when this update makes the streak reach the limit."""
         self.count = self.count + 1 if hit else 0
         return bool(self.limit) and self.count == self.limit
+
+
+PLATEAU_MIN_GAIN = 0.01  # a rise of the windowed greedy match smaller than this is no progress (batch noise)
+
+
+@dataclass
+class Plateau:
+    """The imitation plateau: windowed means of il_greedy_match that have not risen PLATEAU_MIN_GAIN above their
+    best for `patience` steps in a row (0 = never)."""
+
+    patience: int
+    best: float = -math.inf
+
+    def __post_init__(self) -> None:
+        self._flat = Streak(self.patience)
+
+    def add(self, mean: float) -> bool:
+        """Counts one windowed mean; True exactly when it completes `patience` steps without a rise."""
+        risen = mean > self.best + PLATEAU_MIN_GAIN
+        if risen:  # a slow creep counts once it adds up to the gain
+            self.best = mean
+        return self._flat.add(not risen)
 
 
 class MetricsSink(Protocol):
@@ -249,6 +279,7 @@ class Learner:
         self._streak_stop: str | None = None  # why the run stops at the batch boundary (a Streak reached its limit)
         self._drop_log = DropLog(log, "learner")
         self._greedy_match: collections.deque = collections.deque(maxlen=self.config.il_warmup_window)
+        self._plateau = Plateau(self.config.il_warmup_patience)
         self._rl_start = int(jax.device_get(self.state.rl_start))
         self._progress = Progress(self.config.steps, 0, self.logging_config.console_every)  # replaced when run() starts
 
@@ -268,24 +299,31 @@ class Learner:
         return step + self.config.il_warmup_steps - self.rl_start if step >= self.rl_start else step
 
     def _warm_start_done(self, step: int, metrics: dict[str, Any]) -> bool:
-        """After update `step` of the warm start: has the window's mean il_greedy_match reached the target?"""
+        """After update `step` of the warm start: has the window's mean il_greedy_match reached the target, or
+        stopped rising (the plateau)?"""
         cfg = self.config
-        if cfg.il_warmup_target <= 0 or step >= self.rl_start:
+        if (cfg.il_warmup_target <= 0 and cfg.il_warmup_patience == 0) or step >= self.rl_start:
             return False
         self._greedy_match.append(float(metrics["il_greedy_match"]))
-        return (
-            len(self._greedy_match) == cfg.il_warmup_window
-            and float(np.mean(self._greedy_match)) >= cfg.il_warmup_target
-        )
+        if len(self._greedy_match) < cfg.il_warmup_window:
+            return False
+        mean = float(np.mean(self._greedy_match))
+        reached = cfg.il_warmup_target > 0 and mean >= cfg.il_warmup_target
+        return self._plateau.add(mean) or reached
 
     def _end_warm_start(self, step: int) -> None:
         rl_start = self.state.rl_start
         self.state = self.state.replace(rl_start=jax.device_put(np.int32(step), rl_start.sharding))
         self._rl_start = step
+        mean, target = float(np.mean(self._greedy_match)), self.config.il_warmup_target
+        why = (
+            f">= {target}"
+            if target > 0 and mean >= target
+            else f"(its plateau: no rise of {PLATEAU_MIN_GAIN} for {self._plateau.patience} steps)"
+        )
         self._progress.write(
-            f"IL warm start ends at step {step}: greedy match {np.mean(self._greedy_match):.3f} over "
-            f"the last {len(self._greedy_match)} batches >= {self.config.il_warmup_target}; RL runs "
-            f"to step {self.total_steps}"
+            f"IL warm start ends at step {step}: greedy match {mean:.3f} over "
+            f"the last {len(self._greedy_match)} batches {why}; RL runs to step {self.total_steps}"
         )
 
     def _count_skipped(self, step: int, metrics: dict[str, Any]) -> None:
@@ -471,6 +509,7 @@ class Learner:
                     trajs = flip_rewards(trajs, cfg.reward_flip_fraction)
                 self.dropped_total += dropped
                 batch = self.make_batch(trajs)
+                credit = self._credit_weights(batch) if step >= self.rl_start else {}
                 lag = policy_lag(step, trajs)
                 for device_batch, adv, old in self._updates(batch, step, self.state):
                     t0 = time.perf_counter()
@@ -483,7 +522,7 @@ class Learner:
                         self._end_warm_start(step)
                     if metrics["il_rows"] == 0:  # no imitation rows: nothing to match (not a match rate of 0)
                         del metrics["il_greedy_match"]
-                    metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt))
+                    metrics.update(self._host_metrics(metrics, device_batch, dropped, lag, dt), **credit)
                     self._count_skipped(step, metrics)
                     self._count_zero_grad(step, metrics)
                     total = self.total_steps
@@ -528,6 +567,22 @@ class Learner:
                 self.metrics_log.close()
             self._progress.close()
         return self.state
+
+    def _credit_weights(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """credit_weight_chunk<k>: the mean credit weight of the batch's chunks at position k (the discount of a
+        unit advantage: `credit_returns` of ones, `chunk_position_weights`), for k < CREDIT_POSITIONS; none
+        without an RL term."""
+        objective = self.step_fn.options.objective
+        if objective.rl_weight == 0:
+            return {}
+        units = np.ones(batch.rewards.shape, np.float32)
+        returns = credit_returns(
+            units, batch.action_mask, batch.chunk_ids, objective.credit, objective.gamma, batch_sequences(batch)
+        )
+        weights = chunk_position_weights(
+            np.asarray(returns), batch.action_mask, batch.chunk_ids, batch.segment_ids, CREDIT_POSITIONS
+        )
+        return {f"credit_weight_chunk{k}": float(w) for k, w in enumerate(weights) if np.isfinite(w)}
 
     def _host_metrics(
         self, metrics: dict[str, Any], device_batch: TrajectoryBatch, dropped: int, lag: np.ndarray, dt: float

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
+
+CREDIT_POSITIONS = 4  # chunk positions whose mean credit weight the learner logs (credit_weight_chunk<k>)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,35 @@ class LoggingConfig:
             raise ValueError(f"logging.peak_tflops: must be >= 0 (0 = detect), got {self.peak_tflops}")
         if self.wandb and not self.wandb_project:
             raise ValueError("logging.wandb_project: must be set when logging.wandb is on")
+
+
+def chunk_position_weights(
+    returns: np.ndarray, action_mask: np.ndarray, chunk_ids: np.ndarray, segment_ids: np.ndarray | None, positions: int
+) -> np.ndarray:
+    """Mean weight per chunk position (a manipulation check: what chunk vs token credit changes).
+
+    returns float[B, T] (the per-token weights, e.g. credit_returns of unit advantages), action_mask bool[B, T],
+    chunk_ids int[B, T], segment_ids int[B, T] (packed rows; None: one sequence per row) -> float[positions]:
+    w_p = mean over the chunks at position p of their sequences (p = chunk id - the sequence's first chunk id) of the
+    mean weight over the chunk's action tokens; nan where no sequence has a chunk p.
+    """
+    segments = np.ones_like(chunk_ids) if segment_ids is None else segment_ids
+    rows, cols = np.nonzero(action_mask)
+    sequence = rows.astype(np.int64) * (int(segments.max(initial=0)) + 1) + segments[rows, cols]
+    chunk = chunk_ids[rows, cols].astype(np.int64)
+    first = {}
+    for s, c in zip(sequence, chunk):
+        first[s] = min(first.get(s, c), c)
+    position = chunk - np.array([first[s] for s in sequence], dtype=np.int64)
+    per_chunk: dict[tuple[int, int], list[float]] = {}
+    for s, p, w in zip(sequence, position, returns[rows, cols]):
+        per_chunk.setdefault((int(s), int(p)), []).append(float(w))
+    out = np.full(positions, np.nan)
+    for p in range(positions):
+        means = [np.mean(ws) for (_, q), ws in per_chunk.items() if q == p]
+        if means:
+            out[p] = float(np.mean(means))
+    return out
 
 
 def _is_moe_layer(config: Any, layer: int) -> bool:

@@ -188,6 +188,13 @@ ABLATIONS = {
     "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
     "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
+    # IL continuation at IPA's lr and aggregation (its data is the one difference), and filtered imitation.
+    "control_il_continue_matched": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", _OBJ + "il_aggregation"}),
+    "control_il_filtered": ("control_il_continue_matched", {"rollout.expert_successes_only"}),
+    # Chunk vs token credit with a baseline (failures carry negative credit), each from its no-baseline arm.
+    "credit_chunk_baseline": ("credit_chunk", {_OBJ + "baseline", "optimizer.lr"}),
+    "credit_token_baseline": ("credit_token", {_OBJ + "baseline", "optimizer.lr"}),
+    "credit_token_matched_baseline": ("credit_token_matched", {_OBJ + "baseline", "optimizer.lr"}),
     # The long-horizon task's base (longhorizon_common) and its arms.
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
     "longhorizon_credit_token": ("longhorizon_common", {_OBJ + "credit"}),
@@ -250,9 +257,31 @@ def test_every_ablation_config_changes_one_thing():
         "train.steps": 680,
     }
     assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
-    claims = PRESETS["claims"]  # the README's headline table: IPA against its controls, 4 seeds
-    assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 4)
-    assert {"control_il_continue", "credit_token_matched"} <= set(claims.configs)
+    # The claims preset: 8 seeds x 512 held-out tasks on the calculator with 2 and 3 operations, the expert perfect
+    # and wrong on half the tasks; warm starts to the imitation plateau, shared by every arm of a seed but the IL
+    # term's pair (which runs through the resampling source, whose checkpoint carries its own state).
+    claims = PRESETS["claims"]
+    assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 8)
+    assert dict(claims.overrides)["train.eval_episodes"] == 512 and dict(claims.overrides)["train.il_warmup_patience"]
+    assert [dict(o) for _, o in claims.conditions] == [
+        {"env.kwargs.ops": ops, "env.expert_error": error} for ops in (2, 3) for error in (0.0, 0.5)
+    ]
+    assert {"control_il_continue_matched", "control_il_filtered", "credit_token_matched", "il_term_on"} <= set(
+        claims.configs
+    )
+    assert dict(claims.pairs) == {
+        "credit_token_baseline": "credit_chunk_baseline",
+        "credit_token_matched_baseline": "credit_chunk_baseline",
+        "il_term_off": "il_term_on",
+    }
+    for _, condition in claims.conditions[-1:]:
+        settings = dict(claims.overrides) | dict(condition)
+        keys = {
+            name: ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), settings) for name in claims.configs
+        }
+        shared = {name for name, key in keys.items() if key == keys["credit_chunk"]}
+        assert set(claims.configs) - shared == {"il_term_on", "il_term_off"}
+        assert keys["credit_chunk"][0].count('"env.expert_error": 0.5') == 1
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
@@ -400,7 +429,8 @@ def test_ablate_writes_table_and_plots(tiny_sweep):
         before, after = (f"{100 * summary[k]:.1f}%" for k in ("success_before", "success_after"))
         assert f"[{i}/2] {name} seed 0: held-out success {before} -> {after} in " in stdout
     md = open(os.path.join(out, "table.md"), encoding="utf-8").read()
-    assert md in stdout and md.count("\n| tiny_") == 3  # two configs, then tiny_chunk - tiny_token
+    # two configs, then tiny_chunk - tiny_token, then the two configs per task family (the 3 tasks hold 2 families)
+    assert md in stdout and md.count("\n| tiny_") == 5
     assert "verdict on the claim: config < tiny_token" in md
     # Every evaluation stored task by task: 3 tasks x 2 samples at the rollout temperature (eval_temperature is 0),
     # the same tasks in both arms; the warm start's evaluation (step 2) copied into both.

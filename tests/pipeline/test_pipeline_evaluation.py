@@ -118,6 +118,16 @@ def test_evaluate_policy_counts_successes_per_task_and_leaves_out_aborted_episod
     assert report.tasks == 5 and report.k == 3 and report.episodes == 12 and report.aborted == 3
     assert [sum(t["successes"]) for t in report.per_task] == [0, 1, 3, 2, 0]
     assert [len(t["successes"]) for t in report.per_task] == [3, 3, 3, 3, 0]
+    # Per family (the calculator's operation kinds): the successes of its tasks' finished episodes.
+    families = [env.family(t) for t in tasks]
+    assert [t["family"] for t in report.per_task] == families
+    expected = {}
+    for family, wins, samples in zip(families, [0, 1, 3, 2, 0], [3, 3, 3, 3, 0]):
+        won, played = expected.get(family, (0, 0))
+        expected[family] = (won + wins, played + samples)
+    assert report.success_by_family == {f: pytest.approx(w / n) for f, (w, n) in sorted(expected.items()) if n}
+    if len(report.success_by_family) > 1:
+        assert report.scalars()[f"success_{families[0]}"] == report.success_by_family[families[0]]
     assert report.success == pytest.approx(6 / 12) and report.reward == pytest.approx(6 / 12)
     assert report.pass_at_k == pytest.approx(3 / 5)  # the aborted task counts as a failure
     assert report.turns == 1.0 and report.tool_calls == 0.0 and report.temperature == 0.5
@@ -125,8 +135,8 @@ def test_evaluate_policy_counts_successes_per_task_and_leaves_out_aborted_episod
     assert {e["finish_reason"] for e in report.per_episode} == {"answer"} and len(report.trajectories) == 12
     # The eval_tasks/ record: finished samples and successes per task (the aborted task: 0 of 0).
     record = eval_tasks_record(report)
-    assert [(t["task_id"], t["samples"], t["successes"]) for t in record["tasks"]] == list(
-        zip([t.task_id for t in tasks], [3, 3, 3, 3, 0], [0, 1, 3, 2, 0])
+    assert [(t["task_id"], t["family"], t["samples"], t["successes"]) for t in record["tasks"]] == list(
+        zip([t.task_id for t in tasks], families, [3, 3, 3, 3, 0], [0, 1, 3, 2, 0])
     )
     assert (record["split"], record["task_seed"], record["samples_per_task"], record["temperature"]) == (
         "eval",
@@ -186,7 +196,8 @@ def test_report_numbers_are_those_of_its_episodes(trained_run, tmp_path):
     assert folder.eval_tasks_steps() == [0, 2]
     record = folder.read_eval_tasks(2)
     assert record["tasks"] == [
-        {"task_id": t["task_id"], "samples": 1, "successes": sum(t["successes"])} for t in greedy.per_task
+        {"task_id": t["task_id"], "family": t["family"], "samples": 1, "successes": sum(t["successes"])}
+        for t in greedy.per_task
     ]
     assert record["success"] == pytest.approx(logged["eval/success"]) and record["samples_per_task"] == 1
     assert sum(t["successes"] for t in record["tasks"]) / sum(t["samples"] for t in record["tasks"]) == pytest.approx(

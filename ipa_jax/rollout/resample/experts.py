@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ipa_jax.chat import IM_END, ChatFormat
-from ipa_jax.envs import Env, Task, ToolCallError, make_env, parse_tool_calls
+from ipa_jax.envs import Env, Task, ToolCallError, expert_errs, make_env, parse_tool_calls
 from ipa_jax.rollout.agent import TokenRow, replay_prefill
 from ipa_jax.rollout.resample.config import ResampleConfig
 from ipa_jax.trajectory import Trajectory
@@ -218,11 +218,14 @@ def load_experts(
     return out
 
 
-def build_experts(config: ResampleConfig, tasks: Sequence[Task], chat: ChatFormat) -> list[ExpertTrajectory]:
-    """The experts named by config.experts: "scripted" -> each task's scripted expert; else
+def build_experts(
+    config: ResampleConfig, tasks: Sequence[Task], chat: ChatFormat, expert_error: float = 0.0
+) -> list[ExpertTrajectory]:
+    """The experts named by config.experts: "scripted" -> each task's scripted expert (making its systematic
+    mistake on the `expert_error` share of the tasks, `expert_errs`, as the warm start's demonstrations do); else
     `load_experts(config.experts, chat, tasks=...)` (a line's task id is looked up among `tasks`)."""
     if config.experts == "scripted":
-        return [expert_from_messages(make_env(t.env).expert(t), t) for t in tasks]
+        return [expert_from_messages(make_env(t.env).expert(t, expert_errs(t, expert_error)), t) for t in tasks]
     if not os.path.exists(config.experts):
         raise ValueError(f"ResampleConfig.experts: no file {config.experts!r} (nor 'scripted')")
     return load_experts(config.experts, chat, tasks={t.task_id: t for t in tasks}, success_reward=config.success_reward)
