@@ -488,6 +488,12 @@ class ExperimentConfig:
                 "objective.il_weight",
                 "the expert source (rollout.source) trains on expert episodes only: needs il_weight > 0",
             )
+            _require(
+                self.objective.credit != "branch" or self.online_source == "queue",
+                "objective.credit",
+                f"'branch' samples its continuations in the rollout worker of rollout.source 'queue', not "
+                f"{self.online_source!r}",
+            )
             if self.env.name:
                 self._check_task_space()
         else:

@@ -54,6 +54,7 @@ from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
+from ipa_jax.rollout.branch import Branching
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
@@ -330,6 +331,8 @@ class QueueSource(RolloutSource):
         )
         self.train_tasks = self.env.task_stream("train", seed=exp.train.seed)
         self.worker: RolloutWorker | None = None
+        o = exp.objective
+        self.branching = Branching(o.branch_samples, o.branch_fraction) if o.credit == "branch" else None
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
         if self.worker is None:
@@ -345,6 +348,7 @@ class QueueSource(RolloutSource):
                 env_factory=lambda task: self.env_factory(),
                 name="rollout",
                 clock=self.clock,
+                branch=self.branching,
             ).start()
         t0 = time.perf_counter()
         admitted, admitted_at = self.queue.stats()["admitted"], t0
@@ -417,6 +421,17 @@ class QueueSource(RolloutSource):
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
             out.update(self.engines.partial_metrics())
             out.update(self.engines.prefix_metrics())
+            out.update(self._branch_stats(w))
+        return out
+
+    def _branch_stats(self, w: dict[str, float]) -> dict[str, float]:
+        """The extra rollouts of credit "branch": episodes branched and skipped, continuations and their tokens,
+        and the continuations' tokens per token of the episodes themselves (the generation cost factor - 1)."""
+        if self.branching is None:
+            return {}
+        keys = ("branched", "branch_skipped", "branch_episodes", "branch_generated_tokens")
+        out = {k: float(w[k]) for k in keys}
+        out["branch_extra_token_ratio"] = w["branch_generated_tokens"] / max(w["generated_tokens"], 1)
         return out
 
     def rollout_stats(self) -> dict[str, float]:
@@ -430,6 +445,7 @@ class QueueSource(RolloutSource):
                 rollout_success_rate=w["success_rate"],
             )
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
+            out.update(self._branch_stats(w))
             # Wall time with at least one episode generating / in its environment, and generating during steps.
             out.update(
                 time_generation_s=self.clock.busy_s("generation"),

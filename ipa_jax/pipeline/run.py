@@ -262,5 +262,12 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{share('time_tools_s')} of the wall time; generating during {100 * during:.0f}% of the "
             "learner's step time"
         )
+    if "branch_episodes" in s:  # objective.credit = "branch": the continuations' cost
+        lines.append(
+            f"branching: {s['branched']:.0f} of {s['rollout_episodes']:.0f} episodes branched "
+            f"({s['branch_skipped']:.0f} skipped), {s['branch_episodes']:.0f} extra episodes, "
+            f"{s['branch_generated_tokens']:.0f} extra generated tokens "
+            f"({s['branch_extra_token_ratio']:.1f}x the episodes' own)"
+        )
     lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
     return "\n".join(lines)
