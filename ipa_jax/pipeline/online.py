@@ -54,7 +54,7 @@ from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
-from ipa_jax.rollout.branch import Branching
+from ipa_jax.rollout.branch import SKIP_REASONS, Branching
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
@@ -430,6 +430,7 @@ class QueueSource(RolloutSource):
         if self.branching is None:
             return {}
         keys = ("branched", "branch_skipped", "branch_episodes", "branch_generated_tokens")
+        keys += tuple(f"branch_{reason}" for reason in SKIP_REASONS)
         out = {k: float(w[k]) for k in keys}
         out["branch_extra_token_ratio"] = w["branch_generated_tokens"] / max(w["generated_tokens"], 1)
         return out

@@ -86,16 +86,21 @@ def branch_prefix(traj: Trajectory, task: Task, chat: ChatFormat) -> ExpertTraje
     return expert_from_trajectory(head, task, chat)
 
 
+SKIP_REASONS = ("unreplayable", "aborted", "failed")
+
+
 @dataclass(frozen=True)
 class BranchOutcome:
-    """What branching one episode gave: chunk_advantages float32[K] (None when it could not be branched: `reason`
-    says why), values float64[K] V(k), the continuations finished and their generated tokens (the extra cost)."""
+    """What branching one episode gave: chunk_advantages float32[K] and values float64[K] V(k), or None when it was
+    not branched (`skipped`: one of SKIP_REASONS, `detail` the first error), and the continuations finished and
+    their generated tokens (the extra cost, counted either way)."""
 
     chunk_advantages: np.ndarray | None
     values: np.ndarray | None
     continuations: int
     generated_tokens: int
-    reason: str = ""
+    skipped: str = ""
+    detail: str = ""
 
 
 async def branch_episode(
@@ -111,14 +116,15 @@ async def branch_episode(
 ) -> BranchOutcome:
     """Samples `samples` continuations from each state s_0..s_{K-1} of `traj` (an episode of `task` sampled from its
     start state), all at once, and returns their values and the chunk advantages (module doc). The episode is not
-    branched (chunk_advantages None) when its states cannot be replayed, or a continuation was aborted or failed;
-    the continuations that finished are counted either way. Continuation request ids: `continuation_uid`."""
+    branched (chunk_advantages None) when its states cannot be replayed (a chunk before the last with a malformed or
+    no tool call), or a continuation was aborted (a shutdown) or raised; the continuations that finished are
+    counted either way. Continuation request ids: `continuation_uid`."""
     if samples < 1:
         raise ValueError(f"samples: must be >= 1, got {samples}")
     try:
         prefix = branch_prefix(traj, task, chat)
     except ValueError as e:
-        return BranchOutcome(None, None, 0, 0, f"prefix not replayable: {e}")
+        return BranchOutcome(None, None, 0, 0, "unreplayable", str(e))
     K = traj.num_chunks
 
     async def one(state: int, sample: int) -> Trajectory | None:
@@ -132,9 +138,10 @@ async def branch_episode(
     done = [r for r in results if isinstance(r, Trajectory)]
     tokens = sum(int(r.info["generated_tokens"]) for r in done)
     failed = [r for r in results if isinstance(r, BaseException)]
-    if failed or len(done) < len(jobs):
-        reason = f"continuation failed: {failed[0]!r}" if failed else "continuation aborted"
-        return BranchOutcome(None, None, len(done), tokens, reason)
+    if failed:
+        return BranchOutcome(None, None, len(done), tokens, "failed", repr(failed[0]))
+    if len(done) < len(jobs):
+        return BranchOutcome(None, None, len(done), tokens, "aborted")
     values = branch_values(np.asarray([r.reward for r in results], np.float64).reshape(K, samples))
     advantages = branch_advantages(values, traj.reward).astype(np.float32)
     return BranchOutcome(advantages, values, len(done), tokens)

@@ -23,7 +23,7 @@ from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
 from ipa_jax.rollout.agent import AgentConfig, close_event_loop, run_episode
-from ipa_jax.rollout.branch import Branching, branch_episode, is_branched
+from ipa_jax.rollout.branch import SKIP_REASONS, Branching, branch_episode, is_branched
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 
@@ -93,7 +93,8 @@ class RolloutWorker:
             "generated_tokens": 0,
             "successes": 0,
             "branched": 0,  # episodes given chunk advantages
-            "branch_skipped": 0,  # selected for branching but left without (module rollout/branch.py)
+            "branch_skipped": 0,  # selected for branching but left without (rollout/branch.py), and why:
+            **{f"branch_{reason}": 0 for reason in SKIP_REASONS},
             "branch_episodes": 0,  # continuations finished: the extra rollouts
             "branch_generated_tokens": 0,
         }
@@ -185,6 +186,7 @@ class RolloutWorker:
         except Exception:  # e.g. an environment that fails to replay the prefix: deliver the episode unbranched
             log.exception("%s: branching episode %s failed", self.name, traj.uid)
             self._count("branch_skipped")
+            self._count("branch_failed")
             return
         finally:
             with self._lock:
@@ -192,8 +194,9 @@ class RolloutWorker:
         self._count("branch_episodes", outcome.continuations)
         self._count("branch_generated_tokens", outcome.generated_tokens)
         if outcome.chunk_advantages is None:
-            log.debug("%s: episode %s not branched: %s", self.name, traj.uid, outcome.reason)
+            log.debug("%s: episode %s not branched (%s): %s", self.name, traj.uid, outcome.skipped, outcome.detail)
             self._count("branch_skipped")
+            self._count(f"branch_{outcome.skipped}")
             return
         traj.chunk_advantages = outcome.chunk_advantages
         traj.info["branch_values"] = outcome.values.tolist()

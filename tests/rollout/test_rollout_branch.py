@@ -109,8 +109,8 @@ def test_continuations_start_from_each_chunk_boundary(chat, tasks):
 
 
 def test_an_episode_whose_states_cannot_be_replayed_is_not_branched(chat, tasks):
-    # A malformed tool call in chunk 0 (its error observation is not what a replay of parsed calls gives): the
-    # states after it cannot be rebuilt, so no value is estimated and nothing is sampled.
+    # A malformed tool call in chunk 0: the states after it cannot be rebuilt from parsed calls, so no value is
+    # estimated and nothing is sampled.
     task = tasks[1]
     play = expert_script(chat, [task])
 
@@ -122,7 +122,8 @@ def test_an_episode_whose_states_cannot_be_replayed_is_not_branched(chat, tasks)
     assert traj.num_chunks >= 2
     engine = ScriptedEngine(chat, play)
     outcome = asyncio.run(branch_episode(engine, chat, task, traj, 2, AGENT))
-    assert outcome.chunk_advantages is None and "prefix not replayable" in outcome.reason
+    assert outcome.chunk_advantages is None and outcome.skipped == "unreplayable"
+    assert "chunk 0 has a malformed tool call" in outcome.detail
     assert outcome.continuations == 0 and not engine.calls
 
 
@@ -132,7 +133,7 @@ def test_an_aborted_continuation_leaves_the_episode_unbranched(chat, tasks):
     engine = ScriptedEngine(chat, expert_script(chat, [task]))
     engine.abort_sessions.add(continuation_uid(traj.uid, 1, 0))
     outcome = asyncio.run(branch_episode(engine, chat, task, traj, 2, AGENT))
-    assert outcome.chunk_advantages is None and outcome.reason == "continuation aborted"
+    assert outcome.chunk_advantages is None and outcome.skipped == "aborted"
     assert outcome.continuations == 3 * 2 - 1
 
 
@@ -153,7 +154,7 @@ def test_worker_branches_a_fraction_and_counts_the_extra_rollouts(chat, tasks):
         again = Trajectory.from_json(t.to_json())
         np.testing.assert_array_equal(again.chunk_advantages, t.chunk_advantages)
     s = worker.stats()
-    assert s["branched"] == 2 and s["branch_skipped"] == 0
+    assert s["branched"] == 2 and s["branch_skipped"] == s["branch_unreplayable"] == s["branch_aborted"] == 0
     assert s["branch_episodes"] == sum(2 * t.num_chunks for t in branched)
     continuation_tokens = sum(
         len(ids) for sid, calls in engine.calls.items() if "~branch" in sid for _, ids, _ in calls
