@@ -67,7 +67,8 @@ class Trajectory:
     expert_mask bool[T] (expert-prefilled imitation targets, disjoint from actions); reward float;
     policy_version int (weight version that sampled it); chunk_versions int32[K] | None (version per chunk);
     routed_experts int32[T, L, k] | None (row t = experts used when processing token t); info dict
-    (task_id, env, finish_reason, num_tool_calls, num_tool_errors, ... ; JSON-serialisable).
+    (task_id, env, finish_reason, num_tool_calls, num_tool_errors, ... ; JSON-serialisable);
+    chunk_advantages float32[K] | None (a branched episode's Monte Carlo advantage per chunk, rollout/branch.py).
     """
 
     uid: str
@@ -81,6 +82,7 @@ class Trajectory:
     chunk_versions: np.ndarray | None = None
     routed_experts: np.ndarray | None = None
     info: dict = field(default_factory=dict)
+    chunk_advantages: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name, dtype in _TOKEN_FIELDS.items():
@@ -89,6 +91,8 @@ class Trajectory:
             self.chunk_versions = _canonical(self.chunk_versions, np.dtype(np.int32))
         if self.routed_experts is not None:
             self.routed_experts = _canonical(self.routed_experts, np.dtype(np.int32))
+        if self.chunk_advantages is not None:
+            self.chunk_advantages = _canonical(self.chunk_advantages, np.dtype(np.float32))
 
     @property
     def num_chunks(self) -> int:
@@ -149,6 +153,7 @@ class Trajectory:
         self._validate_chunks()
         self._validate_reward(reward_range)
         self._validate_versions(max_version)
+        self._validate_chunk_advantages()
         if self.routed_experts is not None:
             re = self.routed_experts
             if re.ndim != 3 or re.shape[0] != T or re.dtype != np.int32:
@@ -185,6 +190,16 @@ class Trajectory:
                 raise self._error("chunk_versions", "versions must be >= 0")
             if max_version is not None and cv.size and cv.max() > max_version:
                 raise self._error("chunk_versions", f"{int(cv.max())} is ahead of the learner's version {max_version}")
+
+    def _validate_chunk_advantages(self) -> None:
+        ca = self.chunk_advantages
+        if ca is None:
+            return
+        if ca.shape != (self.num_chunks,) or ca.dtype != np.float32:
+            got = f"{ca.dtype}{list(ca.shape)}"
+            raise self._error("chunk_advantages", f"must be float32[{self.num_chunks}] (one per chunk), got {got}")
+        if not np.isfinite(ca).all():
+            raise self._error("chunk_advantages", f"must be finite, got {_short(ca)}")
 
     def _validate_chunks(self) -> None:
         action, cid = self.action_mask, self.chunk_ids
@@ -224,6 +239,9 @@ class Trajectory:
                 "int32_le_b64": base64.b64encode(self.routed_experts.astype("<i4").tobytes()).decode("ascii"),
             },
             "info": self.info,
+            "chunk_advantages": None
+            if self.chunk_advantages is None
+            else np.asarray(self.chunk_advantages, np.float64).tolist(),
         }
         return json.dumps(record, separators=(",", ":"), default=_json_default)
 
@@ -258,6 +276,7 @@ class Trajectory:
             re = np.frombuffer(base64.b64decode(re["int32_le_b64"]), dtype="<i4").astype(np.int32)
             re = re.reshape(d["routed_experts"]["shape"])  # a wrong shape raises ValueError
         cv = d.get("chunk_versions")
+        ca = d.get("chunk_advantages")
         # Plain np.asarray: the constructor casts what is castable without loss, validate() names the rest.
         return cls(
             uid=d["uid"],
@@ -271,6 +290,7 @@ class Trajectory:
             chunk_versions=None if cv is None else np.asarray(cv),
             routed_experts=re,
             info=d.get("info") or {},
+            chunk_advantages=None if ca is None else np.asarray(ca, np.float64),
         )
 
 
@@ -382,6 +402,10 @@ class TrajectoryBatch(NamedTuple):
     Padding (after a row's trajectories): tokens = pad_id, attention_mask/action_mask/expert_mask False,
     behavior_logprobs 0, chunk_ids -1, routed_experts 0; positions continue counting (t) in a one-per-row batch.
 
+    Branch values (when any trajectory has chunk_advantages, else None): branch_advantages[i, t] is the advantage
+    of token t's chunk and branch_mask[i, t] True on the action tokens of trajectories that have them (0 / False
+    elsewhere); the objective's credit "branch" reads them (objectives/credit.py, branch_credit).
+
     Packed rows (segment_ids not None): the trajectories of row i are runs of segment ids 1, 2, ... (0 = padding);
     positions restart at 0 in every run (padding's too); chunk ids are unique within the row (a trajectory's
     continue the numbering of the one before it); the per-trajectory fields are [B, S], slot s holding the
@@ -400,6 +424,8 @@ class TrajectoryBatch(NamedTuple):
     policy_versions: np.ndarray  # int32[B] ([B, S])
     routed_experts: np.ndarray | None = None  # int32[B, T, L, k]
     segment_ids: np.ndarray | None = None  # int32[B, T] packed rows: 1.. per trajectory, 0 on padding
+    branch_advantages: np.ndarray | None = None  # float32[B, T] the token's chunk advantage (branched trajectories)
+    branch_mask: np.ndarray | None = None  # bool[B, T] the action tokens of branched trajectories
 
 
 def group_key(traj: Trajectory) -> str:
@@ -513,6 +539,9 @@ def _fill_rows(
                     f"does not match [T, {L}, {k}] of the other trajectories"
                 )
         routes = np.zeros((B, T, L, k), np.int32)
+    branched = any(tr.chunk_advantages is not None for tr in trajs)
+    branch_adv = np.zeros((B, T), np.float32) if branched else None
+    branch_mask = np.zeros((B, T), bool) if branched else None
     group_of: dict[str, int] = {}
     groups = [group_of.setdefault(group_key(tr), len(group_of)) for tr in trajs]
     per_trajectory = (B,) if num_slots is None else (B, num_slots)
@@ -534,6 +563,9 @@ def _fill_rows(
             segments[r, span] = s + 1
             if routes is not None:
                 routes[r, span] = tr.routed_experts
+            if tr.chunk_advantages is not None and tr.num_chunks:
+                branch_adv[r, span] = np.where(tr.action_mask, tr.chunk_advantages[tr.chunk_ids], 0)
+                branch_mask[r, span] = tr.action_mask
             slot = r if num_slots is None else (r, s)
             rewards[slot], group_ids[slot], versions[slot] = tr.reward, groups[j], tr.policy_version
             start += tr.length
@@ -553,4 +585,6 @@ def _fill_rows(
         policy_versions=versions,
         routed_experts=routes,
         segment_ids=None if num_slots is None else segments,
+        branch_advantages=branch_adv,
+        branch_mask=branch_mask,
     )

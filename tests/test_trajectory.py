@@ -266,3 +266,32 @@ def test_trajectory_module_imports_numpy_and_stdlib_only():
     }
     roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert roots - sys.stdlib_module_names - {"__future__"} == {"numpy"}
+
+
+def test_chunk_advantages_validate_round_trip_and_fill_padded_and_packed_rows(tmp_path):
+    from ipa_jax.trajectory import pack_batch
+
+    branched = make("b", length=12, chunk_advantages=[0.5, -0.25])
+    plain = make("p", length=10, seed=1)
+    branched.validate()
+    path = tmp_path / "t.jsonl"
+    write_jsonl(path, [branched, plain])
+    back = read_jsonl(path)
+    np.testing.assert_array_equal(back[0].chunk_advantages, np.asarray([0.5, -0.25], np.float32))
+    assert back[1].chunk_advantages is None
+    # per token: the advantage of the token's chunk, on the branched trajectory's action tokens only
+    expected = np.where(branched.action_mask, np.where(branched.chunk_ids == 0, 0.5, -0.25), 0)
+    padded = pad_batch([branched, plain], buckets=(16,))
+    np.testing.assert_array_equal(padded.branch_advantages[0, :12], expected)
+    np.testing.assert_array_equal(padded.branch_mask[0, :12], branched.action_mask)
+    assert not padded.branch_mask[1].any() and not padded.branch_advantages[1].any()
+    assert not padded.branch_mask[0, 12:].any()
+    packed, slots = pack_batch([branched, plain], buckets=(32,))
+    row = packed.segment_ids[0]
+    first = slots[0].tolist().index(0) + 1  # the segment holding the branched trajectory
+    np.testing.assert_array_equal(packed.branch_advantages[0][row == first], expected)
+    assert not packed.branch_mask[0][row != first].any()
+    assert pad_batch([plain]).branch_advantages is None  # no branched trajectory: no fields
+    for value, message in (([0.5], r"float32\[2\]"), ([0.5, np.inf], "finite"), ([[0.5, 1.0]], r"float32\[2\]")):
+        with pytest.raises(ValueError, match=f"'chunk_advantages': must be .*{message}"):
+            make(chunk_advantages=value).validate()

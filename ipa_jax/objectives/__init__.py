@@ -13,7 +13,7 @@ from ipa_jax.objectives.composed import (
     term_denominators,
 )
 from ipa_jax.objectives.config import ObjectiveConfig
-from ipa_jax.objectives.credit import credit_returns
+from ipa_jax.objectives.credit import branch_credit, credit_returns
 from ipa_jax.objectives.imitation import imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.presets import (
@@ -37,6 +37,7 @@ __all__ = [
     "aggregate",
     "aggregation_weights",
     "bernoulli_kl",
+    "branch_credit",
     "chunk_divergence",
     "chunk_mean",
     "chunk_sum",

@@ -51,7 +51,7 @@ from ipa_jax.objectives.advantages import compute_advantages, negative_rows
 from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
-from ipa_jax.objectives.credit import credit_returns
+from ipa_jax.objectives.credit import branch_credit, credit_returns
 from ipa_jax.objectives.imitation import imitation_denominator, imitation_sample_mean, imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
@@ -125,6 +125,8 @@ def objective_terms(
     old_log_probs: jax.Array | None = None,
     rewards: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    branch_advantages: jax.Array | None = None,
+    branch_mask: jax.Array | None = None,
 ) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
 
@@ -143,6 +145,8 @@ def objective_terms(
       rewards R [B]: needed when config.sign_by == "reward" (negatives are R_i <= 0).
       segment_ids int32[B, T]: packed rows (0 = padding, 1..S along each row); then advantages, failures and
         rewards are per sequence slot, [B, S], and chunk ids are unique within a row (objectives/sequences.py).
+      branch_advantages float32[B, T], branch_mask bool[B, T]: credit "branch" only (TrajectoryBatch's fields;
+        None: no trajectory was branched, all get chunk credit): `branch_credit`.
     Computes in float32 (float64 if log_probs is float64).
     """
     if segment_ids is not None and advantages.ndim != 2:
@@ -175,6 +179,10 @@ def objective_terms(
     keep &= mismatch_kept
     negatives = negative_rows(adv, rewards, config.sign_by)
     negative_tokens = to_tokens(as_slots(negatives, seqs), seqs)
+    if config.credit == "branch" and branch_advantages is not None:
+        returns, negative_tokens = branch_credit(
+            returns, negative_tokens, branch_advantages, branch_mask, action, config.advantage_sign
+        )
     if config.negative_token_fraction < 1.0:
         if entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")

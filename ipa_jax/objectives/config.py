@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass
 
 BASELINES = ("none", "batch_mean", "group_mean")
-CREDITS = ("chunk", "token", "trajectory")
+CREDITS = ("chunk", "token", "trajectory", "branch")
 IS_LEVELS = ("none", "token", "chunk", "sequence")
 IS_APPLY_TO = ("all", "negatives")
 MISMATCH_LEVELS = ("none", "token", "chunk", "sequence")
@@ -35,7 +35,10 @@ class ObjectiveConfig:
 
     baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE) or "group_mean".
     advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
-    credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE).
+    credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE); or
+      "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py).
+    branch_samples: credit "branch": continuations sampled from the state before each chunk (n per V(k)).
+    branch_fraction: credit "branch": the fraction of episodes branched, in (0, 1]; the others get chunk credit.
     gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
     old_logprobs: the policy ratio's denominator: "behavior" (the sampler's) or "recompute" (the learner's).
       "recompute": the caller passes old_log_probs, the learner's log-probs at the start of the update; the
@@ -81,6 +84,8 @@ class ObjectiveConfig:
     rl_weight: float = 1.0
     il_weight: float = 1.0
     il_aggregation: str = "token_mean"
+    branch_samples: int = 4
+    branch_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -135,6 +140,10 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.negative_token_fraction: must be in [0, 1], got {self.negative_token_fraction!r}"
             )
+        if isinstance(self.branch_samples, bool) or not isinstance(self.branch_samples, int) or self.branch_samples < 1:
+            raise ValueError(f"ObjectiveConfig.branch_samples: must be an int >= 1, got {self.branch_samples!r}")
+        if not _number(self.branch_fraction) or not 0.0 < self.branch_fraction <= 1.0:
+            raise ValueError(f"ObjectiveConfig.branch_fraction: must be in (0, 1], got {self.branch_fraction!r}")
         for name in ("rl_weight", "il_weight"):
             if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
@@ -162,5 +171,6 @@ class ObjectiveConfig:
         """Whether this configuration needs chunk_ids."""
         return (
             "chunk" in (self.credit, self.is_level, self.mismatch_level, self.trust_region_level)
+            or self.credit == "branch"
             or self.aggregation == "chunk_mean"
         )

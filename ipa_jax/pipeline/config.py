@@ -580,6 +580,12 @@ class ExperimentConfig:
                 "rollout.expert_successes_only",
                 "with env.expert_error = 1 every demonstration fails: nothing would be left to imitate",
             )
+            _require(
+                self.objective.credit != "branch" or self.online_source == "queue",
+                "objective.credit",
+                f"'branch' samples its continuations in the rollout worker of rollout.source 'queue', not "
+                f"{self.online_source!r}",
+            )
             if self.env.name:
                 self._check_task_space()
             if self.queue.dynamic_sampling:

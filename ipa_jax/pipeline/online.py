@@ -54,6 +54,7 @@ from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, GroupSampler, RolloutWorker, TrajectoryQueue
 from ipa_jax.rollout.agent import expert_episode
+from ipa_jax.rollout.branch import SKIP_REASONS, Branching
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
@@ -353,6 +354,8 @@ class QueueSource(RolloutSource):
             if exp.queue.dynamic_sampling
             else None
         )
+        o = exp.objective
+        self.branching = Branching(o.branch_samples, o.branch_fraction) if o.credit == "branch" else None
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
         if self.worker is None:
@@ -368,6 +371,7 @@ class QueueSource(RolloutSource):
                 env_factory=lambda task: self.env_factory(),
                 name="rollout",
                 clock=self.clock,
+                branch=self.branching,
             ).start()
         t0 = time.perf_counter()
         admitted, admitted_at = self.queue.stats()["admitted"], t0
@@ -442,6 +446,18 @@ class QueueSource(RolloutSource):
             out.update(self.engines.prefix_metrics())
             if self.groups is not None:
                 out.update(self.groups.metrics())
+            out.update(self._branch_stats(w))
+        return out
+
+    def _branch_stats(self, w: dict[str, float]) -> dict[str, float]:
+        """The extra rollouts of credit "branch": episodes branched and skipped, continuations and their tokens,
+        and the continuations' tokens per token of the episodes themselves (the generation cost factor - 1)."""
+        if self.branching is None:
+            return {}
+        keys = ("branched", "branch_skipped", "branch_episodes", "branch_generated_tokens")
+        keys += tuple(f"branch_{reason}" for reason in SKIP_REASONS)
+        out = {k: float(w[k]) for k in keys}
+        out["branch_extra_token_ratio"] = w["branch_generated_tokens"] / max(w["generated_tokens"], 1)
         return out
 
     def rollout_stats(self) -> dict[str, float]:
@@ -457,6 +473,7 @@ class QueueSource(RolloutSource):
                 rollout_success_rate=w["success_rate"],
             )
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
+            out.update(self._branch_stats(w))
             # Wall time with at least one episode generating / in its environment, and generating during steps.
             out.update(
                 time_generation_s=self.clock.busy_s("generation"),

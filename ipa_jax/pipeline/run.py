@@ -274,5 +274,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"the draw bound hit on {s['dynamic_bound_hit']} batches ({s['dynamic_groups_filled']} groups with "
             "equal rewards trained on)"
         )
+    if "branch_episodes" in s:  # objective.credit = "branch": the continuations' cost
+        lines.append(
+            f"branching: {s['branched']:.0f} of {s['rollout_episodes']:.0f} episodes branched "
+            f"({s['branch_skipped']:.0f} skipped: {s['branch_unreplayable']:.0f} unreplayable, "
+            f"{s['branch_aborted']:.0f} aborted, {s['branch_failed']:.0f} failed), {s['branch_episodes']:.0f} extra "
+            "episodes, "
+            f"{s['branch_generated_tokens']:.0f} extra generated tokens "
+            f"({s['branch_extra_token_ratio']:.1f}x the episodes' own)"
+        )
     lines.append(f"run folder: {s['run_dir']}  (summary.json, metrics.jsonl, samples/)")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine
 from ipa_jax.envs import Env, Task
 from ipa_jax.rollout.agent import AgentConfig, close_event_loop, run_episode
+from ipa_jax.rollout.branch import SKIP_REASONS, Branching, branch_episode, is_branched
 from ipa_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from ipa_jax.trajectory import Trajectory
 
@@ -37,7 +38,9 @@ class RolloutWorker:
     times in a row (same task_id: one group for group baselines). The worker ends by itself when the
     tasks run out or `max_episodes` have started. After `max_consecutive_failures` episodes in a row raise,
     it stops and `check()` re-raises the last error in the caller's thread. `clock`: where the episodes'
-    generation and tool time is measured (`run_episode`).
+    generation and tool time is measured (`run_episode`). `branch`: chunk values by branching (rollout/branch.py):
+    the selected finished episodes get `chunk_advantages` from continuations sampled before they are delivered;
+    the continuations are counted apart from the episodes (branch_* in `stats()`).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class RolloutWorker:
         max_consecutive_failures: int = 5,
         name: str = "rollout",
         clock: ActivityClock | None = None,
+        branch: Branching | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -68,6 +72,7 @@ class RolloutWorker:
         self.max_consecutive_failures = max_consecutive_failures
         self.name = name
         self.clock = clock
+        self.branch = branch
         self._tasks: Iterator[Task] = itertools.chain.from_iterable(itertools.repeat(t, group_size) for t in tasks)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,7 +92,13 @@ class RolloutWorker:
             "dropped": 0,
             "generated_tokens": 0,
             "successes": 0,
+            "branched": 0,  # episodes given chunk advantages
+            "branch_skipped": 0,  # selected for branching but left without (rollout/branch.py), and why:
+            **{f"branch_{reason}": 0 for reason in SKIP_REASONS},
+            "branch_episodes": 0,  # continuations finished: the extra rollouts
+            "branch_generated_tokens": 0,
         }
+        self._finished_index = 0
         self._consecutive_failures = 0
 
     # ---- lifecycle ------------------------------------------------------------------------------------
@@ -147,7 +158,49 @@ class RolloutWorker:
             self._count("finished")
             self._count("generated_tokens", traj.info["generated_tokens"])
             self._count("successes", int(traj.reward > 0))
+            if self.branch is not None and self._select_for_branching():
+                await self._branch(task, traj)
             await loop.run_in_executor(None, self._deliver, traj)
+
+    def _select_for_branching(self) -> bool:
+        with self._lock:
+            index, self._finished_index = self._finished_index, self._finished_index + 1
+        return is_branched(index, self.branch.fraction)
+
+    async def _branch(self, task: Task, traj: Trajectory) -> None:
+        """Sets traj.chunk_advantages from continuations (`branch_episode`), or leaves it None (branch_skipped)."""
+        uids = self.branch.continuation_uids(traj)
+        with self._lock:
+            self._in_flight.update(uids)
+        try:
+            outcome = await branch_episode(
+                self.engine,
+                self.chat,
+                task,
+                traj,
+                self.branch.samples,
+                self.config,
+                env_factory=self.env_factory,
+                clock=self.clock,
+            )
+        except Exception:  # e.g. an environment that fails to replay the prefix: deliver the episode unbranched
+            log.exception("%s: branching episode %s failed", self.name, traj.uid)
+            self._count("branch_skipped")
+            self._count("branch_failed")
+            return
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(uids)
+        self._count("branch_episodes", outcome.continuations)
+        self._count("branch_generated_tokens", outcome.generated_tokens)
+        if outcome.chunk_advantages is None:
+            log.debug("%s: episode %s not branched (%s): %s", self.name, traj.uid, outcome.skipped, outcome.detail)
+            self._count("branch_skipped")
+            self._count(f"branch_{outcome.skipped}")
+            return
+        traj.chunk_advantages = outcome.chunk_advantages
+        traj.info["branch_values"] = outcome.values.tolist()
+        self._count("branched")
 
     def _record_failure(self, e: Exception) -> None:
         log.exception("%s: episode failed", self.name)

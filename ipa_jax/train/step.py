@@ -175,6 +175,8 @@ def _microbatch_loss(
         old_log_probs=old,
         rewards=mb.rewards,
         segment_ids=mb.segment_ids,
+        branch_advantages=mb.branch_advantages,
+        branch_mask=mb.branch_mask,
     )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
@@ -417,7 +419,7 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool, bool, bool], Any] = {}
+        self._compiled: dict[tuple[bool, ...], Any] = {}
         self._compiled_old: dict[tuple[bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
@@ -438,7 +440,8 @@ class TrainStep:
 
     def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool):
         packed = batch.segment_ids is not None
-        key = (batch.routed_experts is not None, packed, with_advantages, with_old)
+        branched = batch.branch_advantages is not None  # a batch without branched trajectories has no such fields
+        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched)
         if key not in self._compiled:
             fn = lambda state, batch, adv, old: train_step(  # noqa: E731
                 state, batch, adv, old, options=self.options, schedule=self.schedule

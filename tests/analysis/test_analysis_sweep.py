@@ -134,6 +134,7 @@ ABLATIONS = {
     "credit_chunk": ("common", set()),
     "credit_token": ("common", {_OBJ + "credit"}),
     "credit_trajectory": ("common", {_OBJ + "credit"}),
+    "credit_branch": ("common", {_OBJ + "credit"}),
     "gamma_0_8": ("common", {_OBJ + "gamma"}),
     "gamma_1_0": ("common", {_OBJ + "gamma"}),
     "is_none": ("common_negatives", {_OBJ + "is_level"}),

@@ -348,3 +348,19 @@ def test_learner_side_model_fields_reach_the_model_config():
         "reference",
         64,
     )
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["objective.credit='branch'", "objective.branch_samples=0"], "objective.branch_samples"),
+        (["objective.credit='branch'", "objective.branch_fraction=0.0"], "objective.branch_fraction"),
+        (["objective.credit='branch'", "rollout.source='resample'"], "objective.credit"),  # needs the queue
+    ],
+)
+def test_branch_credit_settings_are_validated(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
+        validate(load_config(TINY, overrides))
+    assert error.value.key.endswith(key)
+    exp = validate(load_config(TINY, ["objective.credit='branch'", "objective.branch_fraction=0.5"]))
+    assert (exp.objective.credit, exp.objective.branch_samples, exp.objective.branch_fraction) == ("branch", 4, 0.5)
