@@ -55,6 +55,7 @@ class ObjectiveConfig:
     row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
+    entropy_weight: the weight of the entropy bonus -Agg(H) over action tokens (> 0 raises entropy); 0 = off.
     """
 
     baseline: str = "none"
@@ -77,6 +78,7 @@ class ObjectiveConfig:
     row_denominator: str = "action"
     rl_weight: float = 1.0
     il_weight: float = 1.0
+    entropy_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -130,7 +132,7 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.negative_token_fraction: must be in [0, 1], got {self.negative_token_fraction!r}"
             )
-        for name in ("rl_weight", "il_weight"):
+        for name in ("rl_weight", "il_weight", "entropy_weight"):
             if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
 

@@ -1,14 +1,15 @@
 """The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
 
-    train_step(state, batch[, advantages[, old_log_probs]]) -> (state, metrics)
+    train_step(state, batch[, advantages[, old_log_probs[, extras]]]) -> (state, metrics)
 
 1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
    (masks only, `term_denominators`) are computed on the full batch first.
 2. The batch is split into microbatches; lax.scan accumulates the gradient of
-   sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch), so the accumulated
-   gradient equals the full-batch gradient (up to float reassociation). Per-row inputs of the objective travel
-   with their rows: rewards (sign_by="reward"), the failure labels reward < options.success_reward (the entropy
-   filter's failed rows) and the old log-probs.
+   sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch) over the enabled terms of
+   the objective's registry (objectives/terms/), so the accumulated gradient equals the full-batch gradient (up
+   to float reassociation); each computed term is reported as the metric <name>_loss. Per-row inputs of the
+   objective travel with their rows: rewards (sign_by="reward"), the failure labels reward < success_reward
+   (the entropy filter's failed rows), the old log-probs and the terms' extra per-token inputs (`extras`).
 3. A non-finite loss or gradient, or an update not shown finite (new params or optimizer state, e.g. from an
    overflowing learning rate), leaves params and optimizer state unchanged and counts a skipped update. With
    options.optimizer the update is shown finite before it is computed, by `update_magnitude_bound` (a bound on
@@ -54,6 +55,7 @@ from ipa_jax.objectives import (
     term_denominators,
 )
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
+from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
 from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
@@ -79,7 +81,7 @@ class StepOptions:
 
     @property
     def needs_entropy(self) -> bool:
-        return self.entropy or self.objective.negative_token_fraction < 1.0
+        return self.entropy or self.objective.negative_token_fraction < 1.0 or terms_need_entropy(self.objective)
 
 
 def _split_microbatches(x: jax.Array, m: int) -> jax.Array:
@@ -154,10 +156,19 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
 
 
 def _microbatch_loss(
-    params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, old: jax.Array | None, dens: dict, options: StepOptions
+    params,
+    rest,
+    graphdef,
+    mb: TrajectoryBatch,
+    adv: jax.Array,
+    old: jax.Array | None,
+    extras: dict[str, jax.Array],
+    dens: dict,
+    options: StepOptions,
 ):
     """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics.
-    old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward)."""
+    old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward); extras: its
+    rows of the terms' extra per-token inputs."""
     logp, entropy, aux = _token_logprobs(params, rest, graphdef, mb, options, options.needs_entropy)
     if old is None and options.objective.needs_old_log_probs:
         old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
@@ -174,6 +185,7 @@ def _microbatch_loss(
         old_log_probs=old,
         rewards=mb.rewards,
         segment_ids=mb.segment_ids,
+        extras=extras,
     )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
@@ -189,8 +201,7 @@ def _microbatch_loss(
     present = as_given(sequence_count(mb.attention_mask, seqs) > 0, seqs)  # the slots holding a trajectory
     # Sums (not means) so that microbatches combine exactly into full-batch statistics.
     stats = {
-        "rl_num": terms["rl"][0],
-        "il_num": terms["il"][0],
+        **{f"{name}_num": num for name, (num, _) in terms.items()},
         "n_action": n_action,
         "n_keep": n_keep,
         "n_chunks": n_chunks,
@@ -238,6 +249,7 @@ def batch_gradients(
     batch: TrajectoryBatch,
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
+    extras: dict[str, jax.Array] | None = None,
     *,
     options: StepOptions,
 ):
@@ -254,27 +266,28 @@ def batch_gradients(
     if advantages is None:
         advantages = batch_advantages(batch, objective)
     advantages = advantages.astype(jnp.float32)
+    extras = dict(extras or {})
     dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
 
     if m == 1:
         (loss, stats), grads = grad_fn(
-            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, dens, options
+            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, extras, dens, options
         )
         return loss, f32(grads), stats, advantages, dens
     split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
     def accumulate(carry, xs):
         grads_acc, loss_acc = carry
-        mb, adv, old = xs
-        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, dens, options)
+        mb, adv, old, extra = xs
+        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, extra, dens, options)
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss), stats
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     (grads, loss), per_mb = jax.lax.scan(
-        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs))
+        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs, extras))
     )
     stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
     return loss, grads, stats, advantages, dens
@@ -285,15 +298,19 @@ def train_step(
     batch: TrajectoryBatch,
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
+    extras: dict[str, jax.Array] | None = None,
     *,
     options: StepOptions,
     schedule: PhaseSchedule,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
     None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
-    (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first).
+    (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first);
+    extras: {name: [B, T]} the extra per-token inputs of the objective's terms (ObjectiveTerm.inputs), or None.
     Returns the new state and scalar metrics."""
-    loss, grads, stats, advantages, dens = batch_gradients(state, batch, advantages, old_log_probs, options=options)
+    loss, grads, stats, advantages, dens = batch_gradients(
+        state, batch, advantages, old_log_probs, extras, options=options
+    )
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -343,8 +360,7 @@ def train_step(
     n_keep = jnp.maximum(stats["n_keep"], 1.0)
     metrics = {
         "loss": loss,
-        "rl_loss": stats["rl_num"] / jnp.maximum(dens["rl"], 1),
-        "il_loss": stats["il_num"] / jnp.maximum(dens["il"], 1),
+        **{f"{name}_loss": stats[f"{name}_num"] / jnp.maximum(den, 1) for name, den in dens.items()},
         "grad_norm": grad_norm,
         "lr": lr,
         "skipped": skipped,
@@ -407,7 +423,8 @@ class TrainStep:
     """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
 
     step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages[,
-    old_log_probs]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
+    old_log_probs[, extras]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own
+    rows; extras, {name: [B, T]}, go through put_batch the same way).
     """
 
     def __init__(
@@ -416,7 +433,7 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool, bool, bool], Any] = {}
+        self._compiled: dict[tuple[bool, bool, bool, bool, tuple[str, ...]], Any] = {}
         self._compiled_old: dict[tuple[bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
@@ -435,19 +452,26 @@ class TrainStep:
         """How many ways the mesh splits a batch's rows."""
         return data_parallel_size(self.mesh, self.rules)
 
-    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool):
+    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool, extras: tuple[str, ...]):
         packed = batch.segment_ids is not None
-        key = (batch.routed_experts is not None, packed, with_advantages, with_old)
+        key = (batch.routed_experts is not None, packed, with_advantages, with_old, extras)
         if key not in self._compiled:
-            fn = lambda state, batch, adv, old: train_step(  # noqa: E731
-                state, batch, adv, old, options=self.options, schedule=self.schedule
+            fn = lambda state, batch, adv, old, extra: train_step(  # noqa: E731
+                state, batch, adv, old, extra, options=self.options, schedule=self.schedule
             )
             # advantages are per row [B], or per sequence slot [B, S] in packed rows
             adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
             old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
+            extra_shardings = {name: batch_sharding(self.mesh, self.rules, 2) for name in extras}
             self._compiled[key] = jax.jit(
                 fn,
-                in_shardings=(self.state_shardings, self.batch_shardings(batch), adv_sharding, old_sharding),
+                in_shardings=(
+                    self.state_shardings,
+                    self.batch_shardings(batch),
+                    adv_sharding,
+                    old_sharding,
+                    extra_shardings,
+                ),
                 out_shardings=(self.state_shardings, self.replicated),
                 donate_argnums=(0,),
             )
@@ -459,9 +483,11 @@ class TrainStep:
         batch: TrajectoryBatch,
         advantages: jax.Array | None = None,
         old_log_probs: jax.Array | None = None,
+        extras: dict[str, jax.Array] | None = None,
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None)
-        return jitted(state, batch, advantages, old_log_probs)
+        extras = dict(extras or {})
+        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None, tuple(sorted(extras)))
+        return jitted(state, batch, advantages, old_log_probs, extras)
 
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on
