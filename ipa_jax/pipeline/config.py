@@ -60,6 +60,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- sections
 DTYPES = ("float32", "bfloat16", "float16")
+REFERENCE_POLICIES = ("initial", "rl_start")
 ENGINES = ("embedded", "sglang")
 ONLINE_SOURCES = ("auto", "queue", "resample", "expert")
 
@@ -116,6 +117,9 @@ class ModelConfig:
     logprob_keep_logits_mib: the learner's forward keeps its float32 logits for the backward pass instead of
       recomputing them when they take at most this many MiB per microbatch ([b, T, V] x 4 bytes; 0 = always
       recompute, one block at a time). Saves one of the LM head's four matmuls.
+    reference: the frozen reference policy of objective.kl_weight / objective.kl_penalty (unused without them):
+      initial (the weights at step 0: model.path's or the random init, before the IL warm start), rl_start (the
+      weights when RL begins, after the warm start) or an HF folder of the same architecture. Saved in checkpoints.
     """
 
     path: str = ""
@@ -133,6 +137,7 @@ class ModelConfig:
     router_z_coef: float = 0.0
     logprob_block_size: int = 128
     logprob_keep_logits_mib: int = 256
+    reference: str = "initial"
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -149,6 +154,12 @@ class ModelConfig:
         _require(self.router_z_coef >= 0, "model.router_z_coef", "must be >= 0")
         _require(self.logprob_block_size >= 1, "model.logprob_block_size", "must be >= 1")
         _require(self.logprob_keep_logits_mib >= 0, "model.logprob_keep_logits_mib", "must be >= 0 (0 = recompute)")
+        _require(
+            # a path is checked where it is loaded (the config may be written on another machine)
+            self.reference in REFERENCE_POLICIES or "/" in self.reference or os.path.isdir(self.reference),
+            "model.reference",
+            f"must be one of {REFERENCE_POLICIES} or the path of an HF model folder, got {self.reference!r}",
+        )
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
         _require(
             not unknown,

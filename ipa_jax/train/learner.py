@@ -33,9 +33,10 @@ from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryB
 
 log = logging.getLogger(__name__)
 
-# What the loop's thread does, each timed by Learner.clock: training steps, the after_update hook (weight sync),
-# evaluations, and waiting for the source's next batch (an online run's queue, or its warm start's expert episodes).
-LEARNER_ACTIVITIES = ("learner_step", "weight_sync", "evaluation", "batch_wait")
+# What the loop's thread does, each timed by Learner.clock: training steps, the reference policy's forward (the KL
+# term's and penalty's log-probs, once per batch), the after_update hook (weight sync), evaluations, and waiting for
+# the source's next batch (an online run's queue, or its warm start's expert episodes).
+LEARNER_ACTIVITIES = ("learner_step", "reference_forward", "weight_sync", "evaluation", "batch_wait")
 
 
 def policy_lag(step: int, trajectories: Sequence[Trajectory]) -> np.ndarray:
@@ -217,6 +218,9 @@ class Learner:
     after it and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
     flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
     `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
+    reference_at_rl_start: the reference policy (state.ref_params; objective.kl_weight / kl_penalty) becomes a copy
+    of the weights when RL begins (at the first batch from rl_start, after the IL warm start), recorded as
+    extra["reference_step"] so that a resume keeps the checkpointed copy; otherwise it is what the state holds.
     `clock` measures the loop's LEARNER_ACTIVITIES (disjoint: the loop runs one at a time); the run's remaining
     wall time is setup, batch building, logging and checkpoints.
     """
@@ -237,6 +241,7 @@ class Learner:
     requires_routed_experts: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     clock: ActivityClock = field(default_factory=ActivityClock)
+    reference_at_rl_start: bool = False
 
     def __post_init__(self):
         self.dropped_total = 0
@@ -418,15 +423,31 @@ class Learner:
         multiple = cfg.minibatches * cfg.microbatches * self.step_fn.data_parallel_size
         return pack_batch(trajs, cfg.buckets, row_multiple=multiple)[0]
 
-    def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState):
-        """(device batch, device advantages | None, device old log-probs | None) for each update made from one
-        batch; `state` is the one before the batch's first update."""
+    def _reference_log_probs(self, batch: TrajectoryBatch, step: int) -> np.ndarray | None:
+        """The reference policy's log-probs of `batch` [B, T] (host) when the step at `step` needs them (a KL term or
+        penalty), else None; first takes the reference snapshot at RL's start (reference_at_rl_start)."""
+        step_fn = self._step_fn(step)
+        if not step_fn.options.objective.needs_reference:
+            return None
+        if self.reference_at_rl_start and "reference_step" not in self.extra:
+            self.state = self.state.with_reference(self.state.params)
+            self.extra["reference_step"] = step
+            log.info("reference policy: the weights at step %d (RL's start)", step)
+        with self.clock.active("reference_forward"):
+            return step_fn.reference_log_probs(self.state, batch)
+
+    def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState, ref: np.ndarray | None):
+        """(device batch, device advantages | None, device old log-probs | None, device extras) for each update made
+        from one batch; `state` is the one before the batch's first update, `ref` the batch's reference log-probs."""
         cfg = self.config
+        step_fn = self._step_fn(step)
+        extras = {} if ref is None else {"ref_log_probs": ref}
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
-            yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
+            # the step's own forward gives any old log-probs
+            yield self.step_fn.put_batch(batch), None, None, step_fn.put_batch(extras) if extras else {}
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable).
-        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective))
+        adv = np.asarray(batch_advantages(batch, step_fn.options.objective, ref))
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
@@ -441,6 +462,7 @@ class Learner:
                     self.step_fn.put_batch(sub),
                     self.step_fn.put_batch(adv[rows]),
                     None if old is None else self.step_fn.put_batch(old[rows]),
+                    step_fn.put_batch({name: x[rows] for name, x in extras.items()}) if extras else {},
                 )
 
     def run(self) -> TrainState:
@@ -472,11 +494,16 @@ class Learner:
                 self.dropped_total += dropped
                 batch = self.make_batch(trajs)
                 lag = policy_lag(step, trajs)
-                for device_batch, adv, old in self._updates(batch, step, self.state):
+                t0 = time.perf_counter()
+                ref = self._reference_log_probs(batch, step)
+                reference_s = time.perf_counter() - t0
+                for device_batch, adv, old, extras in self._updates(batch, step, self.state, ref):
                     t0 = time.perf_counter()
                     with self.clock.active("learner_step"):
-                        self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
+                        self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old, extras)
                         metrics = jax.device_get(metrics)
+                    if ref is not None:  # the batch's reference forward, in the metrics of its updates
+                        metrics["reference_forward_s"] = reference_s
                     dt = time.perf_counter() - t0
                     step += 1
                     if self._warm_start_done(step, metrics):

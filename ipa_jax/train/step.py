@@ -29,6 +29,12 @@ the update, without gradient. On the first update of a batch those are the curre
 stop_gradient(l) from the very forward that computes l (same parameters, dtype, block size and routing, no second
 forward). When a batch makes several updates (train.minibatches / train.epochs_per_batch), the learner computes
 them once before the first (`TrainStep.old_log_probs`, microbatched like the step) and passes each update its rows.
+
+Reference log-probs (objective.kl_weight != 0 or objective.kl_penalty > 0): the frozen reference policy's
+(state.ref_params) log-probs of the batch's tokens, by the same blockwise forward without gradient, microbatch by
+microbatch (`TrainStep.reference_log_probs`); the learner computes them once per batch and passes them as
+extras={"ref_log_probs": [B, T]}. The KL term reads them (objectives/terms/kl.py); the KL reward penalty lowers
+each trajectory's reward by beta * sum_t k(b_t, ref_t) before the advantages (`batch_advantages`).
 """
 
 import math
@@ -54,6 +60,7 @@ from ipa_jax.objectives import (
     sequences_with_actions,
     term_denominators,
 )
+from ipa_jax.objectives.kl import kl_k3, kl_penalized_rewards, sequence_kl
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
 from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
@@ -129,11 +136,37 @@ def batch_sequences(batch: TrajectoryBatch) -> Sequences:
     return sequences_of(batch.tokens.shape, batch.segment_ids, batch.rewards.shape[-1])
 
 
-def batch_advantages(batch: TrajectoryBatch, objective: ObjectiveConfig) -> jax.Array:
+def batch_advantages(
+    batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None = None
+) -> jax.Array:
     """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the objective's baseline averages over the
-    trajectories with action tokens, times its advantage_sign (compute_advantages)."""
+    trajectories with action tokens, times its advantage_sign (compute_advantages). With objective.kl_penalty > 0
+    the rewards are first R_i - beta * KL_i (`penalized_rewards`; ref_log_probs [B, T] required)."""
     rl_rows = sequences_with_actions(batch.action_mask, batch.segment_ids, batch.rewards.shape[-1])
-    return compute_advantages(batch.rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
+    rewards = penalized_rewards(batch, objective, ref_log_probs)
+    return compute_advantages(rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
+
+
+def penalized_rewards(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
+    """R'_i = R_i - beta * KL_i (`penalty_kl`); the rewards themselves when objective.kl_penalty is 0."""
+    if objective.kl_penalty == 0:
+        return batch.rewards
+    kl = penalty_kl(batch, objective, ref_log_probs)
+    return kl_penalized_rewards(batch.rewards.astype(jnp.float32), kl, objective.kl_penalty)
+
+
+def penalty_kl(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
+    """KL_i of the reward penalty: the sum over trajectory i's action tokens of k(b, ref), k the
+    objective.kl_penalty_estimator of the behaviour vs the reference log-probs. [B] ([B, S] packed)."""
+    if ref_log_probs is None:
+        raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
+    return sequence_kl(
+        batch.behavior_logprobs.astype(jnp.float32),
+        ref_log_probs.astype(jnp.float32),
+        batch.action_mask,
+        objective.kl_penalty_estimator,
+        batch_sequences(batch),
+    )
 
 
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
@@ -195,6 +228,12 @@ def _microbatch_loss(
     aux_loss = sum(coefs[name] * value for name, value in aux_losses.items())
     action = mb.action_mask
     n_action = jnp.sum(action).astype(jnp.float32)
+    ref = extras.get("ref_log_probs")
+    # The drift from the reference whatever the term's estimator: sum of k3(current, reference) over action tokens
+    logp_sg = jax.lax.stop_gradient(logp)
+    reference_kl = (
+        0.0 if ref is None else jnp.sum(jnp.where(action, kl_k3(logp_sg, jnp.where(action, ref, logp_sg)), 0))
+    )
     n_keep = jnp.sum(diag["retained_tokens"]).astype(jnp.float32)
     n_chunks = jnp.sum(diag["num_chunks"]).astype(jnp.float32)
     seqs = batch_sequences(mb)
@@ -223,6 +262,7 @@ def _microbatch_loss(
         "sum_entropy": (
             jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None else jnp.zeros((), jnp.float32)
         ),
+        "sum_reference_kl": jnp.asarray(reference_kl, jnp.float32),
         **aux_losses,
     }
     return loss + aux_loss, stats
@@ -231,12 +271,18 @@ def _microbatch_loss(
 _MAX_STATS = ("max_is_ratio", "max_chunks")
 
 
-def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: StepOptions) -> jax.Array:
-    """The learner's log-probs of the batch's tokens under state.params, without gradient: [B, T] float32, by the
-    train step's forward (dtype, block size, routing replay) microbatch by microbatch."""
+def recompute_log_probs(
+    state: TrainState, batch: TrajectoryBatch, *, options: StepOptions, reference: bool = False
+) -> jax.Array:
+    """The learner's log-probs of the batch's tokens under state.params (reference: under the frozen
+    state.ref_params), without gradient: [B, T] float32, by the train step's forward (dtype, block size, routing
+    replay) microbatch by microbatch."""
+    params = state.ref_params if reference else state.params
+    if params is None:
+        raise ValueError("reference log-probs: the train state has no reference policy (TrainState.with_reference)")
 
     def forward(mb):
-        return jax.lax.stop_gradient(_token_logprobs(state.params, state.rest, state.graphdef, mb, options, False)[0])
+        return jax.lax.stop_gradient(_token_logprobs(params, state.rest, state.graphdef, mb, options, False)[0])
 
     if options.microbatches == 1:
         return forward(batch)
@@ -263,10 +309,10 @@ def batch_gradients(
         raise ValueError(f"batch size {b} is not divisible by microbatches={m}")
     if old_log_probs is not None and not objective.needs_old_log_probs:
         raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
-    if advantages is None:
-        advantages = batch_advantages(batch, objective)
-    advantages = advantages.astype(jnp.float32)
     extras = dict(extras or {})
+    if advantages is None:
+        advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"))
+    advantages = advantages.astype(jnp.float32)
     dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
@@ -395,6 +441,11 @@ def train_step(
     }
     if options.needs_entropy:
         metrics["entropy"] = stats["sum_entropy"] / n_action
+    if extras and "ref_log_probs" in extras:
+        metrics["reference_kl"] = stats["sum_reference_kl"] / n_action  # mean k3(current, reference) per action token
+        if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour vs reference), mean over trajectories
+            kl = penalty_kl(batch, options.objective, extras["ref_log_probs"])
+            metrics["kl_penalty_sequence_mean"] = jnp.sum(jnp.where(present, kl, 0)) / n_traj
     return new_state, metrics
 
 
@@ -434,7 +485,7 @@ class TrainStep:
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
         self._compiled: dict[tuple[bool, bool, bool, bool, tuple[str, ...]], Any] = {}
-        self._compiled_old: dict[tuple[bool, bool], Any] = {}
+        self._compiled_old: dict[tuple[bool, bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
         """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
@@ -492,10 +543,18 @@ class TrainStep:
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on
         the host of every process (`recompute_log_probs`; the learner passes each update its rows)."""
-        key = (batch.routed_experts is not None, batch.segment_ids is not None)
+        return self._host_log_probs(state, batch, reference=False)
+
+    def reference_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
+        """Host (NumPy) global batch -> the frozen reference policy's (state.ref_params) log-probs of its tokens,
+        float32 [B, T] on the host of every process, like `old_log_probs`: the extras "ref_log_probs"."""
+        return self._host_log_probs(state, batch, reference=True)
+
+    def _host_log_probs(self, state: TrainState, batch: TrajectoryBatch, reference: bool) -> np.ndarray:
+        key = (batch.routed_experts is not None, batch.segment_ids is not None, reference)
         if key not in self._compiled_old:
             self._compiled_old[key] = jax.jit(
-                lambda state, batch: recompute_log_probs(state, batch, options=self.options),
+                lambda state, batch: recompute_log_probs(state, batch, options=self.options, reference=reference),
                 in_shardings=(self.state_shardings, self.batch_shardings(batch)),
                 out_shardings=batch_sharding(self.mesh, self.rules, 2),
             )
