@@ -222,3 +222,7 @@ def test_reference_kl_runs_offline_with_its_metrics_cost_and_a_resume(tmp_path):
     resumed = [r for r in folder.read_metrics() if "loss" in r]
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert resumed[2]["kl_loss"] == pytest.approx(rows[2]["kl_loss"], rel=1e-5)
+    # Turning the KL off on a resume: its checkpoints hold a reference the new state has no place for.
+    off = {**overrides, "objective.kl_weight": 0.0, "objective.kl_penalty": 0.0, "train.steps": 4}
+    with pytest.raises(ConfigError, match=r"ref_params\..*requested nothing"):
+        run(load_config(TINY, {**off, "train.allow_config_change": True}))
