@@ -2,6 +2,7 @@
 change the checkpoint cannot take, before anything is written), keys added to the config since a folder was written do
 not count as changes, and updates skipped as non-finite are counted and, too many in a row, stop the run."""
 
+import dataclasses
 import json
 import os
 import re
@@ -190,7 +191,9 @@ def test_reference_kl_runs_offline_with_its_metrics_cost_and_a_resume(tmp_path):
     update's metrics and in the summary; the reference ("rl_start": the weights at RL's start, after a 1-step warm
     start) is saved with the checkpoint, so a resumed run continues with the same reference."""
     data = tmp_path / "data.jsonl"
-    write_jsonl(data, offline_rows(24))
+    expert = np.arange(24) < 4  # imitation targets in the prompt: the warm start moves the weights
+    expert[0] = False
+    write_jsonl(data, [dataclasses.replace(t, expert_mask=expert) for t in offline_rows(24)])
     overrides = {
         "train.data": (str(data),),
         "train.run_dir": str(tmp_path / "run"),
@@ -211,7 +214,8 @@ def test_reference_kl_runs_offline_with_its_metrics_cost_and_a_resume(tmp_path):
     for r in rows[1:]:
         assert r["reference_forward_s"] > 0 and np.isfinite([r["kl_loss"], r["reference_kl"]]).all()
         assert np.isfinite(r["kl_penalty_sequence_mean"])
-    assert rows[1]["kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the reference is the policy at RL's start
+    # the reference is the policy at RL's start, not the initial one (the warm start moved it)
+    assert rows[1]["kl_loss"] == pytest.approx(0.0, abs=1e-6) and rows[0]["grad_norm"] > 0
     assert rows[2]["kl_loss"] > 1e-6
     assert summary["time_reference_forward_s"] > 0
     # Resumed from step 2 (a later snapshot would make step 3's KL 0, the initial weights another value): the
@@ -226,3 +230,16 @@ def test_reference_kl_runs_offline_with_its_metrics_cost_and_a_resume(tmp_path):
     off = {**overrides, "objective.kl_weight": 0.0, "objective.kl_penalty": 0.0, "train.steps": 4}
     with pytest.raises(ConfigError, match=r"ref_params\..*requested nothing"):
         run(load_config(TINY, {**off, "train.allow_config_change": True}))
+    # Two updates per batch (minibatches of rows, advantages with the penalty from the whole batch): the first RL
+    # batch takes the snapshot before its first update, and each update gets its rows of the reference log-probs.
+    minibatched = {
+        **overrides,
+        "train.run_dir": str(tmp_path / "mb"),
+        "train.minibatches": 2,
+        "train.steps": 4,
+        "train.batch_size": 16,
+    }
+    run(load_config(TINY, {**minibatched, "train.il_warmup_steps": 2}))
+    rows = [r for r in RunFolder(tmp_path / "mb").read_metrics() if "loss" in r]
+    assert [("kl_loss" in r) for r in rows] == [False, False, True, True]
+    assert rows[2]["kl_loss"] == pytest.approx(0.0, abs=1e-6) and rows[3]["kl_loss"] > 1e-6
