@@ -109,3 +109,27 @@ def test_kl_penalty_advantages_match_numpy(mesh):
     np.testing.assert_allclose(np.asarray(got), penalized - penalized.mean(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ref_log_probs: required by objective.kl_penalty"):
         batch_advantages(batch, exp.objective)
+
+
+def test_kl_step_microbatched_equals_full_batch(mesh):
+    """One update with the KL term and penalty against a reference other than the policy: 2 microbatches (each
+    with its rows of the reference log-probs) give the full batch's update."""
+    exps = [make_exp("objective.kl_weight=0.5", "objective.kl_penalty=0.05", "objective.baseline=batch_mean",
+                     "train.batch_size=8", f"train.microbatches={m}", EPS) for m in (1, 2)]  # fmt: skip
+    state = build_state(exps[0], mesh)
+    other = build_state(make_exp("objective.kl_weight=0.5", "train.seed=1"), mesh)
+    state = state.with_reference(other.params)
+    batch = make_batch(8, seed=7)
+    results = []
+    for exp in exps:
+        step, _ = build_steps(exp, state, mesh)
+        ref = step.reference_log_probs(state, batch)
+        copy = jax.tree.map(lambda x: x.copy(), state)
+        new, metrics = step(copy, step.put_batch(batch), extras=step.put_batch({"ref_log_probs": ref}))
+        results.append((tree_copy(new.params), jax.device_get(metrics), ref))
+    (params_1, metrics_1, ref_1), (params_2, metrics_2, ref_2) = results
+    np.testing.assert_allclose(ref_2, ref_1, rtol=1e-6, atol=1e-6)
+    assert metrics_1["kl_loss"] > 1e-3 and metrics_1["kl_penalty_sequence_mean"] != 0
+    for key in ("loss", "kl_loss", "reference_kl", "kl_penalty_sequence_mean", "grad_norm"):
+        assert math.isclose(metrics_2[key], metrics_1[key], rel_tol=1e-5, abs_tol=1e-6), key
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params_2, params_1)
