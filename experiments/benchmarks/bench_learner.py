@@ -5,7 +5,9 @@ Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safet
 rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and Adam state;
 compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). Also times
 ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the objective's share
-of the step. With --lora_rank > 0 it also times the same step training LoRA adapters only (same base weights,
+of the step, and (--reference_kl) the step with a reference-KL term (k3, weight 0.04) including the frozen reference
+policy's log-prob forward, computed once per batch as the learner does, to give the reference's cost. With
+--lora_rank > 0 it also times the same step training LoRA adapters only (same base weights,
 ipa_jax/models/lora.py) and compares the bytes of trained parameters + optimizer state, and of everything the
 train state holds (the frozen base too), with full fine-tuning. With --torch_device=none nothing is built by
 transformers: ipa_jax's own random init of the same architecture (faster at billions of parameters, and nothing
@@ -24,6 +26,7 @@ minima: the least disturbed measurements on a shared machine).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -68,6 +71,12 @@ flags.DEFINE_bool(
 flags.DEFINE_integer("lora_rank", 0, "also time training LoRA adapters of this rank only (0 = not)")
 flags.DEFINE_float("lora_alpha", 16.0, "LoRA scale numerator (update scaled by alpha / rank)")
 flags.DEFINE_bool("lora_experts", True, "LoRA adapters on the experts too (else attention only: an all-MoE model)")
+flags.DEFINE_bool(
+    "reference_kl",
+    True,
+    "also time the step with a reference-KL term and the reference policy's forward (a third copy of the weights, "
+    "a fourth of the parameters as the reference: turn off for configs that fill the device)",
+)
 flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s per device for MFU (0 = detect)")
 flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
@@ -278,6 +287,22 @@ def main(_):
         nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
         return float(loss)
 
+    # The step with a reference-KL term: the reference's log-probs (once per batch: here every step) and the step.
+    if FLAGS.reference_kl:
+        kl_objective = dataclasses.replace(objective, kl_weight=0.04, kl_estimator="k3")
+        kl_state = jax.tree.map(lambda x: x.copy(), place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh))
+        kl_state = kl_state.with_reference(kl_state.params)
+        kl_train_step = TrainStep(
+            kl_state, mesh, dataclasses.replace(options, objective=kl_objective), make_schedule(optimizer, 1000)
+        )
+    kl_holder = {"state": kl_state if FLAGS.reference_kl else None}
+
+    def jax_kl_step():
+        ref = kl_train_step.reference_log_probs(kl_holder["state"], batch)
+        extras = kl_train_step.put_batch({"ref_log_probs": ref})
+        kl_holder["state"], metrics = kl_train_step(kl_holder["state"], device_batch, extras=extras)
+        return float(metrics["loss"])
+
     # The objective alone: loss and its gradient w.r.t. the [B, T] log-probs.
     logp0 = jnp.asarray(batch.behavior_logprobs)
 
@@ -305,6 +330,7 @@ def main(_):
             microbatches=FLAGS.microbatches,
             moe_impl=FLAGS.moe_impl,
             update_bound=FLAGS.update_bound,
+            reference_kl=FLAGS.reference_kl,
             keep_host_memory=host_memory_kept(),
             moe_block_rows=FLAGS.moe_block_rows,
             attention_impl=FLAGS.attention_impl,
@@ -328,6 +354,8 @@ def main(_):
         steps["ipa_jax_nll_step"] = nll_step
     if lora_model is not None:
         steps["ipa_jax_lora_step"] = lora_step
+    if FLAGS.reference_kl:
+        steps["ipa_jax_reference_kl_step"] = jax_kl_step
     if FLAGS.torch_device != "none":
         steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
     del hf  # the torch step holds its own reference (on its device)
@@ -345,6 +373,8 @@ def main(_):
     results["ratios"] = {  # from the minimum times
         "objective_alone_share_of_step": times["objective_fwd_bwd"] / times["ipa_jax_step"],
     }
+    if "ipa_jax_reference_kl_step" in times:  # the reference forward and the KL term over the plain step
+        results["ratios"]["reference_kl_step_over_step"] = times["ipa_jax_reference_kl_step"] / times["ipa_jax_step"]
     if "torch_step" in times:
         results["ratios"]["torch_time_over_ipa_jax_time"] = times["torch_step"] / times["ipa_jax_step"]
     if "ipa_jax_nll_step" in times:

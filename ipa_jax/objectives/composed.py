@@ -3,7 +3,9 @@
 Notation (docs/design.md, "The objective"; docs/off_policy.md): l = current log-prob (differentiated), b =
 behaviour log-prob (the sampler's), o = old log-prob (the learner's own at the start of the update, when
 recomputed), A_i advantage, G credit, rho policy ratio, c mismatch weight, all weights stop-gradient:
-L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert),  w_{i,t} = keep_{i,t} * rho_{i,t} * c_{i,t} * G_{i,t}.
+L = lambda_RL * (-Agg(w * l)) + lambda_IL * NLL(expert) + ...,  w_{i,t} = keep_{i,t} * rho_{i,t} * c_{i,t} * G_{i,t},
+one (numerator, denominator) pair per term of the registry (objectives/terms/: rl, il, entropy, ...), each term
+weighted by its ObjectiveConfig weight and in the loss iff that weight is non-zero.
 
 Two ratios. The policy ratio l / p, p = o (old_logprobs="recompute") or b ("behavior"), drives rho (TOPR's
 truncation) and the trust region. The mismatch ratio q / b, q = o ("recompute") or l ("behavior"), drives the
@@ -30,7 +32,8 @@ Diagnostics (dict), by shape:
     mismatch range mask or the probability-difference filter), mismatch_capped_fraction (kept tokens whose
     mismatch weight was capped), mean_abs_log_ratio (mean |l - b| over action tokens: the whole drift),
     mean_kl (mean Bernoulli-KL proxy of p vs l over action tokens: the trust region's), nonfinite_weights (kept
-    tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds rl_loss, il_loss, loss.
+    tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds loss and <name>_loss of
+    every computed term.
   per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative),
     sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk admitted), num_chunks (int32),
     policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +56,17 @@ from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import branch_credit, credit_returns
-from ipa_jax.objectives.imitation import imitation_denominator, imitation_sample_mean, imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
+from ipa_jax.objectives.terms import (
+    TermBatch,
+    TermMasks,
+    computed_terms,
+    enabled_terms,
+    needs_entropy,
+    term_weight,
+)
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_if_concrete
 
@@ -127,8 +138,9 @@ def objective_terms(
     segment_ids: jax.Array | None = None,
     branch_advantages: jax.Array | None = None,
     branch_mask: jax.Array | None = None,
+    extras: Mapping[str, jax.Array] | None = None,
 ) -> tuple[Terms, dict[str, jax.Array]]:
-    """[B, T] inputs, advantages [B] -> ({"rl": (num, den), "il": (num, den)}, diagnostics).
+    """[B, T] inputs, advantages [B] -> ({term name: (num, den)} for computed_terms(config), diagnostics).
 
     What the caller passes (inputs are assumed valid: validate_objective_inputs on the host):
       log_probs l: the current policy's; the only input that carries gradient.
@@ -147,7 +159,10 @@ def objective_terms(
         rewards are per sequence slot, [B, S], and chunk ids are unique within a row (objectives/sequences.py).
       branch_advantages float32[B, T], branch_mask bool[B, T]: credit "branch" only (TrajectoryBatch's fields;
         None: no trajectory was branched, all get chunk credit): `branch_credit`.
-    Computes in float32 (float64 if log_probs is float64).
+      extras: {name: [B, T]} the extra per-token inputs the computed terms read (ObjectiveTerm.inputs).
+    Computes in float32 (float64 if log_probs is float64). The terms are those of the registry (terms/): the
+    shared policy-gradient quantities below (credit, masks, ratios, weights) are computed once and every term is a
+    small function of them (TermBatch).
     """
     if segment_ids is not None and advantages.ndim != 2:
         raise ValueError(f"advantages: must be [B, S] (per sequence slot) with segment_ids, got {advantages.shape}")
@@ -183,9 +198,9 @@ def objective_terms(
         returns, negative_tokens = branch_credit(
             returns, negative_tokens, branch_advantages, branch_mask, action, config.advantage_sign
         )
+    if entropies is None and (config.negative_token_fraction < 1.0 or needs_entropy(config)):
+        raise ValueError("entropies: required when negative_token_fraction < 1 or a term reads them")
     if config.negative_token_fraction < 1.0:
-        if entropies is None:
-            raise ValueError("entropies: required when negative_token_fraction < 1")
         failed = negatives if failures is None else failures.astype(bool)
         keep &= entropy_filter_mask(entropies, action, failed, config.negative_token_fraction, seqs)
 
@@ -202,10 +217,21 @@ def objective_terms(
     scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs)
     if config.row_denominator == "kept":
         scale = kept_row_scale(keep, dtype, seqs)
-    num_rl = -jnp.sum(jnp.where(keep, weights * scale * l, 0))
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
-    il = imitation_term(l, expert) if config.il_aggregation == "token_mean" else imitation_sample_mean(l, expert, seqs)
-    terms = {"rl": (num_rl, den_rl), "il": il}
+    batch = TermBatch(
+        masks=TermMasks(action, expert, chunk_ids, seqs),
+        log_probs=l,
+        proximal=proximal,
+        returns=returns,
+        keep=keep,
+        weights=weights,
+        mismatch_weight=mismatch_weight,
+        scale=scale,
+        rl_denominator=den_rl,
+        entropies=entropies,
+        extras=_term_inputs(config, extras),
+    )
+    terms = {term.name: term.value(batch, config) for term in computed_terms(config)}
 
     n_keep = jnp.sum(keep)
     n_action = jnp.sum(action)
@@ -246,36 +272,44 @@ def term_denominators(
     config: ObjectiveConfig,
     segment_ids: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
-    """The denominators objective_terms returns, from the masks alone ([B, T] -> scalars): compute them on the
-    full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows."""
+    """The denominators objective_terms returns, from the masks alone ([B, T] -> {term name: scalar}): compute
+    them on the full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows."""
     action = action_mask.astype(bool)
     if chunk_ids is None:
         if config.aggregation == "chunk_mean":
             raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
         chunk_ids = jnp.where(action, 0 if segment_ids is None else segment_ids - 1, -1)
-    _, den_rl = aggregation_weights(
-        action, chunk_ids, config.aggregation, sequences=sequences_of(action.shape, segment_ids)
-    )
-    seqs = sequences_of(action.shape, segment_ids)
-    den_il = (
-        jnp.zeros((), jnp.float32)
-        if expert_mask is None
-        else imitation_denominator(expert_mask, config.il_aggregation, seqs)
-    )
-    return {"rl": den_rl, "il": den_il}
+    expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
+    masks = TermMasks(action, expert, chunk_ids, sequences_of(action.shape, segment_ids))
+    return {term.name: term.denominator(masks, config) for term in computed_terms(config)}
 
 
 def combine_terms(terms: Terms, config: ObjectiveConfig, denominators: dict[str, jax.Array] | None = None) -> jax.Array:
-    """loss = rl_weight * num_rl / max(den_rl, 1) + il_weight * num_il / max(den_il, 1).
+    """loss = sum over the enabled terms (weight != 0, registration order) of weight * num / max(den, 1).
 
     Denominators are counts, so max(., 1) only matters when a term has no tokens at all (it then adds 0).
     ``denominators`` (full-batch totals) replace the terms' own: the per-microbatch losses then sum to the
     full-batch loss."""
     den = {name: d for name, (_, d) in terms.items()} if denominators is None else denominators
-    loss = config.rl_weight * _ratio(terms["rl"][0], den["rl"])
-    if config.il_weight != 0:
-        loss = loss + config.il_weight * _ratio(terms["il"][0], den["il"])
-    return loss
+    parts = [term_weight(t, config) * _ratio(terms[t.name][0], den[t.name]) for t in enabled_terms(config)]
+    return functools.reduce(jnp.add, parts) if parts else jnp.zeros((), jnp.float32)
+
+
+def term_losses(terms: Terms, denominators: dict[str, jax.Array] | None = None) -> dict[str, jax.Array]:
+    """{"<name>_loss": num / max(den, 1)} of every term (unweighted), with the terms' own or the given
+    denominators: the metrics of each term."""
+    den = {name: d for name, (_, d) in terms.items()} if denominators is None else denominators
+    return {f"{name}_loss": _ratio(num, den[name]) for name, (num, _) in terms.items()}
+
+
+def _term_inputs(config: ObjectiveConfig, extras: Mapping[str, jax.Array] | None) -> dict[str, jax.Array]:
+    """The extra per-token inputs the computed terms read; ValueError naming the first missing one."""
+    given = dict(extras or {})
+    for term in computed_terms(config):
+        missing = [name for name in term.inputs if name not in given]
+        if missing:
+            raise ValueError(f"extras: objective term {term.name!r} needs the per-token input {missing[0]!r}")
+    return given
 
 
 def policy_loss(
@@ -292,10 +326,12 @@ def policy_loss(
     failures: jax.Array | None = None,
     old_log_probs: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    extras: Mapping[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
 
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
+    extras: {name: [B, T]} the extra per-token inputs of the computed terms (ObjectiveTerm.inputs).
     segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
@@ -326,6 +362,7 @@ def policy_loss(
         failures,
         old_log_probs,
         segment_ids,
+        dict(extras or {}),
     )
 
 
@@ -349,6 +386,7 @@ def _policy_loss(
     failures,
     old_log_probs,
     segment_ids,
+    extras,
 ):
     rl_rows = sequences_with_actions(action_mask, segment_ids, rewards.shape[-1])
     adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows, config.advantage_sign)
@@ -365,9 +403,9 @@ def _policy_loss(
         old_log_probs=old_log_probs,
         rewards=rewards,
         segment_ids=segment_ids,
+        extras=extras,
     )
     loss = combine_terms(terms, config)
-    diagnostics["rl_loss"] = _ratio(*terms["rl"])
-    diagnostics["il_loss"] = _ratio(*terms["il"])
+    diagnostics.update(term_losses(terms))
     diagnostics["loss"] = loss
     return loss, diagnostics

@@ -23,6 +23,7 @@ IL_AGGREGATIONS = ("token_mean", "sample_mean")
 OLD_LOGPROBS = ("behavior", "recompute")
 SIGN_BY = ("advantage", "reward")
 ROW_DENOMINATORS = ("action", "kept")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def _number(value: object) -> bool:
@@ -61,6 +62,11 @@ class ObjectiveConfig:
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
     il_aggregation: how the imitation term averages: "token_mean" (over expert tokens) or "sample_mean" (over
       imitated sequences, each its token mean: the RL term's sample_mean).
+    entropy_weight: the weight of the entropy bonus -Agg(H) over action tokens (> 0 raises entropy); 0 = off.
+    kl_weight: the weight of the KL loss term Agg(k) against the frozen reference policy (model.reference); 0 = off.
+    kl_estimator: the KL loss term's per-token estimator: "k1", "k2" or "k3" (Schulman's; objectives/kl.py).
+    kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs); 0 = off.
+    kl_penalty_estimator: the KL reward penalty's per-token estimator: "k1", "k2" or "k3".
     """
 
     baseline: str = "none"
@@ -86,6 +92,11 @@ class ObjectiveConfig:
     il_aggregation: str = "token_mean"
     branch_samples: int = 4
     branch_fraction: float = 1.0
+    entropy_weight: float = 0.0
+    kl_weight: float = 0.0
+    kl_estimator: str = "k3"
+    kl_penalty: float = 0.0
+    kl_penalty_estimator: str = "k1"
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -100,6 +111,8 @@ class ObjectiveConfig:
             ("aggregation", AGGREGATIONS),
             ("row_denominator", ROW_DENOMINATORS),
             ("il_aggregation", IL_AGGREGATIONS),
+            ("kl_estimator", KL_ESTIMATORS),
+            ("kl_penalty_estimator", KL_ESTIMATORS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
@@ -144,9 +157,13 @@ class ObjectiveConfig:
             raise ValueError(f"ObjectiveConfig.branch_samples: must be an int >= 1, got {self.branch_samples!r}")
         if not _number(self.branch_fraction) or not 0.0 < self.branch_fraction <= 1.0:
             raise ValueError(f"ObjectiveConfig.branch_fraction: must be in (0, 1], got {self.branch_fraction!r}")
-        for name in ("rl_weight", "il_weight"):
+        for name in ("rl_weight", "il_weight", "entropy_weight", "kl_weight"):
             if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
                 raise ValueError(f"ObjectiveConfig.{name}: must be a finite number, got {getattr(self, name)!r}")
+        if not _number(self.kl_penalty) or not 0.0 <= self.kl_penalty < math.inf:  # also rejects NaN
+            raise ValueError(
+                f"ObjectiveConfig.kl_penalty: must be a finite number >= 0 (0 = off), got {self.kl_penalty!r}"
+            )
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -160,6 +177,11 @@ class ObjectiveConfig:
                 f"old_log_probs: {'required' if self.needs_old_log_probs else 'must be None'} for "
                 f"old_logprobs={self.old_logprobs!r}"
             )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the train step needs the reference policy's log-probs (a KL loss term or a KL reward penalty)."""
+        return self.kl_weight != 0 or self.kl_penalty > 0
 
     @property
     def needs_rewards(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 import jax
@@ -21,7 +22,7 @@ from ipa_jax.engines import Engine, SGLangEngine
 from ipa_jax.models import MeshConfig, Qwen3Config, Qwen3ForCausalLM, from_pretrained, init_model, make_mesh
 from ipa_jax.models.sharding import DEFAULT_RULES, param_shardings
 from ipa_jax.objectives import ObjectiveConfig
-from ipa_jax.pipeline.config import ENGINES, ConfigError, ExperimentConfig, ModelConfig
+from ipa_jax.pipeline.config import ENGINES, REFERENCE_POLICIES, ConfigError, ExperimentConfig, ModelConfig
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.train import (
     Checkpointer,
@@ -116,11 +117,30 @@ def check_batch_divisibility(train_cfg: TrainConfig, mesh: Mesh) -> None:
 
 
 def build_state(exp: ExperimentConfig, mesh: Mesh) -> TrainState:
+    """The initial TrainState; with a KL term or penalty, its reference policy (`reference_params`)."""
     model = build_model(exp.model, mesh, exp.train.seed)
     state = TrainState.create(
         model, make_optimizer(exp.optimizer), exp.train.seed, mesh, rl_start=exp.train.il_warmup_steps
     )
-    return place_state(state, mesh)
+    state = place_state(state, mesh)
+    if exp.objective.needs_reference:
+        try:
+            state = state.with_reference(reference_params(exp, state, mesh))
+        except ValueError as e:  # an HF folder of another architecture
+            raise ConfigError("model.reference", f"{exp.model.reference!r}: {e}") from e
+    return state
+
+
+def reference_params(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> nnx.State:
+    """The reference policy's parameters (model.reference): the initial ones (also those of "rl_start" until the
+    learner replaces them when RL begins) or an HF folder's, loaded like model.path in model.param_dtype."""
+    if exp.model.reference in REFERENCE_POLICIES:
+        return state.params
+    path = exp.model.reference
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError("model.reference", f"{path!r} is not an HF model folder (no config.json)")
+    model = from_pretrained(path, dtype=jnp.dtype(exp.model.param_dtype), mesh=mesh, **learner_side(exp.model))
+    return nnx.split(model, nnx.Param, ...)[1]
 
 
 def build_steps(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> tuple[TrainStep, TrainStep | None]:
@@ -130,7 +150,8 @@ def build_steps(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> tuple[T
     step = TrainStep(state, mesh, step_options(exp), schedule, DEFAULT_RULES)
     warmup = None
     if exp.train.il_warmup_steps > 0:
-        il_only = dataclasses.replace(exp.objective, rl_weight=0.0, il_weight=1.0)
+        # the warm start imitates only: no RL term, no KL term or penalty (the reference may be its end: rl_start)
+        il_only = dataclasses.replace(exp.objective, rl_weight=0.0, il_weight=1.0, kl_weight=0.0, kl_penalty=0.0)
         warmup = TrainStep(state, mesh, step_options(exp, il_only), schedule, DEFAULT_RULES)
     return step, warmup
 
@@ -166,6 +187,7 @@ def build_learner(
         flops_per_token=lambda seq_len: train_flops_per_token(arch, seq_len),
         peak_flops=peak,
         requires_routed_experts=exp.model.routing_replay,
+        reference_at_rl_start=exp.model.reference == "rl_start",
         **hooks,
     )
 

@@ -62,6 +62,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- sections
 DTYPES = ("float32", "bfloat16", "float16")
+REFERENCE_POLICIES = ("initial", "rl_start")
 ENGINES = ("embedded", "sglang")
 ONLINE_SOURCES = ("auto", "queue", "resample", "expert")
 
@@ -126,6 +127,9 @@ class ModelConfig:
       up_proj, down_proj (the dense MLP's; the experts' too with lora_experts).
     lora_experts: adapters on the MoE experts' gate/up/down projections of lora_targets (one per expert; the
       router is never adapted).
+    reference: the frozen reference policy of objective.kl_weight / objective.kl_penalty (unused without them):
+      initial (the weights at step 0: model.path's or the random init, before the IL warm start), rl_start (the
+      weights when RL begins, after the warm start) or an HF folder of the same architecture. Saved in checkpoints.
     """
 
     path: str = ""
@@ -147,6 +151,7 @@ class ModelConfig:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_experts: bool = False
+    reference: str = "initial"
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -174,6 +179,12 @@ class ModelConfig:
         except ValueError as e:
             field_name, message = re.match(r"LoraConfig\.(\w+): (.*)", str(e), re.S).groups()
             raise ConfigError(f"model.lora_{field_name}", message) from None
+        _require(
+            # a path is checked where it is loaded (the config may be written on another machine)
+            self.reference in REFERENCE_POLICIES or "/" in self.reference or os.path.isdir(self.reference),
+            "model.reference",
+            f"must be one of {REFERENCE_POLICIES} or the path of an HF model folder, got {self.reference!r}",
+        )
         unknown = sorted(set(self.arch) - set(DEFAULT_ARCH))
         _require(
             not unknown,

@@ -251,7 +251,9 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     if "time_learner_step_s" in s:  # (summaries written before the breakdown existed have none)
         lines.append(
-            f"wall time: learner steps {share('time_learner_step_s')}, weight sync "
+            f"wall time: learner steps {share('time_learner_step_s')}, "
+            + (f"reference forward {share('time_reference_forward_s')}, " if s.get("time_reference_forward_s") else "")
+            + f"weight sync "
             f"{share('time_weight_sync_s')}, evaluation {share('time_evaluation_s')}, waiting for batches "
             f"{share('time_batch_wait_s')}, other {share('time_other_s')}"
         )

@@ -35,9 +35,10 @@ from ipa_jax.trajectory import DEFAULT_BUCKETS, DropLog, Trajectory, TrajectoryB
 
 log = logging.getLogger(__name__)
 
-# What the loop's thread does, each timed by Learner.clock: training steps, the after_update hook (weight sync),
-# evaluations, and waiting for the source's next batch (an online run's queue, or its warm start's expert episodes).
-LEARNER_ACTIVITIES = ("learner_step", "weight_sync", "evaluation", "batch_wait")
+# What the loop's thread does, each timed by Learner.clock: training steps, the reference policy's forward (the KL
+# term's and penalty's log-probs, once per batch), the after_update hook (weight sync), evaluations, and waiting for
+# the source's next batch (an online run's queue, or its warm start's expert episodes).
+LEARNER_ACTIVITIES = ("learner_step", "reference_forward", "weight_sync", "evaluation", "batch_wait")
 
 
 def policy_lag(step: int, trajectories: Sequence[Trajectory]) -> np.ndarray:
@@ -247,6 +248,9 @@ class Learner:
     after it and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
     flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
     `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
+    reference_at_rl_start: the reference policy (state.ref_params; objective.kl_weight / kl_penalty) becomes a copy
+    of the weights when RL begins (before the first RL update, after the IL warm start), recorded as
+    extra["reference_step"] so that a resume keeps the checkpointed copy; otherwise it is what the state holds.
     `clock` measures the loop's LEARNER_ACTIVITIES (disjoint: the loop runs one at a time); the run's remaining
     wall time is setup, batch building, logging and checkpoints.
     """
@@ -267,6 +271,7 @@ class Learner:
     requires_routed_experts: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     clock: ActivityClock = field(default_factory=ActivityClock)
+    reference_at_rl_start: bool = False
 
     def __post_init__(self):
         self.dropped_total = 0
@@ -456,15 +461,25 @@ class Learner:
         multiple = cfg.minibatches * cfg.microbatches * self.step_fn.data_parallel_size
         return pack_batch(trajs, cfg.buckets, row_multiple=multiple)[0]
 
-    def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState):
-        """(device batch, device advantages | None, device old log-probs | None) for each update made from one
-        batch; `state` is the one before the batch's first update."""
+    def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState, reference: "BatchReference"):
+        """(device batch, device advantages | None, device old log-probs | None, rows | None) for each update made
+        from one batch (rows: the batch's rows in the update, None = all); `state` is the one before the batch's first
+        update, `reference` the batch's reference log-probs."""
         cfg = self.config
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
-            yield self.step_fn.put_batch(batch), None, None  # the step's own forward gives any old log-probs
+            yield self.step_fn.put_batch(batch), None, None, None  # the step's own forward gives any old log-probs
             return
-        # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable).
-        adv = np.asarray(batch_advantages(batch, self.step_fn.options.objective))
+        # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable). A KL
+        # reward penalty needs the reference log-probs unless every update of the batch is in the warm start (whose
+        # step has none); when train.il_warmup_target ends the warm start inside a batch, that batch's RL updates
+        # get advantages without the penalty.
+        objective = self.step_fn.options.objective
+        if step + cfg.epochs_per_batch * cfg.minibatches <= self.rl_start:
+            objective = self._step_fn(step).options.objective
+        # (with a reward penalty, a batch holding the warm start's last updates and RL's first takes its reference
+        # snapshot here, at the batch's start: the advantages of all its RL updates need it)
+        ref = reference(max(step, self.rl_start)) if objective.kl_penalty > 0 else None
+        adv = np.asarray(batch_advantages(batch, objective, ref))
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
@@ -479,6 +494,7 @@ class Learner:
                     self.step_fn.put_batch(sub),
                     self.step_fn.put_batch(adv[rows]),
                     None if old is None else self.step_fn.put_batch(old[rows]),
+                    rows,
                 )
 
     def run(self) -> TrainState:
@@ -511,11 +527,18 @@ class Learner:
                 batch = self.make_batch(trajs)
                 credit = self._credit_weights(batch) if step >= self.rl_start else {}
                 lag = policy_lag(step, trajs)
-                for device_batch, adv, old in self._updates(batch, step, self.state):
+                reference = BatchReference(self, batch)
+                for device_batch, adv, old, rows in self._updates(batch, step, self.state, reference):
+                    step_fn, extras = self._step_fn(step), {}
+                    if step_fn.options.objective.needs_reference:  # a KL term or penalty (never the warm start's)
+                        ref = reference(step)
+                        extras = step_fn.put_batch({"ref_log_probs": ref if rows is None else ref[rows]})
                     t0 = time.perf_counter()
                     with self.clock.active("learner_step"):
-                        self.state, metrics = self._step_fn(step)(self.state, device_batch, adv, old)
+                        self.state, metrics = step_fn(self.state, device_batch, adv, old, extras)
                         metrics = jax.device_get(metrics)
+                    if extras:  # the batch's reference forward (once per batch), in the metrics of its updates
+                        metrics["reference_forward_s"] = reference.seconds
                     dt = time.perf_counter() - t0
                     step += 1
                     if self._warm_start_done(step, metrics):
@@ -605,3 +628,30 @@ class Learner:
         if callable(source_metrics):
             out.update({f"source/{k}": float(v) for k, v in source_metrics().items()})
         return out
+
+
+@dataclass
+class BatchReference:
+    """The reference policy's log-probs of one batch: `reference(step)` -> [B, T] (host), computed at the first
+    call (timed as the learner's reference_forward activity, `seconds`) and reused by the batch's later updates.
+    With learner.reference_at_rl_start, the run's first call at or after RL's start first makes the reference a
+    copy of the weights then (extra["reference_step"])."""
+
+    learner: Learner
+    batch: TrajectoryBatch
+    log_probs: np.ndarray | None = None
+    seconds: float = 0.0
+
+    def __call__(self, step: int) -> np.ndarray:
+        """The log-probs, for the update at `step` (the first RL step when a reward penalty needs them earlier)."""
+        learner = self.learner
+        if self.log_probs is None:
+            if learner.reference_at_rl_start and "reference_step" not in learner.extra and step >= learner.rl_start:
+                learner.state = learner.state.with_reference(learner.state.params)
+                learner.extra["reference_step"] = step
+                log.info("reference policy: the weights at step %d (RL's start)", step)
+            t0 = time.perf_counter()
+            with learner.clock.active("reference_forward"):
+                self.log_probs = learner.step_fn.reference_log_probs(learner.state, self.batch)
+            self.seconds = time.perf_counter() - t0
+        return self.log_probs

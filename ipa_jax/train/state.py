@@ -21,6 +21,10 @@ class TrainState:
     applied because the loss or gradient was not finite. The number of applied updates is step - skipped.
     rl_start is the step where the IL warm start ends and RL begins (train.il_warmup_steps, or earlier when
     the warm start reaches train.il_warmup_target); the learning rate schedule's phase boundary.
+
+    ref_params: the frozen reference policy of the KL term and penalty (objective.kl_weight, objective.kl_penalty),
+    parameters of the same model in the same shardings as `params` (`with_reference`), or None without one. It is
+    not trained and not in the optimizer state: every step passes it through unchanged, and checkpoints save it.
     """
 
     graphdef: nnx.GraphDef = struct.field(pytree_node=False)
@@ -32,6 +36,7 @@ class TrainState:
     skipped: jax.Array  # int32 []
     rng: jax.Array  # uint32 [2], a raw PRNG key (plain array: checkpoints as is)
     rl_start: jax.Array  # int32 []
+    ref_params: nnx.State | None = None
 
     @classmethod
     def create(
@@ -68,13 +73,28 @@ class TrainState:
             rl_start=jnp.asarray(rl_start, jnp.int32),
         )
 
+    def with_reference(self, ref_params: nnx.State) -> "TrainState":
+        """This state with `ref_params` as its reference policy: copies (a step donates `params`' buffers, which the
+        reference must not share) placed in the shardings of `params`. ValueError unless the trees and shapes match."""
+        if jax.tree.structure(ref_params) != jax.tree.structure(self.params):
+            raise ValueError("reference policy: its parameters are not those of the policy's model")
+        for ref, param in zip(jax.tree.leaves(ref_params), jax.tree.leaves(self.params), strict=True):
+            if ref.shape != param.shape:
+                raise ValueError(
+                    f"reference policy: a parameter of shape {ref.shape} where the policy has {param.shape}"
+                )
+        copy = jax.tree.map(
+            lambda r, p: jax.device_put(jnp.array(r, dtype=p.dtype, copy=True), p.sharding), ref_params, self.params
+        )
+        return self.replace(ref_params=copy)
+
     def model(self) -> nnx.Module:
         return nnx.merge(self.graphdef, self.params, self.rest)
 
     def checkpoint_tree(self) -> dict[str, Any]:
         """The saved part (rest is rebuilt from the model config: with LoRA, the base weights from model.path or
-        the seed)."""
-        return {
+        the seed); the reference policy when there is one."""
+        tree = {
             "params": self.params,
             "opt_state": self.opt_state,
             "step": self.step,
@@ -82,6 +102,9 @@ class TrainState:
             "rng": self.rng,
             "rl_start": self.rl_start,
         }
+        if self.ref_params is not None:
+            tree["ref_params"] = self.ref_params
+        return tree
 
     def replace_checkpoint_tree(self, tree: dict[str, Any]) -> "TrainState":
         return self.replace(**tree)

@@ -1,14 +1,15 @@
 """The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
 
-    train_step(state, batch[, advantages[, old_log_probs]]) -> (state, metrics)
+    train_step(state, batch[, advantages[, old_log_probs[, extras]]]) -> (state, metrics)
 
 1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
    (masks only, `term_denominators`) are computed on the full batch first.
 2. The batch is split into microbatches; lax.scan accumulates the gradient of
-   sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch), so the accumulated
-   gradient equals the full-batch gradient (up to float reassociation). Per-row inputs of the objective travel
-   with their rows: rewards (sign_by="reward"), the failure labels reward < options.success_reward (the entropy
-   filter's failed rows) and the old log-probs.
+   sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch) over the enabled terms of
+   the objective's registry (objectives/terms/), so the accumulated gradient equals the full-batch gradient (up
+   to float reassociation); each computed term is reported as the metric <name>_loss. Per-row inputs of the
+   objective travel with their rows: rewards (sign_by="reward"), the failure labels reward < success_reward
+   (the entropy filter's failed rows), the old log-probs and the terms' extra per-token inputs (`extras`).
 3. A non-finite loss or gradient, or an update not shown finite (new params or optimizer state, e.g. from an
    overflowing learning rate), leaves params and optimizer state unchanged and counts a skipped update. With
    options.optimizer the update is shown finite before it is computed, by `update_magnitude_bound` (a bound on
@@ -28,6 +29,12 @@ the update, without gradient. On the first update of a batch those are the curre
 stop_gradient(l) from the very forward that computes l (same parameters, dtype, block size and routing, no second
 forward). When a batch makes several updates (train.minibatches / train.epochs_per_batch), the learner computes
 them once before the first (`TrainStep.old_log_probs`, microbatched like the step) and passes each update its rows.
+
+Reference log-probs (objective.kl_weight != 0 or objective.kl_penalty > 0): the frozen reference policy's
+(state.ref_params) log-probs of the batch's tokens, by the same blockwise forward without gradient, microbatch by
+microbatch (`TrainStep.reference_log_probs`); the learner computes them once per batch and passes them as
+extras={"ref_log_probs": [B, T]}. The KL term reads them (objectives/terms/kl.py); the KL reward penalty lowers
+each trajectory's reward by beta * sum_t k(b_t, ref_t) before the advantages (`batch_advantages`).
 """
 
 import math
@@ -53,7 +60,9 @@ from ipa_jax.objectives import (
     sequences_with_actions,
     term_denominators,
 )
+from ipa_jax.objectives.kl import kl_k3, kl_penalized_rewards, sequence_kl
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
+from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
 from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
@@ -79,7 +88,7 @@ class StepOptions:
 
     @property
     def needs_entropy(self) -> bool:
-        return self.entropy or self.objective.negative_token_fraction < 1.0
+        return self.entropy or self.objective.negative_token_fraction < 1.0 or terms_need_entropy(self.objective)
 
 
 def _split_microbatches(x: jax.Array, m: int) -> jax.Array:
@@ -127,11 +136,37 @@ def batch_sequences(batch: TrajectoryBatch) -> Sequences:
     return sequences_of(batch.tokens.shape, batch.segment_ids, batch.rewards.shape[-1])
 
 
-def batch_advantages(batch: TrajectoryBatch, objective: ObjectiveConfig) -> jax.Array:
+def batch_advantages(
+    batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None = None
+) -> jax.Array:
     """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the objective's baseline averages over the
-    trajectories with action tokens, times its advantage_sign (compute_advantages)."""
+    trajectories with action tokens, times its advantage_sign (compute_advantages). With objective.kl_penalty > 0
+    the rewards are first R_i - beta * KL_i (`penalized_rewards`; ref_log_probs [B, T] required)."""
     rl_rows = sequences_with_actions(batch.action_mask, batch.segment_ids, batch.rewards.shape[-1])
-    return compute_advantages(batch.rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
+    rewards = penalized_rewards(batch, objective, ref_log_probs)
+    return compute_advantages(rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
+
+
+def penalized_rewards(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
+    """R'_i = R_i - beta * KL_i (`penalty_kl`); the rewards themselves when objective.kl_penalty is 0."""
+    if objective.kl_penalty == 0:
+        return batch.rewards
+    kl = penalty_kl(batch, objective, ref_log_probs)
+    return kl_penalized_rewards(batch.rewards.astype(jnp.float32), kl, objective.kl_penalty)
+
+
+def penalty_kl(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
+    """KL_i of the reward penalty: the sum over trajectory i's action tokens of k(b, ref), k the
+    objective.kl_penalty_estimator of the behaviour vs the reference log-probs. [B] ([B, S] packed)."""
+    if ref_log_probs is None:
+        raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
+    return sequence_kl(
+        batch.behavior_logprobs.astype(jnp.float32),
+        ref_log_probs.astype(jnp.float32),
+        batch.action_mask,
+        objective.kl_penalty_estimator,
+        batch_sequences(batch),
+    )
 
 
 def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOptions, return_entropy: bool):
@@ -155,10 +190,19 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
 
 
 def _microbatch_loss(
-    params, rest, graphdef, mb: TrajectoryBatch, adv: jax.Array, old: jax.Array | None, dens: dict, options: StepOptions
+    params,
+    rest,
+    graphdef,
+    mb: TrajectoryBatch,
+    adv: jax.Array,
+    old: jax.Array | None,
+    extras: dict[str, jax.Array],
+    dens: dict,
+    options: StepOptions,
 ):
     """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics.
-    old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward)."""
+    old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward); extras: its
+    rows of the terms' extra per-token inputs."""
     logp, entropy, aux = _token_logprobs(params, rest, graphdef, mb, options, options.needs_entropy)
     if old is None and options.objective.needs_old_log_probs:
         old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
@@ -177,6 +221,7 @@ def _microbatch_loss(
         segment_ids=mb.segment_ids,
         branch_advantages=mb.branch_advantages,
         branch_mask=mb.branch_mask,
+        extras=extras,
     )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
@@ -186,14 +231,19 @@ def _microbatch_loss(
     aux_loss = sum(coefs[name] * value for name, value in aux_losses.items())
     action = mb.action_mask
     n_action = jnp.sum(action).astype(jnp.float32)
+    ref = extras.get("ref_log_probs")
+    # The drift from the reference whatever the term's estimator: sum of k3(current, reference) over action tokens
+    logp_sg = jax.lax.stop_gradient(logp)
+    reference_kl = (
+        0.0 if ref is None else jnp.sum(jnp.where(action, kl_k3(logp_sg, jnp.where(action, ref, logp_sg)), 0))
+    )
     n_keep = jnp.sum(diag["retained_tokens"]).astype(jnp.float32)
     n_chunks = jnp.sum(diag["num_chunks"]).astype(jnp.float32)
     seqs = batch_sequences(mb)
     present = as_given(sequence_count(mb.attention_mask, seqs) > 0, seqs)  # the slots holding a trajectory
     # Sums (not means) so that microbatches combine exactly into full-batch statistics.
     stats = {
-        "rl_num": terms["rl"][0],
-        "il_num": terms["il"][0],
+        **{f"{name}_num": num for name, (num, _) in terms.items()},
         "n_action": n_action,
         "n_keep": n_keep,
         "n_chunks": n_chunks,
@@ -215,6 +265,7 @@ def _microbatch_loss(
         "sum_entropy": (
             jnp.sum(jnp.where(action, entropy, 0.0)) if entropy is not None else jnp.zeros((), jnp.float32)
         ),
+        "sum_reference_kl": jnp.asarray(reference_kl, jnp.float32),
         **aux_losses,
     }
     return loss + aux_loss, stats
@@ -223,12 +274,18 @@ def _microbatch_loss(
 _MAX_STATS = ("max_is_ratio", "max_chunks")
 
 
-def recompute_log_probs(state: TrainState, batch: TrajectoryBatch, *, options: StepOptions) -> jax.Array:
-    """The learner's log-probs of the batch's tokens under state.params, without gradient: [B, T] float32, by the
-    train step's forward (dtype, block size, routing replay) microbatch by microbatch."""
+def recompute_log_probs(
+    state: TrainState, batch: TrajectoryBatch, *, options: StepOptions, reference: bool = False
+) -> jax.Array:
+    """The learner's log-probs of the batch's tokens under state.params (reference: under the frozen
+    state.ref_params), without gradient: [B, T] float32, by the train step's forward (dtype, block size, routing
+    replay) microbatch by microbatch."""
+    params = state.ref_params if reference else state.params
+    if params is None:
+        raise ValueError("reference log-probs: the train state has no reference policy (TrainState.with_reference)")
 
     def forward(mb):
-        return jax.lax.stop_gradient(_token_logprobs(state.params, state.rest, state.graphdef, mb, options, False)[0])
+        return jax.lax.stop_gradient(_token_logprobs(params, state.rest, state.graphdef, mb, options, False)[0])
 
     if options.microbatches == 1:
         return forward(batch)
@@ -241,6 +298,7 @@ def batch_gradients(
     batch: TrajectoryBatch,
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
+    extras: dict[str, jax.Array] | None = None,
     *,
     options: StepOptions,
 ):
@@ -254,8 +312,9 @@ def batch_gradients(
         raise ValueError(f"batch size {b} is not divisible by microbatches={m}")
     if old_log_probs is not None and not objective.needs_old_log_probs:
         raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
+    extras = dict(extras or {})
     if advantages is None:
-        advantages = batch_advantages(batch, objective)
+        advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"))
     advantages = advantages.astype(jnp.float32)
     dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
@@ -263,21 +322,21 @@ def batch_gradients(
 
     if m == 1:
         (loss, stats), grads = grad_fn(
-            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, dens, options
+            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, extras, dens, options
         )
         return loss, f32(grads), stats, advantages, dens
     split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
     def accumulate(carry, xs):
         grads_acc, loss_acc = carry
-        mb, adv, old = xs
-        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, dens, options)
+        mb, adv, old, extra = xs
+        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, extra, dens, options)
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss), stats
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     (grads, loss), per_mb = jax.lax.scan(
-        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs))
+        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs, extras))
     )
     stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
     return loss, grads, stats, advantages, dens
@@ -288,15 +347,19 @@ def train_step(
     batch: TrajectoryBatch,
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
+    extras: dict[str, jax.Array] | None = None,
     *,
     options: StepOptions,
     schedule: PhaseSchedule,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
     None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
-    (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first).
+    (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first);
+    extras: {name: [B, T]} the extra per-token inputs of the objective's terms (ObjectiveTerm.inputs), or None.
     Returns the new state and scalar metrics."""
-    loss, grads, stats, advantages, dens = batch_gradients(state, batch, advantages, old_log_probs, options=options)
+    loss, grads, stats, advantages, dens = batch_gradients(
+        state, batch, advantages, old_log_probs, extras, options=options
+    )
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -346,8 +409,7 @@ def train_step(
     n_keep = jnp.maximum(stats["n_keep"], 1.0)
     metrics = {
         "loss": loss,
-        "rl_loss": stats["rl_num"] / jnp.maximum(dens["rl"], 1),
-        "il_loss": stats["il_num"] / jnp.maximum(dens["il"], 1),
+        **{f"{name}_loss": stats[f"{name}_num"] / jnp.maximum(den, 1) for name, den in dens.items()},
         "grad_norm": grad_norm,
         "lr": lr,
         "skipped": skipped,
@@ -382,6 +444,11 @@ def train_step(
     }
     if options.needs_entropy:
         metrics["entropy"] = stats["sum_entropy"] / n_action
+    if extras and "ref_log_probs" in extras:
+        metrics["reference_kl"] = stats["sum_reference_kl"] / n_action  # mean k3(current, reference) per action token
+        if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour vs reference), mean over trajectories
+            kl = penalty_kl(batch, options.objective, extras["ref_log_probs"])
+            metrics["kl_penalty_sequence_mean"] = jnp.sum(jnp.where(present, kl, 0)) / n_traj
     return new_state, metrics
 
 
@@ -410,7 +477,8 @@ class TrainStep:
     """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
 
     step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages[,
-    old_log_probs]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own rows).
+    old_log_probs[, extras]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own
+    rows; extras, {name: [B, T]}, go through put_batch the same way).
     """
 
     def __init__(
@@ -419,8 +487,8 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, ...], Any] = {}
-        self._compiled_old: dict[tuple[bool, bool], Any] = {}
+        self._compiled: dict[tuple[bool, bool, bool, bool, bool, tuple[str, ...]], Any] = {}
+        self._compiled_old: dict[tuple[bool, bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
         """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
@@ -438,20 +506,27 @@ class TrainStep:
         """How many ways the mesh splits a batch's rows."""
         return data_parallel_size(self.mesh, self.rules)
 
-    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool):
+    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool, extras: tuple[str, ...]):
         packed = batch.segment_ids is not None
         branched = batch.branch_advantages is not None  # a batch without branched trajectories has no such fields
-        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched)
+        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched, extras)
         if key not in self._compiled:
-            fn = lambda state, batch, adv, old: train_step(  # noqa: E731
-                state, batch, adv, old, options=self.options, schedule=self.schedule
+            fn = lambda state, batch, adv, old, extra: train_step(  # noqa: E731
+                state, batch, adv, old, extra, options=self.options, schedule=self.schedule
             )
             # advantages are per row [B], or per sequence slot [B, S] in packed rows
             adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
             old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
+            extra_shardings = {name: batch_sharding(self.mesh, self.rules, 2) for name in extras}
             self._compiled[key] = jax.jit(
                 fn,
-                in_shardings=(self.state_shardings, self.batch_shardings(batch), adv_sharding, old_sharding),
+                in_shardings=(
+                    self.state_shardings,
+                    self.batch_shardings(batch),
+                    adv_sharding,
+                    old_sharding,
+                    extra_shardings,
+                ),
                 out_shardings=(self.state_shardings, self.replicated),
                 donate_argnums=(0,),
             )
@@ -463,17 +538,27 @@ class TrainStep:
         batch: TrajectoryBatch,
         advantages: jax.Array | None = None,
         old_log_probs: jax.Array | None = None,
+        extras: dict[str, jax.Array] | None = None,
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None)
-        return jitted(state, batch, advantages, old_log_probs)
+        extras = dict(extras or {})
+        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None, tuple(sorted(extras)))
+        return jitted(state, batch, advantages, old_log_probs, extras)
 
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on
         the host of every process (`recompute_log_probs`; the learner passes each update its rows)."""
-        key = (batch.routed_experts is not None, batch.segment_ids is not None)
+        return self._host_log_probs(state, batch, reference=False)
+
+    def reference_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
+        """Host (NumPy) global batch -> the frozen reference policy's (state.ref_params) log-probs of its tokens,
+        float32 [B, T] on the host of every process, like `old_log_probs`: the extras "ref_log_probs"."""
+        return self._host_log_probs(state, batch, reference=True)
+
+    def _host_log_probs(self, state: TrainState, batch: TrajectoryBatch, reference: bool) -> np.ndarray:
+        key = (batch.routed_experts is not None, batch.segment_ids is not None, reference)
         if key not in self._compiled_old:
             self._compiled_old[key] = jax.jit(
-                lambda state, batch: recompute_log_probs(state, batch, options=self.options),
+                lambda state, batch: recompute_log_probs(state, batch, options=self.options, reference=reference),
                 in_shardings=(self.state_shardings, self.batch_shardings(batch)),
                 out_shardings=batch_sharding(self.mesh, self.rules, 2),
             )

@@ -205,6 +205,9 @@ ABLATIONS = {
     "longhorizon_credit_token_matched": ("longhorizon_common", {_OBJ + "credit", _OBJ + "gamma"}),
     "longhorizon_flash_reinforce": ("longhorizon_common", {"optimizer.lr"} | {_OBJ + k for k in FLASH_FIELDS}),
     "longhorizon_flash_token_mean": ("longhorizon_flash_reinforce", {_OBJ + "aggregation"}),
+    # The reference KL, as a loss term or a reward penalty, against the policy at RL's start.
+    "kl_loss": ("common", {"model.reference", _OBJ + "kl_weight"}),
+    "kl_penalty": ("common", {"model.reference", _OBJ + "kl_penalty"}),
     # The terminal suite's base (terminal_common) and its arms.
     "terminal_credit_chunk": ("terminal_common", set()),
     "terminal_credit_token": ("terminal_common", {_OBJ + "credit"}),

@@ -2,9 +2,11 @@
 change the checkpoint cannot take, before anything is written), keys added to the config since a folder was written do
 not count as changes, and updates skipped as non-finite are counted and, too many in a row, stop the run."""
 
+import dataclasses
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -182,3 +184,62 @@ def test_skipped_updates_are_in_the_summary_and_its_console_lines(tmp_path, caps
     )
     assert summary["skipped_updates"] == 2 == RunFolder(tmp_path / "run").read_summary()["skipped_updates"]
     assert "steps: 2 (0 IL warm start, 2 skipped as non-finite)" in capsys.readouterr().out
+
+
+def test_reference_kl_runs_offline_with_its_metrics_cost_and_a_resume(tmp_path):
+    """The KL term and penalty in a tiny offline run: their metrics and the reference forward's time in every
+    update's metrics and in the summary; the reference ("rl_start": the weights at RL's start, after a 1-step warm
+    start) is saved with the checkpoint, so a resumed run continues with the same reference."""
+    data = tmp_path / "data.jsonl"
+    expert = np.arange(24) < 4  # imitation targets in the prompt: the warm start moves the weights
+    expert[0] = False
+    write_jsonl(data, [dataclasses.replace(t, expert_mask=expert) for t in offline_rows(24)])
+    overrides = {
+        "train.data": (str(data),),
+        "train.run_dir": str(tmp_path / "run"),
+        "train.steps": 3,
+        "train.batch_size": 8,
+        "train.il_warmup_steps": 1,
+        "checkpoint.every": 1,
+        "logging.tensorboard": False,
+        "objective.kl_weight": 0.1,
+        "objective.kl_penalty": 0.01,
+        "model.reference": "rl_start",
+    }
+    summary = run(load_config(TINY, overrides))
+    folder = RunFolder(tmp_path / "run")
+    rows = [r for r in folder.read_metrics() if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "kl_loss" not in rows[0] and "reference_forward_s" not in rows[0]  # the warm start imitates only
+    for r in rows[1:]:
+        assert r["reference_forward_s"] > 0 and np.isfinite([r["kl_loss"], r["reference_kl"]]).all()
+        assert np.isfinite(r["kl_penalty_sequence_mean"])
+    # the reference is the policy at RL's start, not the initial one (the warm start moved it)
+    assert rows[1]["kl_loss"] == pytest.approx(0.0, abs=1e-6) and rows[0]["grad_norm"] > 0
+    assert rows[2]["kl_loss"] > 1e-6
+    assert summary["time_reference_forward_s"] > 0
+    # Resumed from step 2 (a later snapshot would make step 3's KL 0, the initial weights another value): the
+    # reference is the checkpointed one and step 3 repeats the uninterrupted run's.
+    shutil.rmtree(os.path.join(folder.checkpoints_dir, "3"))
+    os.remove(folder.summary_path)
+    run(load_config(TINY, overrides))
+    resumed = [r for r in folder.read_metrics() if "loss" in r]
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    assert resumed[2]["kl_loss"] == pytest.approx(rows[2]["kl_loss"], rel=1e-5)
+    # Turning the KL off on a resume: its checkpoints hold a reference the new state has no place for.
+    off = {**overrides, "objective.kl_weight": 0.0, "objective.kl_penalty": 0.0, "train.steps": 4}
+    with pytest.raises(ConfigError, match=r"ref_params\..*requested nothing"):
+        run(load_config(TINY, {**off, "train.allow_config_change": True}))
+    # Two updates per batch (minibatches of rows, advantages with the penalty from the whole batch): the first RL
+    # batch takes the snapshot before its first update, and each update gets its rows of the reference log-probs.
+    minibatched = {
+        **overrides,
+        "train.run_dir": str(tmp_path / "mb"),
+        "train.minibatches": 2,
+        "train.steps": 4,
+        "train.batch_size": 16,
+    }
+    run(load_config(TINY, {**minibatched, "train.il_warmup_steps": 2}))
+    rows = [r for r in RunFolder(tmp_path / "mb").read_metrics() if "loss" in r]
+    assert [("kl_loss" in r) for r in rows] == [False, False, True, True]
+    assert rows[2]["kl_loss"] == pytest.approx(0.0, abs=1e-6) and rows[3]["kl_loss"] > 1e-6

@@ -29,7 +29,8 @@ def _copy_state(state):
 
 # One objective touching every microbatch-sensitive part: batch baseline (full-batch advantages), chunk credit,
 # token IS, sequence trust region, entropy filter of failures (needs entropies), token_mean aggregation
-# (full-batch token count), and the IL term (full-batch expert-token count).
+# (full-batch token count), the IL term (full-batch expert-token count) and the entropy bonus (gradient through
+# the entropies).
 OBJECTIVE = (
     "objective.preset=custom",
     "objective.baseline=batch_mean",
@@ -40,6 +41,7 @@ OBJECTIVE = (
     "objective.negative_token_fraction=0.5",
     "objective.aggregation=token_mean",
     "objective.il_weight=0.5",
+    "objective.entropy_weight=0.01",
 )
 # Adam divides by |g| + eps: a gradient element of size ~eps would carry its float32 summation-order noise into
 # the update at full relative size, so eps is raised to 1e-4 to compare the gradients' accumulation itself.
@@ -74,6 +76,7 @@ def test_microbatched_update_equals_full_batch(setup):
         "grad_norm",
         "rl_loss",
         "il_loss",
+        "entropy_loss",
         "is_ratio_mean",
         "admitted_fraction",
         "mismatch_abs",
