@@ -58,6 +58,11 @@ def _canonical(value: Any, dtype: np.dtype) -> np.ndarray:
     return arr.astype(dtype, copy=False)
 
 
+# The finish reasons (info["finish_reason"], rollout/agent.py) of an episode cut off by its token budget: a turn hit
+# max_new_tokens or the context ("length"), or the next observation would not fit the context ("context").
+TRUNCATING_FINISHES = ("length", "context")
+
+
 @dataclass
 class Trajectory:
     """One complete episode. Shapes: T tokens, K chunks, L MoE layers, k experts per token.
@@ -102,6 +107,11 @@ class Trajectory:
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0]) if self.tokens.ndim == 1 else 0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the episode ran out of tokens (info["finish_reason"] in TRUNCATING_FINISHES)."""
+        return self.info.get("finish_reason") in TRUNCATING_FINISHES
 
     def _error(self, name: str, problem: str) -> ValueError:
         return ValueError(f"trajectory {self.uid!r}: field {name!r}: {problem}")
@@ -409,7 +419,7 @@ class TrajectoryBatch(NamedTuple):
     Packed rows (segment_ids not None): the trajectories of row i are runs of segment ids 1, 2, ... (0 = padding);
     positions restart at 0 in every run (padding's too); chunk ids are unique within the row (a trajectory's
     continue the numbering of the one before it); the per-trajectory fields are [B, S], slot s holding the
-    trajectory of segment s + 1 (an unused slot: reward 0, group id and policy version -1).
+    trajectory of segment s + 1 (an unused slot: reward 0, group id and policy version -1, not truncated).
     """
 
     tokens: np.ndarray  # int32[B, T]
@@ -426,6 +436,7 @@ class TrajectoryBatch(NamedTuple):
     segment_ids: np.ndarray | None = None  # int32[B, T] packed rows: 1.. per trajectory, 0 on padding
     branch_advantages: np.ndarray | None = None  # float32[B, T] the token's chunk advantage (branched trajectories)
     branch_mask: np.ndarray | None = None  # bool[B, T] the action tokens of branched trajectories
+    truncated: np.ndarray | None = None  # bool[B] ([B, S]) Trajectory.truncated (pad_batch and pack_batch fill it)
 
 
 def group_key(traj: Trajectory) -> str:
@@ -548,6 +559,7 @@ def _fill_rows(
     rewards = np.zeros(per_trajectory, np.float32)
     group_ids = np.full(per_trajectory, -1, np.int32)
     versions = np.full(per_trajectory, -1, np.int32)
+    truncated = np.zeros(per_trajectory, bool)
     for r, members in enumerate(rows):
         start = first_chunk = 0
         for s, j in enumerate(members):
@@ -568,6 +580,7 @@ def _fill_rows(
                 branch_mask[r, span] = tr.action_mask
             slot = r if num_slots is None else (r, s)
             rewards[slot], group_ids[slot], versions[slot] = tr.reward, groups[j], tr.policy_version
+            truncated[slot] = tr.truncated
             start += tr.length
             first_chunk += tr.num_chunks
         # padding continues the count in a one-per-row batch and restarts (a run of its own) in a packed one
@@ -587,4 +600,5 @@ def _fill_rows(
         segment_ids=None if num_slots is None else segments,
         branch_advantages=branch_adv,
         branch_mask=branch_mask,
+        truncated=truncated,
     )

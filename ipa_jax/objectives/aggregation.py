@@ -23,13 +23,15 @@ def aggregation_weights(
     aggregation: str,
     dtype: jnp.dtype = jnp.float32,
     sequences: Sequences | None = None,
+    norm_length: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """(scale [B, T], denominator scalar) such that Agg(v) = sum(scale * v) / denominator.
 
-    sample_mean:  (1/B) sum_i (1/T_i) sum_t v                          scale 1/T_i,            den B
-    token_mean:   sum_i sum_t v / sum_i T_i                            scale 1,                den sum T_i
-    chunk_mean:   (1/B) sum_i (1/K_i) sum_k (1/|c_k|) sum_{t in c_k} v  scale 1/(K_i |c_k|),    den B
-    sequence_sum: (1/B) sum_i sum_t v                                  scale 1,                den B
+    sample_mean:    (1/B) sum_i (1/T_i) sum_t v                          scale 1/T_i,            den B
+    token_mean:     sum_i sum_t v / sum_i T_i                            scale 1,                den sum T_i
+    chunk_mean:     (1/B) sum_i (1/K_i) sum_k (1/|c_k|) sum_{t in c_k} v  scale 1/(K_i |c_k|),    den B
+    sequence_sum:   (1/B) sum_i sum_t v                                  scale 1,                den B
+    token_sum_norm: (1/B) sum_i sum_t v / L  (Dr.GRPO, L = norm_length)  scale 1,                den B L
     B counts rows (sequences) with at least one action token.
     """
     if aggregation not in AGGREGATIONS:
@@ -44,6 +46,10 @@ def aggregation_weights(
         return mask, tokens_per_row.sum().astype(dtype)
     if aggregation == "sequence_sum":
         return mask, rows
+    if aggregation == "token_sum_norm":
+        if norm_length <= 0:
+            raise ValueError(f"norm_length: must be > 0 for aggregation='token_sum_norm', got {norm_length!r}")
+        return mask, rows * norm_length
     if chunk_ids is None:
         raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
     chunk_size = chunk_sum(mask, action_mask, chunk_ids)
@@ -69,7 +75,8 @@ def aggregate(
     chunk_ids: jax.Array | None,
     aggregation: str,
     sequences: Sequences | None = None,
+    norm_length: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """values [B, T] -> (numerator, denominator) scalars; Agg(values) = numerator / denominator."""
-    scale, den = aggregation_weights(action_mask, chunk_ids, aggregation, values.dtype, sequences)
+    scale, den = aggregation_weights(action_mask, chunk_ids, aggregation, values.dtype, sequences, norm_length)
     return jnp.sum(jnp.where(action_mask, scale * values, 0)), den

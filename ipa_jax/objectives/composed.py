@@ -57,8 +57,10 @@ from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compu
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import branch_credit, credit_returns
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
+from ipa_jax.objectives.overlong import loss_action_mask, shaped_rewards
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
+from ipa_jax.objectives.surrogates import ppo_clipped_loss
 from ipa_jax.objectives.terms import (
     TermBatch,
     TermMasks,
@@ -139,6 +141,7 @@ def objective_terms(
     branch_advantages: jax.Array | None = None,
     branch_mask: jax.Array | None = None,
     extras: Mapping[str, jax.Array] | None = None,
+    truncated: jax.Array | None = None,
 ) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({term name: (num, den)} for computed_terms(config), diagnostics).
 
@@ -149,7 +152,7 @@ def objective_terms(
         of the same tokens under the parameters at the start of this update (one no-gradient forward of the same
         model, dtype and routing as l, before the first optimizer step on the batch; with several minibatches or
         epochs per batch, computed once per batch and reused). With old_log_probs == l the policy ratio is 1.
-      advantages A [B]: computed on the FULL batch (compute_advantages).
+      advantages A [B]: computed on the FULL batch (estimate_advantages).
       chunk_ids: may be None unless the config uses chunks (then each row counts as one chunk).
       entropies [B, T]: needed when negative_token_fraction < 1.
       failures bool[B]: the rows the entropy filter treats as failed (default: the negative rows); the train step
@@ -160,6 +163,8 @@ def objective_terms(
       branch_advantages float32[B, T], branch_mask bool[B, T]: credit "branch" only (TrajectoryBatch's fields;
         None: no trajectory was branched, all get chunk credit): `branch_credit`.
       extras: {name: [B, T]} the extra per-token inputs the computed terms read (ObjectiveTerm.inputs).
+      truncated bool[B] ([B, S] packed): the episodes that ran out of tokens; required by overlong_filter, whose
+        loss then covers only the other episodes' action tokens (every term, every denominator).
     Computes in float32 (float64 if log_probs is float64). The terms are those of the registry (terms/): the
     shared policy-gradient quantities below (credit, masks, ratios, weights) are computed once and every term is a
     small function of them (TermBatch).
@@ -167,13 +172,10 @@ def objective_terms(
     if segment_ids is not None and advantages.ndim != 2:
         raise ValueError(f"advantages: must be [B, S] (per sequence slot) with segment_ids, got {advantages.shape}")
     seqs = sequences_of(action_mask.shape, segment_ids, advantages.shape[-1])
-    if chunk_ids is None:
-        if config.uses_chunks:
-            raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
-        chunk_ids = jnp.where(action_mask, 0 if segment_ids is None else segment_ids - 1, -1)  # a chunk per sequence
+    action = loss_action_mask(action_mask, truncated, config, segment_ids)
+    chunk_ids = _loss_chunk_ids(action, chunk_ids, config, segment_ids)
     config.check_old_log_probs(old_log_probs is not None)
     dtype = compute_dtype(log_probs)
-    action = action_mask.astype(bool)
     l = log_probs.astype(dtype)
     l_sg = jax.lax.stop_gradient(l)
     b = behavior_log_probs.astype(dtype)
@@ -213,8 +215,17 @@ def objective_terms(
         else (1.0, jnp.zeros_like(keep))
     )
     weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
+    if config.surrogate == "ppo":  # its clip fraction: kept tokens on a clipped branch of the surrogate
+        _, clipped = ppo_clipped_loss(
+            jnp.where(keep, policy_log_ratio, 0),
+            returns,
+            config.ppo_clip_low,
+            config.ppo_clip_high,
+            config.ppo_dual_clip,
+        )
+        clipped &= keep
 
-    scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs)
+    scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs, config.norm_length)
     if config.row_denominator == "kept":
         scale = kept_row_scale(keep, dtype, seqs)
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
@@ -271,14 +282,13 @@ def term_denominators(
     expert_mask: jax.Array | None,
     config: ObjectiveConfig,
     segment_ids: jax.Array | None = None,
+    truncated: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """The denominators objective_terms returns, from the masks alone ([B, T] -> {term name: scalar}): compute
-    them on the full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows."""
-    action = action_mask.astype(bool)
-    if chunk_ids is None:
-        if config.aggregation == "chunk_mean":
-            raise ValueError("chunk_ids: required for aggregation='chunk_mean'")
-        chunk_ids = jnp.where(action, 0 if segment_ids is None else segment_ids - 1, -1)
+    them on the full batch first, then pass them to combine_terms for each microbatch. segment_ids: packed rows;
+    truncated: as objective_terms'."""
+    action = loss_action_mask(action_mask, truncated, config, segment_ids)
+    chunk_ids = _loss_chunk_ids(action, chunk_ids, config, segment_ids)
     expert = jnp.zeros_like(action) if expert_mask is None else expert_mask.astype(bool)
     masks = TermMasks(action, expert, chunk_ids, sequences_of(action.shape, segment_ids))
     return {term.name: term.denominator(masks, config) for term in computed_terms(config)}
@@ -300,6 +310,43 @@ def term_losses(terms: Terms, denominators: dict[str, jax.Array] | None = None) 
     denominators: the metrics of each term."""
     den = {name: d for name, (_, d) in terms.items()} if denominators is None else denominators
     return {f"{name}_loss": _ratio(num, den[name]) for name, (num, _) in terms.items()}
+
+
+def _loss_chunk_ids(
+    action: jax.Array, chunk_ids: jax.Array | None, config: ObjectiveConfig, segment_ids: jax.Array | None
+) -> jax.Array:
+    """The chunk ids of the loss's action tokens (-1 elsewhere); without chunk_ids, a chunk per sequence."""
+    if chunk_ids is None:
+        if config.uses_chunks:
+            raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
+        return jnp.where(action, 0 if segment_ids is None else segment_ids - 1, -1)
+    return jnp.where(action, chunk_ids, -1) if config.overlong_filter else chunk_ids
+
+
+def estimate_advantages(
+    rewards: jax.Array,
+    action_mask: jax.Array,
+    group_ids: jax.Array | None,
+    config: ObjectiveConfig,
+    segment_ids: jax.Array | None = None,
+    truncated: jax.Array | None = None,
+) -> jax.Array:
+    """rewards [B] ([B, S] packed), action_mask [B, T] -> advantages A [B] ([B, S]) by the config's estimator:
+    the rewards plus the overlong punishment (shaped_rewards), the baseline and std normalisation over the
+    sequences whose action tokens the loss covers (loss_action_mask), batch_std weighting each by its tokens."""
+    action = loss_action_mask(action_mask, truncated, config, segment_ids)
+    seqs = sequences_of(action.shape, segment_ids, rewards.shape[-1])
+    tokens = as_given(sequence_count(action, seqs), seqs)
+    return compute_advantages(
+        shaped_rewards(rewards, action_mask, config, segment_ids),
+        config.baseline,
+        group_ids,
+        tokens > 0,
+        config.advantage_sign,
+        norm=config.advantage_norm,
+        eps=config.advantage_eps,
+        token_counts=tokens,
+    )
 
 
 def _term_inputs(config: ObjectiveConfig, extras: Mapping[str, jax.Array] | None) -> dict[str, jax.Array]:
@@ -327,11 +374,14 @@ def policy_loss(
     old_log_probs: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     extras: Mapping[str, jax.Array] | None = None,
+    truncated: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The composed loss on one full batch: [B, T] arrays, rewards [B] -> (scalar loss, diagnostics).
 
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
     extras: {name: [B, T]} the extra per-token inputs of the computed terms (ObjectiveTerm.inputs).
+    truncated bool[B] ([B, S]): the episodes that ran out of tokens (overlong_filter; objective_terms).
+    Advantages come from estimate_advantages (overlong punishment, baseline, std normalisation).
     segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
@@ -348,6 +398,7 @@ def policy_loss(
         failures=failures,
         old_log_probs=old_log_probs,
         segment_ids=segment_ids,
+        truncated=truncated,
     )
     return _policy_loss(
         log_probs,
@@ -363,13 +414,8 @@ def policy_loss(
         old_log_probs,
         segment_ids,
         dict(extras or {}),
+        truncated,
     )
-
-
-def sequences_with_actions(action_mask: jax.Array, segment_ids: jax.Array | None, num_slots: int) -> jax.Array:
-    """bool[B] ([B, S] packed): the sequences with at least one action token, the rows baselines average over."""
-    seqs = sequences_of(action_mask.shape, segment_ids, num_slots)
-    return as_given(sequence_count(action_mask, seqs) > 0, seqs)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -387,9 +433,9 @@ def _policy_loss(
     old_log_probs,
     segment_ids,
     extras,
+    truncated,
 ):
-    rl_rows = sequences_with_actions(action_mask, segment_ids, rewards.shape[-1])
-    adv = compute_advantages(rewards, config.baseline, group_ids, rl_rows, config.advantage_sign)
+    adv = estimate_advantages(rewards, action_mask, group_ids, config, segment_ids, truncated)
     terms, diagnostics = objective_terms(
         log_probs,
         behavior_log_probs,
@@ -404,6 +450,7 @@ def _policy_loss(
         rewards=rewards,
         segment_ids=segment_ids,
         extras=extras,
+        truncated=truncated,
     )
     loss = combine_terms(terms, config)
     diagnostics.update(term_losses(terms))

@@ -12,13 +12,15 @@ import math
 import numbers
 from dataclasses import dataclass
 
-BASELINES = ("none", "batch_mean", "group_mean")
+BASELINES = ("none", "batch_mean", "group_mean", "rloo")
+ADVANTAGE_NORMS = ("none", "group_std", "batch_std")
+SURROGATES = ("reinforce", "ppo")
 CREDITS = ("chunk", "token", "trajectory", "branch")
 IS_LEVELS = ("none", "token", "chunk", "sequence")
 IS_APPLY_TO = ("all", "negatives")
 MISMATCH_LEVELS = ("none", "token", "chunk", "sequence")
 TRUST_REGION_LEVELS = ("none", "sequence", "chunk")
-AGGREGATIONS = ("sample_mean", "token_mean", "chunk_mean", "sequence_sum")
+AGGREGATIONS = ("sample_mean", "token_mean", "chunk_mean", "sequence_sum", "token_sum_norm")
 IL_AGGREGATIONS = ("token_mean", "sample_mean")
 OLD_LOGPROBS = ("behavior", "recompute")
 SIGN_BY = ("advantage", "reward")
@@ -30,11 +32,19 @@ def _number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ObjectiveConfig:
     """Every switch of the composed objective (one line per field; the first sentence is its help text).
 
-    baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE) or "group_mean".
+    baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE), "group_mean" (GRPO)
+      or "rloo" (the mean of the other samples of the group: RLOO).
+    advantage_norm: then divide A by a std: "none", "group_std" (the group's reward std: GRPO) or "batch_std"
+      (whiten over the batch's action tokens, (A - mean) / std: REINFORCE++).
+    advantage_eps: the epsilon of advantage_norm's divisor, std + eps.
     advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE); or
       "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py).
@@ -56,7 +66,13 @@ class ObjectiveConfig:
     trust_region_level: Bernoulli-KL trust region: "none", "sequence" (FlashREINFORCE) or "chunk".
     trust_region_delta: admit a sequence (chunk) iff its mean Bernoulli-KL D <= delta; inf disables it.
     negative_token_fraction: q in [0, 1]: failed trajectories keep their ceil(q T_i) highest-entropy tokens.
-    aggregation: how token terms are averaged: "sample_mean", "token_mean", "chunk_mean" or "sequence_sum".
+    aggregation: how token terms are averaged: "sample_mean", "token_mean", "chunk_mean", "sequence_sum" or
+      "token_sum_norm" (token sums over a constant, rows x norm_length: Dr.GRPO).
+    norm_length: token_sum_norm's constant L (the generation budget in tokens); 0 with any other aggregation.
+    surrogate: the policy-gradient term's form: "reinforce" (-w l, w stop-gradient) or "ppo" (clipped ratio).
+    ppo_clip_low: PPO clips the ratio current / old to [1 - ppo_clip_low, 1 + ppo_clip_high].
+    ppo_clip_high: the upper clip of the ratio (DAPO's clip-higher: > ppo_clip_low).
+    ppo_dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages at -c A; inf = off.
     row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
@@ -67,9 +83,16 @@ class ObjectiveConfig:
     kl_estimator: the KL loss term's per-token estimator: "k1", "k2" or "k3" (Schulman's; objectives/kl.py).
     kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs); 0 = off.
     kl_penalty_estimator: the KL reward penalty's per-token estimator: "k1", "k2" or "k3".
+    overlong_max_length: DAPO's L_max in action tokens for the soft overlong punishment; 0 = off.
+    overlong_buffer_length: DAPO's L_cache: the punishment ramps from 0 to -overlong_penalty over the last
+      L_cache tokens before overlong_max_length.
+    overlong_penalty: the largest punishment added to the reward (DAPO: 1).
+    overlong_filter: mask truncated episodes (finish reason length or context) out of the loss (DAPO).
     """
 
     baseline: str = "none"
+    advantage_norm: str = "none"
+    advantage_eps: float = 1e-6
     advantage_sign: int = 1
     credit: str = "chunk"
     gamma: float = 0.95
@@ -87,6 +110,11 @@ class ObjectiveConfig:
     negative_token_fraction: float = 1.0
     aggregation: str = "sample_mean"
     row_denominator: str = "action"
+    norm_length: int = 0
+    surrogate: str = "reinforce"
+    ppo_clip_low: float = 0.2
+    ppo_clip_high: float = 0.2
+    ppo_dual_clip: float = math.inf
     rl_weight: float = 1.0
     il_weight: float = 1.0
     il_aggregation: str = "token_mean"
@@ -97,10 +125,16 @@ class ObjectiveConfig:
     kl_estimator: str = "k3"
     kl_penalty: float = 0.0
     kl_penalty_estimator: str = "k1"
+    overlong_max_length: int = 0
+    overlong_buffer_length: int = 0
+    overlong_penalty: float = 1.0
+    overlong_filter: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (
             ("baseline", BASELINES),
+            ("advantage_norm", ADVANTAGE_NORMS),
+            ("surrogate", SURROGATES),
             ("credit", CREDITS),
             ("old_logprobs", OLD_LOGPROBS),
             ("is_level", IS_LEVELS),
@@ -164,6 +198,62 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.kl_penalty: must be a finite number >= 0 (0 = off), got {self.kl_penalty!r}"
             )
+        self._check_estimator()
+        self._check_surrogate()
+        self._check_overlong()
+
+    def _check_estimator(self) -> None:
+        if not _number(self.advantage_eps) or not self.advantage_eps > 0 or not math.isfinite(self.advantage_eps):
+            raise ValueError(f"ObjectiveConfig.advantage_eps: must be a finite number > 0, got {self.advantage_eps!r}")
+        if self.advantage_norm == "group_std" and self.baseline not in ("group_mean", "rloo"):
+            raise ValueError(
+                f"ObjectiveConfig.advantage_norm: 'group_std' divides a group baseline's advantages by the group's "
+                f"std; baseline {self.baseline!r} has no groups (use 'group_mean' or 'rloo')"
+            )
+        if not _integer(self.norm_length) or self.norm_length < 0:
+            raise ValueError(f"ObjectiveConfig.norm_length: must be an integer >= 0, got {self.norm_length!r}")
+        if (self.aggregation == "token_sum_norm") != (self.norm_length > 0):
+            raise ValueError(
+                f"ObjectiveConfig.norm_length: must be > 0 exactly with aggregation 'token_sum_norm' (its constant "
+                f"normaliser), got {self.norm_length!r} with aggregation {self.aggregation!r}"
+            )
+
+    def _check_surrogate(self) -> None:
+        for name in ("ppo_clip_low", "ppo_clip_high"):
+            value = getattr(self, name)
+            if not _number(value) or not 0 <= value < math.inf or (name == "ppo_clip_low" and value >= 1):
+                bound = "[0, 1)" if name == "ppo_clip_low" else "[0, inf)"
+                raise ValueError(f"ObjectiveConfig.{name}: must be in {bound}, got {value!r}")
+        dual = math.inf if self.ppo_dual_clip is None else self.ppo_dual_clip
+        if not _number(dual) or not dual > 1:  # also rejects NaN
+            raise ValueError(f"ObjectiveConfig.ppo_dual_clip: must be > 1 (inf or None = off), got {dual!r}")
+        object.__setattr__(self, "ppo_dual_clip", float(dual))
+        if math.isfinite(dual) and self.surrogate != "ppo":
+            raise ValueError("ObjectiveConfig.ppo_dual_clip: the dual clip belongs to the ppo surrogate")
+        if self.surrogate == "ppo" and self.is_level != "none":
+            raise ValueError(
+                f"ObjectiveConfig.is_level: the ppo surrogate carries its own ratio (current / old per token); "
+                f"the stop-gradient ratio rho must be off (is_level 'none'), got {self.is_level!r}"
+            )
+
+    def _check_overlong(self) -> None:
+        for name in ("overlong_max_length", "overlong_buffer_length"):
+            if not _integer(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"ObjectiveConfig.{name}: must be an integer >= 0, got {getattr(self, name)!r}")
+        if self.overlong_max_length > 0 and not 0 < self.overlong_buffer_length <= self.overlong_max_length:
+            raise ValueError(
+                f"ObjectiveConfig.overlong_buffer_length: must be in (0, overlong_max_length="
+                f"{self.overlong_max_length}] when the soft overlong punishment is on, got "
+                f"{self.overlong_buffer_length!r}"
+            )
+        if self.overlong_max_length == 0 and self.overlong_buffer_length != 0:
+            raise ValueError("ObjectiveConfig.overlong_buffer_length: needs overlong_max_length > 0")
+        if not _number(self.overlong_penalty) or not 0 <= self.overlong_penalty < math.inf:
+            raise ValueError(
+                f"ObjectiveConfig.overlong_penalty: must be a finite number >= 0, got {self.overlong_penalty!r}"
+            )
+        if not isinstance(self.overlong_filter, bool):
+            raise ValueError(f"ObjectiveConfig.overlong_filter: must be True or False, got {self.overlong_filter!r}")
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -187,6 +277,16 @@ class ObjectiveConfig:
     def needs_rewards(self) -> bool:
         """Whether the caller must pass rewards (negatives are R_i <= 0)."""
         return self.sign_by == "reward"
+
+    @property
+    def needs_group_ids(self) -> bool:
+        """Whether the caller must pass group_ids (a group baseline)."""
+        return self.baseline in ("group_mean", "rloo")
+
+    @property
+    def overlong_shaping(self) -> bool:
+        """Whether the soft overlong punishment is added to the rewards."""
+        return self.overlong_max_length > 0
 
     @property
     def uses_chunks(self) -> bool:

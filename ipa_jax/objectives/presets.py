@@ -1,7 +1,10 @@
 """The published settings as ObjectiveConfigs (PRESETS, by name) and the two algorithms as thin wrappers over the
-composed loss (numeric arguments are static). docs/off_policy.md says which source each setting reproduces."""
+composed loss (numeric arguments are static). docs/off_policy.md says which source each IPA and FlashREINFORCE
+setting reproduces; docs/objectives.md gives the baselines' formulas (GRPO, Dr.GRPO, RLOO, REINFORCE++, PPO)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 
@@ -103,6 +106,90 @@ def ipa_roll_config() -> ObjectiveConfig:
     )
 
 
+def grpo_config(std: bool = True) -> ObjectiveConfig:
+    """GRPO (Shao et al. 2024, arXiv:2402.03300): A_i = (R_i - mean_group) / (std_group + eps) (std=False: the
+    mean only), shared by every token of the trajectory; PPO's clipped surrogate (eps 0.2) of the ratio current /
+    old (the learner's recomputed log-probs), each trajectory's token mean averaged over trajectories; no IL.
+    Its KL penalty against a reference policy is not part of this preset."""
+    return ObjectiveConfig(
+        baseline="group_mean",
+        advantage_norm="group_std" if std else "none",
+        credit="trajectory",
+        gamma=1.0,
+        old_logprobs="recompute",
+        is_level="none",
+        mismatch_level="none",
+        aggregation="sample_mean",
+        surrogate="ppo",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
+
+
+def dr_grpo_config(norm_length: int = 2048) -> ObjectiveConfig:
+    """Dr.GRPO (Liu et al. 2025, arXiv:2503.20783): GRPO without its two biases: no std normalisation and no
+    per-trajectory length normalisation; token sums over a constant norm_length (the generation budget) averaged
+    over trajectories (token_sum_norm)."""
+    return dataclasses.replace(grpo_config(std=False), aggregation="token_sum_norm", norm_length=norm_length)
+
+
+def rloo_config() -> ObjectiveConfig:
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019): REINFORCE with the leave-one-out baseline
+    A_i = R_i - mean of the group's other rewards, the whole trajectory one action: -(1/B) sum_i A_i sum_t l, on
+    policy (no ratio, no clipping); no IL."""
+    return ObjectiveConfig(
+        baseline="rloo",
+        credit="trajectory",
+        gamma=1.0,
+        is_level="none",
+        mismatch_level="none",
+        aggregation="sequence_sum",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
+
+
+def reinforce_pp_config() -> ObjectiveConfig:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): no critic and no group baseline; the outcome reward whitened over
+    the batch's action tokens, (R - mean) / (std + eps); PPO's clipped surrogate of current / old, token mean over
+    the batch; no IL. Its per-token KL reward penalty is not part of this preset."""
+    return ObjectiveConfig(
+        baseline="none",
+        advantage_norm="batch_std",
+        credit="trajectory",
+        gamma=1.0,
+        old_logprobs="recompute",
+        is_level="none",
+        mismatch_level="none",
+        aggregation="token_mean",
+        surrogate="ppo",
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
+
+
+def ppo_dual_clip_config(dual_clip: float = 3.0, clip_low: float = 0.2, clip_high: float = 0.2) -> ObjectiveConfig:
+    """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al. 2020,
+    arXiv:1912.09729): ratio current / old clipped to [1 - clip_low, 1 + clip_high], negative advantages' loss
+    bounded by -c A; token mean. No critic here: the advantages are the batch-mean baseline's, and any estimator
+    (objective.baseline, advantage_norm, credit) can replace it."""
+    return ObjectiveConfig(
+        baseline="batch_mean",
+        credit="trajectory",
+        gamma=1.0,
+        old_logprobs="recompute",
+        is_level="none",
+        mismatch_level="none",
+        aggregation="token_mean",
+        surrogate="ppo",
+        ppo_clip_low=clip_low,
+        ppo_clip_high=clip_high,
+        ppo_dual_clip=dual_clip,
+        rl_weight=1.0,
+        il_weight=0.0,
+    )
+
+
 def flash_reinforce_loss(
     log_probs: jax.Array,
     behavior_log_probs: jax.Array,
@@ -160,4 +247,9 @@ PRESETS: dict[str, ObjectiveConfig] = {
     "ipa_seed": ipa_seed_config(),
     "ipa_roll": ipa_roll_config(),
     "flash_reinforce": flash_reinforce_config(),
+    "grpo": grpo_config(),
+    "dr_grpo": dr_grpo_config(),
+    "rloo": rloo_config(),
+    "reinforce_pp": reinforce_pp_config(),
+    "ppo_dual_clip": ppo_dual_clip_config(),
 }

@@ -38,12 +38,13 @@ def validate_objective_inputs(
     vocab_size: int | None = None,
     old_log_probs: Any = None,
     segment_ids: Any = None,
+    truncated: Any = None,
 ) -> None:
     """Raises ValueError for: shape mismatches; non-bool masks; action at position 0 (no predictor); a row with
     no action and no expert token; action log-probs (current, behaviour or old) NaN, inf or > 0; non-finite
     rewards; chunk ids not -1 exactly outside actions or not 0..K-1 non-decreasing (each chunk non-empty)
     inside; expert tokens overlapping actions; token ids outside [0, vocab_size); inputs the config needs but
-    lacks (chunk_ids, group_ids, entropies, old_log_probs) and old_log_probs it does not use. Config values
+    lacks (chunk_ids, group_ids, entropies, old_log_probs, truncated) and old_log_probs it does not use. Config values
     (delta < 0 or NaN, fractions outside [0, 1]) are checked by ObjectiveConfig itself.
 
     Packed rows (segment_ids [B, T]): rewards, group_ids and failures are [B, S]; segment ids are in [0, S], each
@@ -128,11 +129,22 @@ def validate_objective_inputs(
     if config is not None:
         if config.uses_chunks and chunk_ids is None:
             raise ValueError("chunk_ids: required by this ObjectiveConfig (a chunk-level option is set)")
-        if config.baseline == "group_mean" and group_ids is None:
-            raise ValueError("group_ids: required for baseline='group_mean'")
+        if config.needs_group_ids and group_ids is None:
+            raise ValueError(f"group_ids: required for baseline={config.baseline!r}")
         if config.negative_token_fraction < 1.0 and entropies is None:
             raise ValueError("entropies: required when negative_token_fraction < 1")
+        if config.overlong_filter:
+            _check_truncated(truncated, np.shape(rewards))
         config.check_old_log_probs(old_log_probs is not None)
+
+
+def _check_truncated(truncated: Any, shape: tuple[int, ...]) -> None:
+    """truncated: bool, one per trajectory (the rewards' shape), required by overlong_filter."""
+    if truncated is None:
+        raise ValueError("truncated: required by overlong_filter (which episodes ran out of tokens)")
+    arr = _host("truncated", truncated)
+    if arr.dtype != bool or arr.shape != shape:
+        raise ValueError(f"truncated: must be bool with the rewards' shape {shape}, got {arr.dtype} {arr.shape}")
 
 
 def _check_segment_ids(seg: np.ndarray, B: int, T: int) -> np.ndarray:

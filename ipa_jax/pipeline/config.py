@@ -577,9 +577,9 @@ class ExperimentConfig:
         )
         if self.online:
             _require(
-                self.objective.baseline != "group_mean" or self.rollout.group_size > 1,
+                not self.objective.needs_group_ids or self.rollout.group_size > 1,
                 "objective.baseline",
-                "'group_mean' needs several samples per task: set rollout.group_size > 1",
+                f"{self.objective.baseline!r} needs several samples per task: set rollout.group_size > 1",
             )
             _require(
                 self.online_source != "expert" or self.objective.il_weight > 0,
@@ -721,7 +721,8 @@ def field_help(cls: type) -> dict[str, str]:
 _EXTRA_HELP = {
     "objective.preset": "ipa (the ROME paper's text), ipa_seed (its pseudo-code: IS clip 10, sign by reward, token "
     "mismatch mask 5, sum / B), ipa_roll (ROLL: recomputed old log-probs, sign by reward, "
-    "kept-token row mean), flash_reinforce, or custom (ObjectiveConfig's defaults); the objective "
+    "kept-token row mean), flash_reinforce, the baselines grpo, dr_grpo, rloo, reinforce_pp, ppo_dual_clip "
+    "(docs/objectives.md), or custom (ObjectiveConfig's defaults); the objective "
     "fields left at None take the preset's value (docs/off_policy.md).",
 }
 

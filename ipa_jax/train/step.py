@@ -55,12 +55,12 @@ from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
 from ipa_jax.objectives import (
     ObjectiveConfig,
     combine_terms,
-    compute_advantages,
+    estimate_advantages,
     objective_terms,
-    sequences_with_actions,
     term_denominators,
 )
 from ipa_jax.objectives.kl import kl_k3, kl_penalized_rewards, sequence_kl
+from ipa_jax.objectives.overlong import shaped_rewards
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
 from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
@@ -139,12 +139,14 @@ def batch_sequences(batch: TrajectoryBatch) -> Sequences:
 def batch_advantages(
     batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None = None
 ) -> jax.Array:
-    """A per trajectory ([B], or [B, S] packed) from the batch's rewards: the objective's baseline averages over the
-    trajectories with action tokens, times its advantage_sign (compute_advantages). With objective.kl_penalty > 0
-    the rewards are first R_i - beta * KL_i (`penalized_rewards`; ref_log_probs [B, T] required)."""
-    rl_rows = sequences_with_actions(batch.action_mask, batch.segment_ids, batch.rewards.shape[-1])
+    """A per trajectory ([B], or [B, S] packed) from the batch's rewards by the objective's estimator
+    (estimate_advantages: overlong punishment, baseline and std normalisation over the trajectories whose action
+    tokens the loss covers, advantage_sign). With objective.kl_penalty > 0 the rewards are first R_i - beta * KL_i
+    (`penalized_rewards`; ref_log_probs [B, T] required)."""
     rewards = penalized_rewards(batch, objective, ref_log_probs)
-    return compute_advantages(rewards, objective.baseline, batch.group_ids, rl_rows, objective.advantage_sign)
+    return estimate_advantages(
+        rewards, batch.action_mask, batch.group_ids, objective, batch.segment_ids, batch.truncated
+    )
 
 
 def penalized_rewards(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
@@ -222,6 +224,7 @@ def _microbatch_loss(
         branch_advantages=mb.branch_advantages,
         branch_mask=mb.branch_mask,
         extras=extras,
+        truncated=mb.truncated,
     )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
@@ -316,7 +319,9 @@ def batch_gradients(
     if advantages is None:
         advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"))
     advantages = advantages.astype(jnp.float32)
-    dens = term_denominators(batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids)
+    dens = term_denominators(
+        batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids, batch.truncated
+    )
     grad_fn = jax.value_and_grad(_microbatch_loss, has_aux=True)
     f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
 
@@ -449,7 +454,20 @@ def train_step(
         if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour vs reference), mean over trajectories
             kl = penalty_kl(batch, options.objective, extras["ref_log_probs"])
             metrics["kl_penalty_sequence_mean"] = jnp.sum(jnp.where(present, kl, 0)) / n_traj
+    metrics.update(overlong_metrics(batch, options.objective, present, n_traj))
     return new_state, metrics
+
+
+def overlong_metrics(batch: TrajectoryBatch, objective: ObjectiveConfig, present: jax.Array, n_traj: jax.Array):
+    """overlong_filtered: the truncated trajectories overlong_filter left out of the loss; overlong_penalty_mean:
+    the mean soft overlong punishment added to the rewards. Each only when its option is on."""
+    metrics = {}
+    if objective.overlong_filter:
+        metrics["overlong_filtered"] = jnp.sum(present & batch.truncated).astype(jnp.float32)
+    if objective.overlong_shaping:
+        penalty = shaped_rewards(batch.rewards, batch.action_mask, objective, batch.segment_ids) - batch.rewards
+        metrics["overlong_penalty_mean"] = jnp.sum(jnp.where(present, penalty, 0)).astype(jnp.float32) / n_traj
+    return metrics
 
 
 def data_parallel_size(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:

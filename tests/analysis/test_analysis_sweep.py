@@ -182,6 +182,29 @@ ABLATIONS = {
     "offpolicy_lag4_nomismatch": ("offpolicy_lag4", {_OBJ + "mismatch_level"}),
     "offpolicy_lag4_recompute": ("offpolicy_lag4", {_OBJ + "old_logprobs"}),
     "offpolicy_lag4_recompute_nomismatch": ("offpolicy_lag4_recompute", {_OBJ + "mismatch_level"}),
+    # The baselines papers report (objective presets, docs/objectives.md) and DAPO's overlong shaping.
+    "estimator_grpo": (
+        "grpo",
+        {_OBJ + k for k in ("advantage_norm", "credit", "gamma", "old_logprobs", "is_level", "mismatch_level")}
+        | {_OBJ + "surrogate"},
+    ),
+    "estimator_dr_grpo": ("estimator_grpo", {_OBJ + "advantage_norm", _OBJ + "aggregation", _OBJ + "norm_length"}),
+    "estimator_rloo": (
+        "grpo",
+        {_OBJ + k for k in ("baseline", "credit", "gamma", "is_level", "mismatch_level", "aggregation")},
+    ),
+    "estimator_reinforce_pp": (
+        "common_negatives",
+        {_OBJ + k for k in ("baseline", "advantage_norm", "credit", "gamma", "old_logprobs", "is_level")}
+        | {_OBJ + k for k in ("mismatch_level", "aggregation", "surrogate")},
+    ),
+    "surrogate_ppo_dual_clip": (
+        "common_negatives",
+        {_OBJ + k for k in ("credit", "gamma", "old_logprobs", "is_level", "mismatch_level", "aggregation")}
+        | {_OBJ + "surrogate", _OBJ + "ppo_dual_clip"},
+    ),
+    "overlong_shaping": ("common", {_OBJ + "overlong_max_length", _OBJ + "overlong_buffer_length"}),
+    "overlong_filter": ("common", {_OBJ + "overlong_filter"}),
     # Controls (tests/pipeline/test_pipeline_controls.py checks what each one does).
     "control_il_continue": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
     "control_no_update": ("common", {"optimizer.lr"}),

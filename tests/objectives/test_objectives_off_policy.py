@@ -316,12 +316,14 @@ def test_microbatching_with_every_off_policy_option():
 
 
 def test_presets_reproduce_the_published_settings():
-    assert PRESETS == {
+    published = {
         "ipa": ipa_config(),
         "ipa_seed": ipa_seed_config(),
         "ipa_roll": ipa_roll_config(),
         "flash_reinforce": flash_reinforce_config(),
     }
+    assert {name: PRESETS[name] for name in published} == published
+    assert set(PRESETS) - set(published) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo_dual_clip"}
     seed = ipa_seed_config()  # the ROME paper's pseudo-code: discount, IS clip, mismatch threshold, R > 0, sum / B
     assert (seed.gamma, seed.is_clip_max, seed.mismatch_range, seed.mismatch_level) == (0.95, 10.0, (0.0, 5.0), "token")
     assert (seed.sign_by, seed.is_level, seed.is_apply_to, seed.aggregation) == (

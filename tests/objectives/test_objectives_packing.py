@@ -173,7 +173,8 @@ def test_packed_rows_equal_one_sequence_per_row(name):
             "rl_loss",
             "il_loss",
         ):
-            np.testing.assert_allclose(p_diag[key], diag[key], rtol=1e-5, atol=1e-7, err_msg=key)
+            # atol 1e-6: a group-centred loss (GRPO's PPO surrogate at ratio 1) cancels to ~0 in float32
+            np.testing.assert_allclose(p_diag[key], diag[key], rtol=1e-5, atol=1e-6, err_msg=key)
         dens = term_denominators(batch["action_mask"], batch["chunk_ids"], batch["expert_mask"], config)
         p_dens = term_denominators(packed["action_mask"], packed["chunk_ids"], packed["expert_mask"], config, segments)
         assert {k: float(v) for k, v in dens.items()} == {k: float(v) for k, v in p_dens.items()}

@@ -17,7 +17,7 @@ def entropy_bonus(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax.Array,
     the kept ones), den = its denominator. entropies [B, T] (with gradient) -> scalars."""
     masks = batch.masks
     scale, den = aggregation_weights(
-        masks.action, masks.chunk_ids, config.aggregation, batch.log_probs.dtype, masks.sequences
+        masks.action, masks.chunk_ids, config.aggregation, batch.log_probs.dtype, masks.sequences, config.norm_length
     )
     entropies = batch.entropies.astype(batch.log_probs.dtype)
     return -jnp.sum(jnp.where(masks.action, scale * entropies, 0)), den

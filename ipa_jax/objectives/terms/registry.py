@@ -12,16 +12,18 @@ Adding a term (one file under ipa_jax/objectives/terms/ and one test):
 2. Write ipa_jax/objectives/terms/<name>.py with two pure functions and one register_term call:
 
        def my_term(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
-           # formula in one line: num = sum_{i,t} scale_{i,t} f(l_{i,t}), den = ...
+           # [B, T] -> scalars: num = sum_{i,t action} scale_{i,t} f(l, r)_{i,t}, den = the aggregation's
+           scale, den = aggregation_weights(batch.masks.action, batch.masks.chunk_ids, config.aggregation,
+                                            batch.log_probs.dtype, batch.masks.sequences, config.norm_length)
            values = f(batch.log_probs, batch.extras["ref_log_probs"])  # [B, T]
-           return jnp.sum(jnp.where(batch.masks.action, batch.scale * values, 0)), batch.rl_denominator
+           return jnp.sum(jnp.where(batch.masks.action, scale * values, 0)), den
 
-       def my_denominator(masks: TermMasks, config: ObjectiveConfig) -> jax.Array:
-           return aggregation_weights(masks.action, masks.chunk_ids, config.aggregation, sequences=masks.sequences)[1]
+       register_term(ObjectiveTerm("my", "my_weight", my_term, policy_gradient_denominator,
+                                   inputs=("ref_log_probs",)))
 
-       register_term(ObjectiveTerm("my", "my_weight", my_term, my_denominator, inputs=("ref_log_probs",)))
-
-   and import the module in terms/__init__.py (registration order is summation order: append, never reorder).
+   The denominator function returns my_term's den from the masks alone (here the aggregation's, which
+   terms/policy_gradient.py's policy_gradient_denominator computes; terms/entropy.py is a complete example).
+   Import the module in terms/__init__.py: registration order is summation order (new terms come last).
 3. A term that needs an extra per-token input (reference log-probs, say) names it in `inputs`; the caller passes
    it as extras={"ref_log_probs": [B, T] array} to objective_terms / policy_loss, and to the train step
    (train_step(..., extras=...), TrainStep(...)(..., extras=...)), which splits it into microbatches with the

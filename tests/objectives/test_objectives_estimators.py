@@ -1,0 +1,229 @@
+"""The baselines' estimators and surrogates against float64 NumPy written from the published formulas: GRPO
+(group mean and std), Dr.GRPO (no std, constant normaliser), RLOO (leave-one-out), REINFORCE++ (batch whitening),
+PPO's clipped surrogate with dual clip over any estimator. Values and gradients with respect to the log-probs,
+in float64 (scoped x64) so that the comparison is to 1e-10. docs/objectives.md names each formula's source."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from objectives_reference import random_batch
+
+from ipa_jax.objectives import (
+    ObjectiveConfig,
+    compute_advantages,
+    dr_grpo_config,
+    grpo_config,
+    policy_loss,
+    ppo_clipped_loss,
+    ppo_dual_clip_config,
+    reinforce_pp_config,
+    rloo_config,
+)
+
+GROUPS = np.array([0, 0, 0, 1, 1, 2, 3, 1], np.int32)  # group 2: one sample; row 6: imitation only (no actions)
+EPS = 1e-6
+
+
+def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
+    """Per row, from the formulas; rows without actions get 0 and are left out of every statistic."""
+    r = np.asarray(rewards, np.float64)
+    rl = action.any(axis=1)
+    tokens = action.sum(axis=1).astype(np.float64)
+    adv = np.zeros(len(r))
+    for i in np.flatnonzero(rl):
+        group = r[(groups == groups[i]) & rl]
+        if baseline == "none":
+            adv[i] = r[i]
+        elif baseline == "batch_mean":
+            adv[i] = r[i] - r[rl].mean()
+        elif baseline == "group_mean":  # GRPO: R_i - mean(R_group)
+            adv[i] = r[i] - group.mean()
+        else:  # RLOO: R_i - 1/(n-1) sum_{j != i} R_j; alone in its group: R_i
+            adv[i] = r[i] - (group.sum() - r[i]) / (len(group) - 1) if len(group) > 1 else r[i]
+        if norm == "group_std":  # GRPO: / (std(R_group) + eps), the sample (n-1) std; 1 for a group of one
+            adv[i] /= (np.std(group, ddof=1) if len(group) > 1 else 1.0) + eps
+    if norm == "batch_std":  # REINFORCE++: whiten over the batch's action tokens (row i counted T_i times)
+        w = tokens * rl
+        mean = np.sum(w * adv) / w.sum()
+        std = np.sqrt(np.sum(w * (adv - mean) ** 2) / (w.sum() - 1))
+        adv = np.where(rl, (adv - mean) / (std + eps), 0.0)
+    return adv
+
+
+def reference_ppo(l, old, adv, clip_low, clip_high, dual_clip):
+    """Token loss and d loss / d l of PPO's clipped surrogate with dual clip, from the formula."""
+    ratio = np.exp(l - old)
+    unclipped = -adv * ratio
+    clipped = -adv * np.clip(ratio, 1 - clip_low, 1 + clip_high)
+    loss = np.maximum(unclipped, clipped)
+    live = unclipped >= clipped  # the unclipped branch is the max: its gradient flows
+    if np.isfinite(dual_clip):
+        bounded = (adv < 0) & (loss > -dual_clip * adv)
+        loss = np.where(bounded, -dual_clip * adv, loss)
+        live &= ~bounded
+    return loss, np.where(live, -adv * ratio, 0.0)
+
+
+def reference_loss(config, l, old, rewards, groups, action):
+    """(loss, d loss / d l) with trajectory credit (every token of row i gets A_i), no IS ratio, no masks."""
+    adv = reference_advantages(rewards, groups, action, config.baseline, config.advantage_norm)
+    A = np.broadcast_to(adv[:, None], l.shape)
+    if config.surrogate == "ppo":
+        token_loss, token_grad = reference_ppo(
+            l, old, A, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip
+        )
+    else:  # REINFORCE: -A l
+        token_loss, token_grad = -A * l, -A
+    rows = action.any(axis=1).sum()
+    T = np.maximum(action.sum(axis=1, keepdims=True), 1)
+    scale, den = {
+        "sample_mean": (1.0 / T, rows),  # (1/B) sum_i (1/T_i) sum_t
+        "token_mean": (np.ones_like(l), action.sum()),  # sum_i sum_t / sum_i T_i
+        "sequence_sum": (np.ones_like(l), rows),  # (1/B) sum_i sum_t
+        "token_sum_norm": (np.ones_like(l), rows * config.norm_length),  # (1/B) sum_i sum_t / L
+    }[config.aggregation]
+    scale = np.where(action, scale, 0.0)
+    return np.sum(scale * token_loss) / den, scale * token_grad / den
+
+
+def _batch(seed):
+    batch = random_batch(np.random.default_rng(seed), B=len(GROUPS), T=24)
+    batch["action_mask"][6] = False  # an imitation row: no actions, one expert token
+    batch["chunk_ids"][6] = -1
+    batch["expert_mask"][6, 1] = True
+    batch["group_ids"] = GROUPS
+    batch["rewards"] = np.array([1.0, 0.0, 0.5, 1.0, 1.0, 0.0, 2.0, 0.0], np.float32)
+    noise = np.random.default_rng(seed + 1).normal(0, 0.4, batch["log_probs"].shape)
+    batch["old_log_probs"] = np.where(batch["action_mask"], batch["log_probs"] + noise, 0.0)
+    return batch
+
+
+@pytest.mark.parametrize(
+    "baseline, norm",
+    [("group_mean", "group_std"), ("group_mean", "none"), ("rloo", "none"), ("rloo", "group_std"),
+     ("none", "batch_std"), ("group_mean", "batch_std"), ("batch_mean", "none")],
+)  # fmt: skip
+def test_advantages_match_the_published_formulas(baseline, norm):
+    batch = _batch(0)
+    action = batch["action_mask"]
+    with jax.enable_x64(True):
+        tokens = jnp.asarray(action.sum(axis=1))
+        adv = compute_advantages(
+            jnp.asarray(batch["rewards"], jnp.float64),
+            baseline,
+            jnp.asarray(GROUPS),
+            jnp.asarray(action.any(axis=1)),
+            norm=norm,
+            eps=EPS,
+            token_counts=tokens,
+        )
+        adv = np.asarray(adv)
+    assert adv.dtype == np.float64
+    expected = reference_advantages(batch["rewards"], GROUPS, action, baseline, norm)
+    np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-12, atol=1e-12)
+    assert adv[6] == 0 and np.abs(expected[action.any(axis=1)]).max() > 0.1
+
+
+def test_advantage_sign_flips_every_estimator():
+    batch = _batch(1)
+    action = batch["action_mask"]
+    args = (jnp.asarray(batch["rewards"]), "rloo", jnp.asarray(GROUPS), jnp.asarray(action.any(axis=1)))
+    plus = compute_advantages(*args, 1, norm="group_std")
+    minus = compute_advantages(*args, -1, norm="group_std")
+    np.testing.assert_allclose(np.asarray(minus), -np.asarray(plus), rtol=1e-6)
+
+
+CONFIGS = {
+    "grpo": grpo_config(),
+    "grpo_no_std": grpo_config(std=False),
+    "dr_grpo": dr_grpo_config(norm_length=32),
+    "rloo": rloo_config(),
+    "reinforce_pp": reinforce_pp_config(),
+    "ppo_dual_clip": ppo_dual_clip_config(dual_clip=2.0, clip_low=0.2, clip_high=0.28),
+    # the surrogate over other estimators
+    "ppo_over_rloo_std": dataclasses.replace(ppo_dual_clip_config(), baseline="rloo", advantage_norm="group_std"),
+    "ppo_of_the_behaviour_ratio": dataclasses.replace(ppo_dual_clip_config(), old_logprobs="behavior"),
+    "ppo_over_group_mean_sample_mean": dataclasses.replace(
+        ppo_dual_clip_config(1.5), baseline="group_mean", aggregation="sample_mean"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_objective_matches_float64_reference(name):
+    config = CONFIGS[name]
+    with jax.enable_x64(True):
+        for seed in range(3):
+            batch = _batch(seed)
+            old = batch["old_log_probs"] if config.needs_old_log_probs else None
+            proximal = batch["old_log_probs"] if old is not None else batch["behavior_log_probs"]
+
+            def f(l, batch=batch, old=old):
+                return policy_loss(
+                    l,
+                    jnp.asarray(batch["behavior_log_probs"], jnp.float64),
+                    jnp.asarray(batch["rewards"], jnp.float64),
+                    batch["action_mask"],
+                    batch["chunk_ids"],
+                    batch["expert_mask"],
+                    batch["group_ids"],
+                    config=config,
+                    old_log_probs=None if old is None else jnp.asarray(old, jnp.float64),
+                )[0]
+
+            l = batch["log_probs"].astype(np.float64)
+            loss, grad = jax.value_and_grad(f)(jnp.asarray(l))
+            ref_loss, ref_grad = reference_loss(
+                config, l, proximal.astype(np.float64), batch["rewards"], GROUPS, batch["action_mask"]
+            )
+            np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_ppo_surrogate_branches_and_gradient():
+    """Every branch of the clipped surrogate on chosen ratios, then random ones against the reference."""
+    with jax.enable_x64(True):
+        # (log ratio, A): inside the range; above 1 + eps with A > 0 (clipped); below 1 - eps with A < 0
+        # (clipped); above 1 + eps with A < 0 (unclipped, not dual-bound); far above with A < 0 (dual clip).
+        log_ratio = jnp.log(jnp.array([1.1, 1.5, 0.5, 1.5, 4.0]))
+        adv = jnp.array([1.0, 1.0, -1.0, -1.0, -1.0])
+        loss, clipped = ppo_clipped_loss(log_ratio, adv, 0.2, 0.2, 3.0)
+        np.testing.assert_allclose(np.asarray(loss), [-1.1, -1.2, 0.8, 1.5, 3.0], rtol=1e-12)
+        np.testing.assert_array_equal(np.asarray(clipped), [False, True, True, False, True])
+        rng = np.random.default_rng(3)
+        x, a = rng.normal(0, 0.6, (6, 9)), rng.normal(0, 1, (6, 9))
+        for dual in (np.inf, 2.0):
+            loss, grad = jax.value_and_grad(lambda v, dual=dual: jnp.sum(ppo_clipped_loss(v, a, 0.2, 0.28, dual)[0]))(
+                jnp.asarray(x)
+            )
+            ref_loss, ref_grad = reference_ppo(x, np.zeros_like(x), a, 0.2, 0.28, dual)
+            np.testing.assert_allclose(float(loss), ref_loss.sum(), rtol=1e-12)
+            np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-12, atol=1e-15)
+            assert 0 < np.count_nonzero(ref_grad == 0) < ref_grad.size  # both live and clipped tokens
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(advantage_norm="group_std"), "advantage_norm: 'group_std' divides a group baseline"),
+        (dict(advantage_norm="std"), "advantage_norm: 'std' is not one of"),
+        (dict(baseline="leave_one_out"), "baseline: 'leave_one_out' is not one of"),
+        (dict(advantage_eps=0.0), "advantage_eps: must be a finite number > 0"),
+        (dict(surrogate="ppo"), "is_level: the ppo surrogate carries its own ratio"),
+        (dict(surrogate="ppo", is_level="none", ppo_clip_low=1.0), r"ppo_clip_low: must be in \[0, 1\)"),
+        (dict(surrogate="ppo", is_level="none", ppo_clip_high=-0.1), r"ppo_clip_high: must be in \[0, inf\)"),
+        (dict(surrogate="ppo", is_level="none", ppo_dual_clip=1.0), "ppo_dual_clip: must be > 1"),
+        (dict(ppo_dual_clip=3.0), "ppo_dual_clip: the dual clip belongs to the ppo surrogate"),
+        (dict(aggregation="token_sum_norm"), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
+        (dict(norm_length=16), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
+        (dict(aggregation="token_sum_norm", norm_length=2.5), "norm_length: must be an integer >= 0"),
+    ],
+)
+def test_estimator_and_surrogate_values_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ObjectiveConfig(**kwargs)
