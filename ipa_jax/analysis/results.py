@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ipa_jax.analysis.curves import RunResult
-from ipa_jax.pipeline import load_config, validate
-from ipa_jax.pipeline.config import flatten
 
 RESULTS_SUFFIX = ".jsonl"
 # Keys that name where a run went, not what it did: left out of the fingerprint.
@@ -33,6 +31,9 @@ def result_path(results_dir: str, config: str, seed: int) -> str:
 
 def config_sha(config_path: str, overrides: Mapping[str, Any] = ()) -> str:
     """A fingerprint of the resolved config of `config_path` with `overrides` (train.run_dir left out)."""
+    # imported here: validating a config imports JAX, which reading results (a notebook) must not pay for
+    from ipa_jax.pipeline.config import flatten, load_config, validate
+
     flat = flatten(validate(load_config(config_path, dict(overrides))).to_dict())
     kept = {k: v for k, v in flat.items() if k not in UNFINGERPRINTED}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=repr).encode()).hexdigest()[:16]

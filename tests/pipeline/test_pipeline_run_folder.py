@@ -178,6 +178,8 @@ def _logged_names() -> set[str]:
             queue=SimpleNamespace(stats=zeros),
             worker=SimpleNamespace(stats=zeros),
             resample=SimpleNamespace(resampler=resampler),
+            groups=None,  # queue.dynamic_sampling off, objective.credit not "branch": the tiny config's defaults
+            branching=None,
             engines=SimpleNamespace(
                 partial_metrics=functools.partial(EngineHost.partial_metrics, engines),
                 prefix_metrics=functools.partial(EngineHost.prefix_metrics, engines),
