@@ -44,9 +44,12 @@ def test_sample_mean_weighs_every_imitated_sequence_alike(packed):
     assert abs(sample_mean - token_mean) > 1e-3
     # The full-batch denominators term_denominators hands to every microbatch are the same counts.
     action = jnp.zeros(expert.shape, bool)
+    no_chunks = jnp.full(expert.shape, -1, jnp.int32)  # chunk ids of a batch without action tokens
     for aggregation, expected in (("token_mean", expert.sum()), ("sample_mean", n)):
         config = ObjectiveConfig(il_aggregation=aggregation)
-        dens = term_denominators(action, None, jnp.asarray(expert), config, jnp.asarray(segments) if packed else None)
+        dens = term_denominators(
+            action, no_chunks, jnp.asarray(expert), config, jnp.asarray(segments) if packed else None
+        )
         assert float(dens["il"]) == expected
 
 
