@@ -342,7 +342,7 @@ def main(_):
         "peak_flops_per_device": peak,
     }
     if record is not None:
-        results["lengths"] = dict(
+        results["length_draws"] = dict(
             file=FLAGS.lengths,
             batches=FLAGS.length_batches,
             batch_size=record["batch_size"],
