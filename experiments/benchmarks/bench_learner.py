@@ -3,21 +3,30 @@
 Same random Qwen3-MoE weights (transformers builds them, ipa_jax loads the safetensors), same batch, same objective
 (FlashREINFORCE: batch-mean baseline, detached token ratio, sequence Bernoulli-KL trust region, sample-mean;
 rl_weight 1, il_weight 0), same optimizer (AdamW + global-norm clip 1.0), float32 master weights and Adam state;
-compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). Also times
-ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the objective's share
-of the step, and (--reference_kl) the step with a reference-KL term (k3, weight 0.04) including the frozen reference
-policy's log-prob forward, computed once per batch as the learner does, to give the reference's cost. With
---lora_rank > 0 it also times the same step training LoRA adapters only (same base weights,
-ipa_jax/models/lora.py) and compares the bytes of trained parameters + optimizer state, and of everything the
-train state holds (the frozen base too), with full fine-tuning. With --torch_device=none nothing is built by
-transformers: ipa_jax's own random init of the same architecture (faster at billions of parameters, and nothing
-written to disk). Reports tokens/s, MFU
+compute in --dtype (bfloat16: ipa_jax casts the weights in the forward, torch runs under autocast). At fixed sizes
+it also times ipa_jax with a plain NLL loss (same model, same optimizer) and the objective alone, to give the
+objective's share of the step, and (--reference_kl) the step with a reference-KL term (k3, weight 0.04) including the
+frozen reference policy's log-prob forward, computed once per batch as the learner does, to give the reference's
+cost. With --lora_rank > 0 it also times, at fixed sizes, the same step training LoRA adapters only (same base
+weights, ipa_jax/models/lora.py), and compares once the bytes of trained parameters + optimizer state, and of
+everything the train state holds (the frozen base too), with full fine-tuning. With --torch_device=none nothing is
+built by transformers: ipa_jax's own random init of the same architecture (faster at billions of parameters, and
+nothing written to disk). Reports tokens/s, MFU
 (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
-rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios (from the
-minima: the least disturbed measurements on a shared machine).
+rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios torch / ipa_jax
+(from the minima, the least disturbed measurements on a shared machine, and from the medians).
+
+Sizes: fixed B x T batches (--sizes, or --batch x --seq_len), each row one trajectory of T tokens; and, with
+--lengths, what RL feeds the learner: --length_batches batches of the recorded run's batch size, their episode
+lengths drawn from a run's trajectories (episode_lengths.py), as that run's learner packs them (`pack_batch`: several
+episodes per row of the smallest of its buckets that fits, `train.packing`) against the same episodes padded to the
+batch's longest, one per row, for PyTorch (what a transformers training loop does). One timed call runs all the
+batches, one step each; tokens/s counts real tokens.
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
+  python experiments/benchmarks/bench_learner.py --sizes=1x128,2x256,4x512,8x512 \
+      --lengths=experiments/benchmarks/quickstart_lengths.json --nonll_step  # every size and the quickstart's lengths
   python experiments/benchmarks/bench_learner.py --dtype=bfloat16 --layers=24 --hidden=2048 --experts=64 --top_k=8 \
       --moe_width=768 --vocab=151936 --batch=8 --seq_len=4096 --torch_device=cuda   # one GPU (gpu_learner.sh)
   python experiments/benchmarks/bench_learner.py --moe_impl=tokamax --torch_device=none --nonll_step  # one MoE path
@@ -33,6 +42,7 @@ import statistics
 import tempfile
 
 from absl import app, flags
+from episode_lengths import length_batches, load_lengths  # beside this script, as timing.py
 from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
 
 from ipa_jax.host_memory import host_memory_kept, keep_freed_host_memory
@@ -46,6 +56,10 @@ flags.DEFINE_integer("moe_width", 128, "moe_intermediate_size")
 flags.DEFINE_integer("vocab", 8192, "vocabulary size")
 flags.DEFINE_integer("batch", 4, "batch size (trajectories)")
 flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
+flags.DEFINE_list("sizes", [], "fixed sizes BxT to time one after another (default: --batch x --seq_len)")
+flags.DEFINE_string("lengths", "", "also time batches of these episode lengths (an episode_lengths.py JSON file)")
+flags.DEFINE_integer("length_batches", 3, "--lengths: batches drawn (each timed call runs one step on each)")
+flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
 flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
 flags.DEFINE_enum("moe_impl", "auto", MOE_IMPLS, "ipa_jax MoE path (models/moe.py)")
 flags.DEFINE_integer("moe_block_rows", 0, "ipa_jax blocked MoE path: rows per block (0 = automatic)")
@@ -112,26 +126,30 @@ def _synthetic_batch(rng, batch: int, seq_len: int, vocab: int):
     return pad_batch(trajs, (seq_len,))
 
 
-def _torch_step(hf, batch, device: str, dtype: str):
-    """transformers forward -> full logits -> log-softmax gather -> FlashREINFORCE loss -> AdamW step."""
+def _torch_steps(hf, opt, batches, device: str, dtype: str):
+    """One call = a step on each batch in turn: transformers forward -> full logits -> log-softmax gather ->
+    FlashREINFORCE loss -> AdamW step (`opt`, over hf's parameters)."""
     import contextlib
 
     import torch
 
-    hf.to(device)
-    opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
     put = lambda x, dtype=None: torch.as_tensor(x, dtype=dtype).to(device)  # noqa: E731
-    tokens = put(batch.tokens, torch.long)
-    mask = put(batch.action_mask)
-    behavior = put(batch.behavior_logprobs)
-    rewards = put(batch.rewards)
-    attention = put(batch.attention_mask, torch.long)
     autocast = (
         torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
     )
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    inputs = [
+        (
+            put(b.tokens, torch.long),
+            put(b.action_mask),
+            put(b.behavior_logprobs),
+            put(b.rewards),
+            put(b.attention_mask, torch.long),
+        )
+        for b in batches
+    ]
 
-    def step():
+    def step(tokens, mask, behavior, rewards, attention):
         opt.zero_grad(set_to_none=True)
         with autocast:
             logits = hf(input_ids=tokens, attention_mask=attention).logits
@@ -152,7 +170,18 @@ def _torch_step(hf, batch, device: str, dtype: str):
         sync()
         return float(loss.detach())
 
-    return step
+    return lambda: [step(*x) for x in inputs]
+
+
+def _parse_size(size: str) -> tuple[int, int]:
+    """ "BxT" -> (B, T)."""
+    try:
+        b, t = (int(x) for x in size.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--sizes: {size!r} is not BxT (e.g. 4x512)") from None
+    if b < 1 or t < 2:
+        raise ValueError(f"--sizes: {size!r} needs B >= 1 and T >= 2")
+    return b, t
 
 
 def main(_):
@@ -185,6 +214,9 @@ def main(_):
     from ipa_jax.train.metrics import peak_flops_per_device, train_flops_per_token
     from ipa_jax.train.optimizer import apply_direction
 
+    sizes = [_parse_size(s) for s in FLAGS.sizes] or [(FLAGS.batch, FLAGS.seq_len)]
+    record = load_lengths(FLAGS.lengths) if FLAGS.lengths else None
+    longest = max([t for _, t in sizes] + (record["buckets"] if record else []))
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     hf_config = transformers.Qwen3MoeConfig(
@@ -199,10 +231,8 @@ def main(_):
         num_experts=FLAGS.experts,
         num_experts_per_tok=FLAGS.top_k,
         norm_topk_prob=True,
-        max_position_embeddings=4 * FLAGS.seq_len,
+        max_position_embeddings=4 * longest,
     )
-    batch = _synthetic_batch(np.random.RandomState(0), FLAGS.batch, FLAGS.seq_len, FLAGS.vocab)
-    tokens_per_step = FLAGS.batch * FLAGS.seq_len
     learner_side = dict(
         moe_impl=FLAGS.moe_impl,
         moe_block_rows=FLAGS.moe_block_rows,
@@ -224,6 +254,8 @@ def main(_):
             model = from_pretrained(tmp, **learner_side)
             if lora:
                 lora_model = from_pretrained(tmp, lora=lora, **learner_side)
+        hf.to(FLAGS.torch_device)
+        torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
     config = model.config
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
     optimizer = OptimizerConfig(lr=1e-6, schedule="constant", warmup_ratio=0.0, weight_decay=0.1, clip_norm=1.0)
@@ -240,12 +272,23 @@ def main(_):
     )
     state = place_state(TrainState.create(model, tx, seed=0, mesh=mesh), mesh)
     step = TrainStep(state, mesh, options, make_schedule(optimizer, total_steps=1000))
-    device_batch = step.put_batch(batch)
     holder = {"state": state}
 
-    def jax_step():
-        holder["state"], metrics = step(holder["state"], device_batch)
-        return float(metrics["loss"])
+    def jax_steps(train_step, holder, batches, reference=False):
+        """One call = a step of `train_step` on each host batch in turn, on holder["state"]; with `reference`, the
+        batch's reference log-probs first (once per batch, as the learner computes them)."""
+        device_batches = [train_step.put_batch(b) for b in batches]
+
+        def run():
+            for b, device_b in zip(batches, device_batches):
+                extras = None
+                if reference:
+                    ref = train_step.reference_log_probs(holder["state"], b)
+                    extras = train_step.put_batch({"ref_log_probs": ref})
+                holder["state"], metrics = train_step(holder["state"], device_b, extras=extras)
+                float(metrics["loss"])  # blocks until the step is done
+
+        return run
 
     def state_bytes(state) -> dict[str, int]:
         """Bytes of the trained parameters + optimizer state, and of the whole train state (frozen weights too)."""
@@ -259,10 +302,6 @@ def main(_):
         memory["lora"] = state_bytes(lora_state)
         lora_train_step = TrainStep(lora_state, mesh, options, make_schedule(optimizer, total_steps=1000))
         lora_holder = {"state": lora_state}
-
-        def lora_step():
-            lora_holder["state"], metrics = lora_train_step(lora_holder["state"], device_batch)
-            return float(metrics["loss"])
 
     # The same step with a plain next-token NLL over the action tokens instead of the objective.
     def nll_update(state, batch):
@@ -283,9 +322,12 @@ def main(_):
         else None
     }
 
-    def nll_step():
-        nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
-        return float(loss)
+    def nll_step(device_batch):
+        def run():
+            nll_holder["state"], loss = nll_jit(nll_holder["state"], device_batch)
+            return float(loss)
+
+        return run
 
     # The step with a reference-KL term: the reference's log-probs (once per batch: here every step) and the step.
     if FLAGS.reference_kl:
@@ -295,16 +337,7 @@ def main(_):
         kl_train_step = TrainStep(
             kl_state, mesh, dataclasses.replace(options, objective=kl_objective), make_schedule(optimizer, 1000)
         )
-    kl_holder = {"state": kl_state if FLAGS.reference_kl else None}
-
-    def jax_kl_step():
-        ref = kl_train_step.reference_log_probs(kl_holder["state"], batch)
-        extras = kl_train_step.put_batch({"ref_log_probs": ref})
-        kl_holder["state"], metrics = kl_train_step(kl_holder["state"], device_batch, extras=extras)
-        return float(metrics["loss"])
-
-    # The objective alone: loss and its gradient w.r.t. the [B, T] log-probs.
-    logp0 = jnp.asarray(batch.behavior_logprobs)
+        kl_holder = {"state": kl_state}
 
     def objective_only(logp, batch):  # the batch is an argument, not a constant XLA could fold
         adv = compute_advantages(batch.rewards, objective.baseline)
@@ -314,6 +347,38 @@ def main(_):
         return combine_terms(terms, objective)
 
     objective_grad = jax.jit(jax.grad(objective_only))
+    peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])
+
+    # name -> (steps to time, real tokens of one call, training FLOPs of one call)
+    cases = {}
+    for b, t in sizes:
+        batch = _synthetic_batch(np.random.RandomState(FLAGS.seed), b, t, FLAGS.vocab)
+        device_batch = step.put_batch(batch)
+        logp0 = jnp.asarray(batch.behavior_logprobs)  # the objective alone: loss and its gradient w.r.t. [B, T]
+        fns = {
+            "ipa_jax_step": jax_steps(step, holder, [batch]),
+            "objective_fwd_bwd": lambda logp0=logp0, b=device_batch: objective_grad(logp0, b).block_until_ready(),
+        }
+        if FLAGS.nll_step:
+            fns["ipa_jax_nll_step"] = nll_step(device_batch)
+        if lora_model is not None:
+            fns["ipa_jax_lora_step"] = jax_steps(lora_train_step, lora_holder, [batch])
+        if FLAGS.reference_kl:
+            fns["ipa_jax_reference_kl_step"] = jax_steps(kl_train_step, kl_holder, [batch], reference=True)
+        if hf is not None:
+            fns["torch_step"] = _torch_steps(hf, torch_opt, [batch], FLAGS.torch_device, FLAGS.dtype)
+        cases[f"{b}x{t}"] = (fns, b * t, train_flops_per_token(config, t) * b * t)
+    if record is not None:
+        drawn = length_batches(record, FLAGS.length_batches, FLAGS.vocab, np.random.default_rng(FLAGS.seed))
+        fns = {"ipa_jax_step": jax_steps(step, holder, [packed for _, _, packed in drawn])}
+        if hf is not None:
+            fns["torch_step"] = _torch_steps(
+                hf, torch_opt, [padded for _, padded, _ in drawn], FLAGS.torch_device, FLAGS.dtype
+            )
+        lengths = np.concatenate([n for n, _, _ in drawn])
+        flops = sum(train_flops_per_token(config, int(n)) * int(n) for n in lengths)
+        cases["lengths"] = (fns, int(lengths.sum()), flops)
+    del hf  # the torch steps hold their own references (on their device)
 
     results = {
         "config": dict(
@@ -323,8 +388,7 @@ def main(_):
             top_k=FLAGS.top_k,
             moe_width=FLAGS.moe_width,
             vocab=FLAGS.vocab,
-            batch=FLAGS.batch,
-            seq_len=FLAGS.seq_len,
+            sizes=[f"{b}x{t}" for b, t in sizes],
             heads=FLAGS.heads,
             dtype=FLAGS.dtype,
             microbatches=FLAGS.microbatches,
@@ -339,55 +403,64 @@ def main(_):
             device=jax.devices()[0].device_kind,
             torch_device=FLAGS.torch_device,
             threads=len(os.sched_getaffinity(0)),
-            load_average=os.getloadavg()[0],
+            load_average_start=os.getloadavg()[0],
             lora_rank=FLAGS.lora_rank,
             lora_alpha=FLAGS.lora_alpha,
             lora_experts=FLAGS.lora_experts,
         ),
+        "peak_flops_per_device": peak,
         "bytes": memory,
     }
-    steps = {
-        "ipa_jax_step": jax_step,
-        "objective_fwd_bwd": lambda: objective_grad(logp0, device_batch).block_until_ready(),
-    }
-    if FLAGS.nll_step:
-        steps["ipa_jax_nll_step"] = nll_step
-    if lora_model is not None:
-        steps["ipa_jax_lora_step"] = lora_step
-    if FLAGS.reference_kl:
-        steps["ipa_jax_reference_kl_step"] = jax_kl_step
-    if FLAGS.torch_device != "none":
-        steps["torch_step"] = _torch_step(hf, batch, FLAGS.torch_device, FLAGS.dtype)
-    del hf  # the torch step holds its own reference (on its device)
-    timed = {
-        name: {"min": min(t), "median": statistics.median(t)}
-        for name, t in time_round_robin(steps, FLAGS.iters).items()
-    }
-    times = {name: t["min"] for name, t in timed.items()}
-    flops = train_flops_per_token(config, FLAGS.seq_len) * tokens_per_step
-    peak = FLAGS.peak_tflops * 1e12 if FLAGS.peak_tflops else peak_flops_per_device(jax.devices()[0])
-    for name, seconds in times.items():
-        results[name] = {"seconds_min": seconds, "seconds_median": timed[name]["median"]}
-        if name != "objective_fwd_bwd":
-            results[name].update(tokens_per_s=tokens_per_step / seconds, mfu=flops / seconds / peak)
-    results["ratios"] = {  # from the minimum times
-        "objective_alone_share_of_step": times["objective_fwd_bwd"] / times["ipa_jax_step"],
-    }
-    if "ipa_jax_reference_kl_step" in times:  # the reference forward and the KL term over the plain step
-        results["ratios"]["reference_kl_step_over_step"] = times["ipa_jax_reference_kl_step"] / times["ipa_jax_step"]
-    if "torch_step" in times:
-        results["ratios"]["torch_time_over_ipa_jax_time"] = times["torch_step"] / times["ipa_jax_step"]
-    if "ipa_jax_nll_step" in times:
-        results["ratios"]["objective_share_of_step"] = (times["ipa_jax_step"] - times["ipa_jax_nll_step"]) / times[
-            "ipa_jax_step"
-        ]
-    if "ipa_jax_lora_step" in times:
-        results["ratios"]["lora_time_over_full_time"] = times["ipa_jax_lora_step"] / times["ipa_jax_step"]
-        for kind in ("trained_params_and_optimizer", "train_state"):
-            results["ratios"][f"lora_over_full_{kind}_bytes"] = memory["lora"][kind] / memory["full"][kind]
-    results["flops_per_step"] = flops
-    results["peak_flops_per_device"] = peak
+    if "lora" in memory:
+        memory["ratios"] = {
+            f"lora_over_full_{kind}_bytes": memory["lora"][kind] / memory["full"][kind]
+            for kind in ("trained_params_and_optimizer", "train_state")
+        }
+    if record is not None:
+        results["length_draws"] = dict(
+            file=FLAGS.lengths,
+            batches=FLAGS.length_batches,
+            batch_size=record["batch_size"],
+            buckets=record["buckets"],
+            drawn_mean=float(lengths.mean()),
+            drawn_max=int(lengths.max()),
+            padded_shapes=["x".join(map(str, p.tokens.shape)) for _, p, _ in drawn],
+            packed_shapes=["x".join(map(str, p.tokens.shape)) for _, _, p in drawn],
+        )
+    summary = []
+    for case, (fns, tokens, flops) in cases.items():
+        rounds = time_round_robin(fns, FLAGS.iters)
+        out = {"flops_per_call": flops}
+        for name, t in rounds.items():
+            out[name] = {"seconds_min": min(t), "seconds_median": statistics.median(t)}
+            if name != "objective_fwd_bwd":
+                out[name].update(tokens_per_s=tokens / min(t), mfu=flops / min(t) / peak)
+        ratios = out["ratios"] = {}
+        ipa = out["ipa_jax_step"]
+        if "objective_fwd_bwd" in out:
+            ratios["objective_alone_share_of_step"] = out["objective_fwd_bwd"]["seconds_min"] / ipa["seconds_min"]
+        if "ipa_jax_nll_step" in out:
+            ratios["objective_share_of_step"] = 1 - out["ipa_jax_nll_step"]["seconds_min"] / ipa["seconds_min"]
+        if "ipa_jax_lora_step" in out:
+            ratios["lora_time_over_full_time"] = out["ipa_jax_lora_step"]["seconds_min"] / ipa["seconds_min"]
+        if "ipa_jax_reference_kl_step" in out:  # the reference forward and the KL term over the plain step
+            ratios["reference_kl_step_over_step"] = out["ipa_jax_reference_kl_step"]["seconds_min"] / ipa["seconds_min"]
+        line = f"{case:>8}  ipa_jax {ipa['seconds_min'] * 1e3:8.1f} / {ipa['seconds_median'] * 1e3:8.1f} ms"
+        if "torch_step" in out:
+            torch_t = out["torch_step"]
+            ratios["torch_time_over_ipa_jax_time"] = torch_t["seconds_min"] / ipa["seconds_min"]
+            ratios["torch_time_over_ipa_jax_time_median"] = torch_t["seconds_median"] / ipa["seconds_median"]
+            line += (
+                f"  torch {torch_t['seconds_min'] * 1e3:8.1f} / {torch_t['seconds_median'] * 1e3:8.1f} ms"
+                f"  torch / ipa_jax {ratios['torch_time_over_ipa_jax_time']:.2f} / "
+                f"{ratios['torch_time_over_ipa_jax_time_median']:.2f}"
+            )
+        results[case] = out
+        summary.append(line)
+    results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
+    print("(minimum / median of the rounds)")
+    print("\n".join(summary))
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from absl import app, flags
+from episode_lengths import synthetic_trajectories  # experiments/benchmarks/episode_lengths.py, beside this script
 
 from ipa_jax.host_memory import keep_freed_host_memory
 
@@ -56,39 +57,6 @@ def quickstart_lengths(exp) -> list[int]:
         expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i)).length
         for i, task in enumerate(env.tasks("train", 64, 0))
     ]
-
-
-def synthetic_trajectories(lengths, vocab: int, rng):
-    """Trajectories of the given lengths: a prompt (the first third), then turns of 8-32 action tokens (a chunk
-    each) separated by 4-12 observation tokens; behaviour log-probs near log(1/V), 0/1 rewards."""
-    import numpy as np
-
-    from ipa_jax.trajectory import Trajectory, build_chunk_ids
-
-    out = []
-    for i, n in enumerate(lengths):
-        action = np.zeros(n, bool)
-        t, ends = max(1, n // 3), []
-        while t < n:
-            stop = min(t + int(rng.integers(8, 33)), n)
-            action[t:stop] = True
-            ends.append(stop - 1)
-            t = stop + int(rng.integers(4, 13))
-        behavior = np.where(action, -np.log(vocab) + rng.normal(0, 0.05, n), 0.0)
-        out.append(
-            Trajectory(
-                uid=str(i),
-                tokens=rng.integers(0, vocab, n),
-                action_mask=action,
-                behavior_logprobs=np.minimum(behavior, -1e-3) * action,
-                chunk_ids=build_chunk_ids(action, ends),
-                expert_mask=np.zeros(n, bool),
-                reward=float(rng.random() < 0.5),
-                policy_version=0,
-                info={"task_id": str(i % 4)},
-            )
-        )
-    return out
 
 
 def main(_):

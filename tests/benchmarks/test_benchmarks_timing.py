@@ -1,27 +1,11 @@
 """experiments/benchmarks/timing.py, time_round_robin: warm-up, interleaved rounds, the pause before each timed
 call."""
 
-import importlib.util
-import os
 import time
 
-TIMING = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "experiments",
-    "benchmarks",
-    "timing.py",
-)
+from benchmark_modules import load_benchmark_module
 
-
-def load_timing():
-    """The benchmarks' own module, loaded from its file (it is no part of the package)."""
-    spec = importlib.util.spec_from_file_location("benchmark_timing", TIMING)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-time_round_robin = load_timing().time_round_robin
+time_round_robin = load_benchmark_module("timing").time_round_robin
 
 
 def test_round_robin_times_each_call_after_a_pause_without_counting_it():
