@@ -56,6 +56,7 @@ from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.credit import branch_credit, credit_returns
+from ipa_jax.objectives.kl import kl_penalized_rewards, sequence_kl
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.overlong import loss_action_mask, shaped_rewards
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
@@ -330,13 +331,23 @@ def estimate_advantages(
     config: ObjectiveConfig,
     segment_ids: jax.Array | None = None,
     truncated: jax.Array | None = None,
+    *,
+    behavior_log_probs: jax.Array | None = None,
+    ref_log_probs: jax.Array | None = None,
 ) -> jax.Array:
     """rewards [B] ([B, S] packed), action_mask [B, T] -> advantages A [B] ([B, S]) by the config's estimator:
     the rewards plus the overlong punishment (shaped_rewards), the baseline and std normalisation over the
-    sequences whose action tokens the loss covers (loss_action_mask), batch_std weighting each by its tokens."""
+    sequences whose action tokens the loss covers (loss_action_mask), batch_std weighting each by its tokens.
+    With config.kl_penalty > 0 the rewards are first R_i - beta * KL_i, KL_i = sum_t k(b_t, ref_t) over the
+    action tokens (behavior_log_probs b and ref_log_probs [B, T] required)."""
     action = loss_action_mask(action_mask, truncated, config, segment_ids)
     seqs = sequences_of(action.shape, segment_ids, rewards.shape[-1])
     tokens = as_given(sequence_count(action, seqs), seqs)
+    if config.kl_penalty > 0:
+        if ref_log_probs is None or behavior_log_probs is None:
+            raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
+        kl = sequence_kl(behavior_log_probs, ref_log_probs, action_mask, config.kl_penalty_estimator, seqs)
+        rewards = kl_penalized_rewards(rewards.astype(kl.dtype), kl, config.kl_penalty)
     return compute_advantages(
         shaped_rewards(rewards, action_mask, config, segment_ids),
         config.baseline,
@@ -381,7 +392,7 @@ def policy_loss(
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
     extras: {name: [B, T]} the extra per-token inputs of the computed terms (ObjectiveTerm.inputs).
     truncated bool[B] ([B, S]): the episodes that ran out of tokens (overlong_filter; objective_terms).
-    Advantages come from estimate_advantages (overlong punishment, baseline, std normalisation).
+    Advantages come from estimate_advantages (KL reward penalty, overlong punishment, baseline, std normalisation).
     segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
@@ -435,7 +446,16 @@ def _policy_loss(
     extras,
     truncated,
 ):
-    adv = estimate_advantages(rewards, action_mask, group_ids, config, segment_ids, truncated)
+    adv = estimate_advantages(
+        rewards,
+        action_mask,
+        group_ids,
+        config,
+        segment_ids,
+        truncated,
+        behavior_log_probs=behavior_log_probs,
+        ref_log_probs=extras.get("ref_log_probs"),
+    )
     terms, diagnostics = objective_terms(
         log_probs,
         behavior_log_probs,

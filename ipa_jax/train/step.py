@@ -59,7 +59,7 @@ from ipa_jax.objectives import (
     objective_terms,
     term_denominators,
 )
-from ipa_jax.objectives.kl import kl_k3, kl_penalized_rewards, sequence_kl
+from ipa_jax.objectives.kl import kl_k3, sequence_kl
 from ipa_jax.objectives.overlong import shaped_rewards
 from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
@@ -140,21 +140,19 @@ def batch_advantages(
     batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None = None
 ) -> jax.Array:
     """A per trajectory ([B], or [B, S] packed) from the batch's rewards by the objective's estimator
-    (estimate_advantages: overlong punishment, baseline and std normalisation over the trajectories whose action
-    tokens the loss covers, advantage_sign). With objective.kl_penalty > 0 the rewards are first R_i - beta * KL_i
-    (`penalized_rewards`; ref_log_probs [B, T] required)."""
-    rewards = penalized_rewards(batch, objective, ref_log_probs)
+    (estimate_advantages: KL reward penalty, overlong punishment, baseline and std normalisation over the
+    trajectories whose action tokens the loss covers, advantage_sign). ref_log_probs [B, T]: required with
+    objective.kl_penalty > 0."""
     return estimate_advantages(
-        rewards, batch.action_mask, batch.group_ids, objective, batch.segment_ids, batch.truncated
+        batch.rewards,
+        batch.action_mask,
+        batch.group_ids,
+        objective,
+        batch.segment_ids,
+        batch.truncated,
+        behavior_log_probs=batch.behavior_logprobs.astype(jnp.float32),
+        ref_log_probs=None if ref_log_probs is None else ref_log_probs.astype(jnp.float32),
     )
-
-
-def penalized_rewards(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
-    """R'_i = R_i - beta * KL_i (`penalty_kl`); the rewards themselves when objective.kl_penalty is 0."""
-    if objective.kl_penalty == 0:
-        return batch.rewards
-    kl = penalty_kl(batch, objective, ref_log_probs)
-    return kl_penalized_rewards(batch.rewards.astype(jnp.float32), kl, objective.kl_penalty)
 
 
 def penalty_kl(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:

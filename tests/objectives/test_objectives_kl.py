@@ -156,6 +156,24 @@ def test_penalized_rewards_match_float64(estimator):
         np.testing.assert_allclose(np.asarray(packed)[0], np.where(action, k, 0).sum(axis=1)[:2], rtol=1e-10)
 
 
+def test_policy_loss_applies_the_kl_reward_penalty():
+    """policy_loss (the eager API) lowers the rewards by beta * KL_i before the baseline, as the train step does:
+    its advantages are the float64 penalised rewards centred by the batch mean."""
+    batch = random_batch(np.random.default_rng(10), B=4, T=16)
+    action, b = batch["action_mask"], batch["behavior_log_probs"]
+    ref_lp = np.minimum(b + 0.3 * np.random.default_rng(11).normal(size=b.shape), 0)
+    k, _ = _estimators_float64(b, ref_lp)["k1"]
+    penalized = batch["rewards"] - 0.2 * np.where(action, k, 0).sum(axis=1)
+    config = ObjectiveConfig(kl_penalty=0.2, kl_penalty_estimator="k1", baseline="batch_mean")
+    args = [batch[k] for k in ("log_probs", "behavior_log_probs", "rewards", "action_mask", "chunk_ids")]
+    _, diagnostics = policy_loss(*args, config=config, extras={"ref_log_probs": ref_lp.astype(np.float32)})
+    np.testing.assert_allclose(
+        np.asarray(diagnostics["advantages"]), penalized - penalized.mean(), rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="ref_log_probs: required by objective.kl_penalty"):
+        policy_loss(*args, config=config)
+
+
 def test_kl_config_is_validated():
     with pytest.raises(ValueError, match="kl_estimator: 'k5' is not one of"):
         ObjectiveConfig(kl_estimator="k5")
