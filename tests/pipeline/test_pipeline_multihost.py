@@ -199,6 +199,7 @@ def test_a_crash_of_process_0_ends_the_other_process(tmp_path, tokenizer_dir):
     procs[0].send_signal(signal.SIGKILL)
     procs[0].wait()
     _, error = procs[1].communicate(timeout=300)
-    assert procs[1].returncode != 0 and ("Connection closed by peer" in error or "heartbeat" in error.lower()), error[
-        -3000:
-    ]
+    assert procs[1].returncode != 0 and (
+        # gloo reports the dead peer as a closed or a reset connection; else the service's heartbeat timeout
+        "Connection closed by peer" in error or "Connection reset by peer" in error or "heartbeat" in error.lower()
+    ), error[-3000:]
