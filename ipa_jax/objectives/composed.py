@@ -34,11 +34,12 @@ Diagnostics (dict), by shape:
     mean_kl (mean Bernoulli-KL proxy of p vs l over action tokens: the trust region's), nonfinite_weights (kept
     tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds loss and <name>_loss of
     every computed term.
-  per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative),
+  per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative; with
+    baseline_stage "return" and sign_by "advantage", R_i - b_i < 0, while each token's own sign drives the ratio),
     sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk admitted), num_chunks (int32),
     policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
-  per token [B, T]: chunk_returns (G), chunk_ratios (exp of the chunk-mean l - b, 0 outside actions),
-    weights (w, before aggregation scaling).
+  per token [B, T]: chunk_returns (G; G - b with baseline_stage "return"), chunk_ratios (exp of the chunk-mean
+    l - b, 0 outside actions), weights (w, before aggregation scaling).
 Scalars are over the arrays given (microbatch-local); per-row arrays concatenate across microbatches.
 """
 

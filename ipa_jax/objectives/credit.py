@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.chunks import chunk_starts
-from ipa_jax.objectives.chunks import compute_dtype
+from ipa_jax.objectives.chunks import chunk_starts, compute_dtype
 from ipa_jax.objectives.config import CREDITS
 from ipa_jax.objectives.sequences import (
     Sequences,

@@ -468,7 +468,8 @@ class Learner:
         `state` is the one before the batch's first update, `reference` the batch's reference log-probs."""
         cfg = self.config
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
-            yield self.step_fn.put_batch(batch), None, None, None, None  # the step's own forward gives any old log-probs
+            # the step computes the advantages and return baselines; its own forward gives any old log-probs
+            yield self.step_fn.put_batch(batch), None, None, None, None
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable). A KL
         # reward penalty needs the reference log-probs unless every update of the batch is in the warm start (whose

@@ -1,9 +1,10 @@
 """The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
 
-    train_step(state, batch[, advantages[, old_log_probs[, extras]]]) -> (state, metrics)
+    train_step(state, batch[, advantages[, old_log_probs[, extras[, baselines]]]]) -> (state, metrics)
 
-1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
-   (masks only, `term_denominators`) are computed on the full batch first.
+1. Advantages A_i (from the FULL batch's rewards, unless given), with objective.baseline_stage "return" the
+   baselines of the discounted returns (`estimate_return_baselines`, given with given advantages), and every
+   objective term's denominator (masks only, `term_denominators`) are computed on the full batch first.
 2. The batch is split into microbatches; lax.scan accumulates the gradient of
    sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch) over the enabled terms of
    the objective's registry (objectives/terms/), so the accumulated gradient equals the full-batch gradient (up
@@ -361,7 +362,9 @@ def batch_gradients(
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     (grads, loss), per_mb = jax.lax.scan(
-        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, baselines, old_log_probs, extras))
+        accumulate,
+        (zero_grads, jnp.zeros((), jnp.float32)),
+        split((batch, advantages, baselines, old_log_probs, extras)),
     )
     stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
     return loss, grads, stats, advantages, dens
@@ -520,8 +523,8 @@ class TrainStep:
     """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
 
     step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages[,
-    old_log_probs[, extras]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own
-    rows; extras, {name: [B, T]}, go through put_batch the same way).
+    old_log_probs[, extras[, baselines]]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process
+    feeds its own rows; extras, {name: [B, T]}, and baselines go through put_batch the same way).
     """
 
     def __init__(
