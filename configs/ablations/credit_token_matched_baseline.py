@@ -1,11 +1,7 @@
-"""Ablation: credit_token_matched.py with a batch-mean baseline subtracted after discounting (common_negatives.py's
-baseline and RL lr 2e-4; objective.baseline_stage = "return"): A_{i,t} = G_{i,t} - b, G the discounted return of
-R_i, b the batch mean of G over the scored units (chunks for chunk credit, action tokens for token credit). Failed
-episodes get negative credit, and the units of one episode can differ in sign (a success's early, discounted units
-below b, its last above), so the credit assignment itself is tested: with the baseline subtracted before discounting
-every chunk of an episode would share the sign of R_i - b. How often a success's unit falls below b depends on gamma,
-the unit's position and the success rate (the metric credit_negative_share_success logs it). Compare with the other
-credit_*_baseline.py arms, the same change from the same base."""
+"""Ablation: credit_token_matched.py with credit_chunk_baseline.py's change (common_negatives.py's batch-mean baseline
+and RL lr 2e-4, the baseline subtracted after discounting: objective.baseline_stage = "return"): A_{i,t} = G_{i,t} - b,
+b the batch mean of the discounted returns G over the action tokens, so a success's early tokens can fall below it.
+Compare with the other credit_*_baseline.py arms, the same change from the same base."""
 
 from pathlib import Path
 

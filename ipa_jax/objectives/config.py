@@ -45,7 +45,7 @@ class ObjectiveConfig:
       or "rloo" (the mean of the other samples of the group: RLOO).
     baseline_stage: where the baseline is subtracted: "reward" (A_i = R_i - b, then discounted: every chunk of an
       episode has its sign) or "return" (after discounting, G_{i,t} - b with b the baseline's mean of the
-      discounted returns over the scored units: an early chunk of a success can be negative; ROLL's agentic runs).
+      discounted returns over the scored units: an early chunk of a success can be negative; docs/objectives.md).
     advantage_norm: then divide A by a std: "none", "group_std" (the group's reward std: GRPO) or "batch_std"
       (whiten over the batch's action tokens, (A - mean) / std: REINFORCE++).
     advantage_eps: the epsilon of advantage_norm's divisor, std + eps.

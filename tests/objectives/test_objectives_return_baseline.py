@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from objectives_reference import random_batch, return_baselines, row_returns
-from test_objectives_packing import pack_rows
+from test_objectives_packing import loss_diag_grad, pack_rows
 
 from ipa_jax.objectives import (
     ObjectiveConfig,
@@ -19,7 +19,6 @@ from ipa_jax.objectives import (
     estimate_return_baselines,
     ipa_config,
     objective_terms,
-    policy_loss,
 )
 
 CREDITS = ("chunk", "token", "trajectory")
@@ -53,21 +52,9 @@ def batch_with_imitation_row(seed: int, B: int = 6, T: int = 30) -> dict:
     return batch
 
 
-def diagnostics(config: ObjectiveConfig, batch: dict, segment_ids=None, failures=None) -> dict:
-    _, diag = policy_loss(
-        batch["log_probs"],
-        batch["behavior_log_probs"],
-        batch["rewards"],
-        batch["action_mask"],
-        batch["chunk_ids"],
-        batch["expert_mask"],
-        batch["group_ids"],
-        batch["entropies"],
-        config,
-        segment_ids=segment_ids,
-        failures=failures,
-    )
-    return jax.device_get(diag)
+def diagnostics(config: ObjectiveConfig, batch: dict, segment_ids=None) -> dict:
+    """policy_loss's diagnostics (test_objectives_packing.loss_diag_grad: failures default to the negatives)."""
+    return jax.device_get(loss_diag_grad({"failures": None, **batch}, segment_ids, config)[1])
 
 
 @pytest.mark.parametrize("baseline", BASELINES)
