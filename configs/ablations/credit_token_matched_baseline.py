@@ -1,7 +1,7 @@
-"""Ablation: credit_token_matched.py with a batch-mean baseline (common_negatives.py: A_i = R_i - mean_B(R), RL lr
-2e-4), so failed episodes get negative credit and the credit assignment is tested on both signs (without a baseline
-only successes carry gradient). Compare with the other credit_*_baseline.py arms, the same change from the same base.
-The baseline is subtracted before discounting, so the chunks of one episode still share its sign."""
+"""Ablation: credit_token_matched.py with credit_chunk_baseline.py's change (common_negatives.py's batch-mean baseline
+and RL lr 2e-4, the baseline subtracted after discounting: objective.baseline_stage = "return"): A_{i,t} = G_{i,t} - b,
+b the batch mean of the discounted returns G over the action tokens, so a success's early tokens can fall below it.
+Compare with the other credit_*_baseline.py arms, the same change from the same base."""
 
 from pathlib import Path
 
@@ -13,5 +13,6 @@ def get_config():
     c.train.name = "credit_token_matched_baseline"
     base = load_config(Path(__file__).with_name("common_negatives.py"))
     c.objective.baseline = base.objective.baseline
+    c.objective.baseline_stage = "return"
     c.optimizer.lr = base.optimizer.lr
     return c

@@ -1,6 +1,8 @@
 """IPA's claims against one-change arms, each with a verdict: IPA (credit_chunk) against imitation continued with
 IPA's learning rate and aggregation (its data the one difference) and filtered imitation; token credit beside its
-matched-discount arm, without a baseline and with one (failures carrying negative credit); the hybrid IL term
+matched-discount arm, without a baseline and with a batch-mean one subtracted after discounting (failures carrying
+negative credit, and a success's early units below the baseline: the credit_*_baseline arms test the credit
+assignment itself, credit_negative_share_success their manipulation check); the hybrid IL term
 (il_term_on against il_term_off); with an A/A rerun and two positive controls. 8 seeds x 512 held-out tasks, on
 the calculator with 2 and 3 operations, the expert perfect and wrong on half the tasks (4 conditions, a table each);
 warm starts to the imitation plateau (train.il_warmup_patience, at most 600 steps), then 80 RL steps, shared by

@@ -8,13 +8,20 @@ from ipa_jax.objectives.chunks import chunk_mean, chunk_sum, num_chunks
 from ipa_jax.objectives.composed import (
     combine_terms,
     estimate_advantages,
+    estimate_return_baselines,
     objective_terms,
     policy_loss,
     term_denominators,
     term_losses,
 )
 from ipa_jax.objectives.config import ObjectiveConfig
-from ipa_jax.objectives.credit import branch_credit, credit_returns
+from ipa_jax.objectives.credit import (
+    baselined_returns,
+    branch_credit,
+    credit_returns,
+    return_baselines,
+    scored_units,
+)
 from ipa_jax.objectives.imitation import imitation_term
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.overlong import loss_action_mask, overlong_penalty, shaped_rewards
@@ -44,6 +51,7 @@ __all__ = [
     "Sequences",
     "aggregate",
     "aggregation_weights",
+    "baselined_returns",
     "bernoulli_kl",
     "branch_credit",
     "chunk_divergence",
@@ -55,6 +63,7 @@ __all__ = [
     "dr_grpo_config",
     "entropy_filter_mask",
     "estimate_advantages",
+    "estimate_return_baselines",
     "flash_reinforce_config",
     "flash_reinforce_loss",
     "grpo_config",
@@ -78,7 +87,9 @@ __all__ = [
     "ppo_dual_clip_config",
     "probability_difference_mask",
     "reinforce_pp_config",
+    "return_baselines",
     "rloo_config",
+    "scored_units",
     "sequence_divergence",
     "sequences_of",
     "shaped_rewards",

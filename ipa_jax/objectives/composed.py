@@ -34,11 +34,12 @@ Diagnostics (dict), by shape:
     mean_kl (mean Bernoulli-KL proxy of p vs l over action tokens: the trust region's), nonfinite_weights (kept
     tokens whose weight is inf/NaN: an overflowing admitted ratio); policy_loss adds loss and <name>_loss of
     every computed term.
-  per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative),
+  per row [B] ([B, S] packed: per sequence): advantages, negatives (bool: the rows sign_by marks negative; with
+    baseline_stage "return" and sign_by "advantage", R_i - b_i < 0, while each token's own sign drives the ratio),
     sequence_kl (D_i, clamped at 0), admitted (bool; at chunk level: every chunk admitted), num_chunks (int32),
     policy_tokens (T_i, int32), retained_tokens (kept action tokens, int32).
-  per token [B, T]: chunk_returns (G), chunk_ratios (exp of the chunk-mean l - b, 0 outside actions),
-    weights (w, before aggregation scaling).
+  per token [B, T]: chunk_returns (G; G - b with baseline_stage "return"), chunk_ratios (exp of the chunk-mean
+    l - b, 0 outside actions), weights (w, before aggregation scaling).
 Scalars are over the arrays given (microbatch-local); per-row arrays concatenate across microbatches.
 """
 
@@ -55,7 +56,13 @@ from ipa_jax.objectives.advantages import compute_advantages, negative_rows
 from ipa_jax.objectives.aggregation import aggregation_weights, kept_row_scale
 from ipa_jax.objectives.chunks import chunk_mean, chunk_starts, chunk_sum, compute_dtype, num_chunks
 from ipa_jax.objectives.config import ObjectiveConfig
-from ipa_jax.objectives.credit import branch_credit, credit_returns
+from ipa_jax.objectives.credit import (
+    baselined_returns,
+    branch_credit,
+    credit_returns,
+    return_baselines,
+    scored_units,
+)
 from ipa_jax.objectives.kl import kl_penalized_rewards, sequence_kl
 from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probability_difference_mask
 from ipa_jax.objectives.overlong import loss_action_mask, shaped_rewards
@@ -143,6 +150,7 @@ def objective_terms(
     branch_mask: jax.Array | None = None,
     extras: Mapping[str, jax.Array] | None = None,
     truncated: jax.Array | None = None,
+    baselines: jax.Array | None = None,
 ) -> tuple[Terms, dict[str, jax.Array]]:
     """[B, T] inputs, advantages [B] -> ({term name: (num, den)} for computed_terms(config), diagnostics).
 
@@ -166,6 +174,9 @@ def objective_terms(
       extras: {name: [B, T]} the extra per-token inputs the computed terms read (ObjectiveTerm.inputs).
       truncated bool[B] ([B, S] packed): the episodes that ran out of tokens; required by overlong_filter, whose
         loss then covers only the other episodes' action tokens (every term, every denominator).
+      baselines b [B] ([B, S] packed): required iff config.baseline_stage == "return", None otherwise: the
+        baseline of the discounted returns (estimate_return_baselines on the FULL batch); the credit is then
+        G_{i,t} - b_i, and with sign_by "advantage" each token is a negative iff its own credit is < 0.
     Computes in float32 (float64 if log_probs is float64). The terms are those of the registry (terms/): the
     shared policy-gradient quantities below (credit, masks, ratios, weights) are computed once and every term is a
     small function of them (TermBatch).
@@ -187,6 +198,10 @@ def objective_terms(
     policy_log_ratio = jnp.where(action, l_sg - proximal, 0)
 
     returns = credit_returns(adv, action, chunk_ids, config.credit, config.gamma, seqs)
+    config.check_baselines(baselines is not None)
+    if baselines is not None:
+        baselines = baselines.astype(dtype)
+        returns = baselined_returns(returns, baselines, action, seqs)
 
     # Trust region: D = mean Bernoulli KL of p vs l over the sequence (or chunk), admit iff D <= delta.
     kl = jnp.where(action, bernoulli_kl(proximal, l_sg), 0)
@@ -195,8 +210,11 @@ def objective_terms(
 
     mismatch_kept, log_mismatch = _mismatch_correction(learner, b, action, chunk_ids, config, seqs)
     keep &= mismatch_kept
-    negatives = negative_rows(adv, rewards, config.sign_by)
+    # After discounting, a row's own advantage is its last unit's credit R_i - b_i
+    negatives = negative_rows(adv if baselines is None else adv - baselines, rewards, config.sign_by)
     negative_tokens = to_tokens(as_slots(negatives, seqs), seqs)
+    if baselines is not None and config.sign_by == "advantage":
+        negative_tokens = action & (returns < 0)  # each token by its own credit
     if config.credit == "branch" and branch_advantages is not None:
         returns, negative_tokens = branch_credit(
             returns, negative_tokens, branch_advantages, branch_mask, action, config.advantage_sign
@@ -339,7 +357,9 @@ def estimate_advantages(
     the rewards plus the overlong punishment (shaped_rewards), the baseline and std normalisation over the
     sequences whose action tokens the loss covers (loss_action_mask), batch_std weighting each by its tokens.
     With config.kl_penalty > 0 the rewards are first R_i - beta * KL_i, KL_i = sum_t k(b_t, ref_t) over the
-    action tokens (behavior_log_probs b and ref_log_probs [B, T] required)."""
+    action tokens (behavior_log_probs b and ref_log_probs [B, T] required). With config.baseline_stage "return"
+    the baseline waits for the discounted returns: A_i = the (shaped, signed) R_i, and estimate_return_baselines
+    gives the baseline."""
     action = loss_action_mask(action_mask, truncated, config, segment_ids)
     seqs = sequences_of(action.shape, segment_ids, rewards.shape[-1])
     tokens = as_given(sequence_count(action, seqs), seqs)
@@ -350,7 +370,7 @@ def estimate_advantages(
         rewards = kl_penalized_rewards(rewards.astype(kl.dtype), kl, config.kl_penalty)
     return compute_advantages(
         shaped_rewards(rewards, action_mask, config, segment_ids),
-        config.baseline,
+        config.baseline if config.baseline_stage == "reward" else "none",
         group_ids,
         tokens > 0,
         config.advantage_sign,
@@ -358,6 +378,30 @@ def estimate_advantages(
         eps=config.advantage_eps,
         token_counts=tokens,
     )
+
+
+def estimate_return_baselines(
+    advantages: jax.Array,
+    action_mask: jax.Array,
+    chunk_ids: jax.Array | None,
+    group_ids: jax.Array | None,
+    config: ObjectiveConfig,
+    segment_ids: jax.Array | None = None,
+    truncated: jax.Array | None = None,
+) -> jax.Array | None:
+    """advantages [B] ([B, S] packed; estimate_advantages' R_i), action_mask [B, T] -> the baseline b [B] ([B, S])
+    of config.baseline_stage "return" (None at stage "reward"), on the FULL batch like the advantages:
+    b = config.baseline's mean of the discounted returns G_{i,t} = gamma^(steps to end) R_i over the scored units
+    of the loss's action tokens (`scored_units`: chunks for chunk credit, tokens for token credit, sequences for
+    trajectory credit; `return_baselines`). objective_terms then gives each token G_{i,t} - b_i."""
+    if config.baseline_stage == "reward":
+        return None
+    action = loss_action_mask(action_mask, truncated, config, segment_ids)
+    seqs = sequences_of(action.shape, segment_ids, advantages.shape[-1])
+    chunk_ids = _loss_chunk_ids(action, chunk_ids, config, segment_ids)
+    returns = credit_returns(advantages, action, chunk_ids, config.credit, config.gamma, seqs)
+    units = scored_units(action, chunk_ids, config.credit, seqs)
+    return return_baselines(returns, units, config.baseline, group_ids, seqs)
 
 
 def _term_inputs(config: ObjectiveConfig, extras: Mapping[str, jax.Array] | None) -> dict[str, jax.Array]:
@@ -392,7 +436,8 @@ def policy_loss(
     old_log_probs [B, T]: required iff config.old_logprobs == "recompute" (objective_terms says what they are).
     extras: {name: [B, T]} the extra per-token inputs of the computed terms (ObjectiveTerm.inputs).
     truncated bool[B] ([B, S]): the episodes that ran out of tokens (overlong_filter; objective_terms).
-    Advantages come from estimate_advantages (KL reward penalty, overlong punishment, baseline, std normalisation).
+    Advantages come from estimate_advantages (KL reward penalty, overlong punishment, baseline, std normalisation;
+    with baseline_stage "return", the baseline of the returns from estimate_return_baselines).
     segment_ids int32[B, T]: packed rows; rewards, group_ids and failures are then [B, S] (per sequence slot).
     Jitted internally (config static); called eagerly (no tracers), the inputs are first checked by
     validate_objective_inputs. Inside a trace the inputs are assumed valid."""
@@ -456,6 +501,7 @@ def _policy_loss(
         behavior_log_probs=behavior_log_probs,
         ref_log_probs=extras.get("ref_log_probs"),
     )
+    baselines = estimate_return_baselines(adv, action_mask, chunk_ids, group_ids, config, segment_ids, truncated)
     terms, diagnostics = objective_terms(
         log_probs,
         behavior_log_probs,
@@ -471,6 +517,7 @@ def _policy_loss(
         segment_ids=segment_ids,
         extras=extras,
         truncated=truncated,
+        baselines=baselines,
     )
     loss = combine_terms(terms, config)
     diagnostics.update(term_losses(terms))

@@ -13,6 +13,7 @@ import numbers
 from dataclasses import dataclass
 
 BASELINES = ("none", "batch_mean", "group_mean", "rloo")
+BASELINE_STAGES = ("reward", "return")
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std")
 SURROGATES = ("reinforce", "ppo")
 CREDITS = ("chunk", "token", "trajectory", "branch")
@@ -42,6 +43,9 @@ class ObjectiveConfig:
 
     baseline: advantage A_i = R_i - baseline: "none" (IPA), "batch_mean" (FlashREINFORCE), "group_mean" (GRPO)
       or "rloo" (the mean of the other samples of the group: RLOO).
+    baseline_stage: where the baseline is subtracted: "reward" (A_i = R_i - b, then discounted: every chunk of an
+      episode has its sign) or "return" (after discounting, G_{i,t} - b with b the baseline's mean of the
+      discounted returns over the scored units: an early chunk of a success can be negative; docs/objectives.md).
     advantage_norm: then divide A by a std: "none", "group_std" (the group's reward std: GRPO) or "batch_std"
       (whiten over the batch's action tokens, (A - mean) / std: REINFORCE++).
     advantage_eps: the epsilon of advantage_norm's divisor, std + eps.
@@ -91,6 +95,7 @@ class ObjectiveConfig:
     """
 
     baseline: str = "none"
+    baseline_stage: str = "reward"
     advantage_norm: str = "none"
     advantage_eps: float = 1e-6
     advantage_sign: int = 1
@@ -133,6 +138,7 @@ class ObjectiveConfig:
     def __post_init__(self) -> None:
         for name, choices in (
             ("baseline", BASELINES),
+            ("baseline_stage", BASELINE_STAGES),
             ("advantage_norm", ADVANTAGE_NORMS),
             ("surrogate", SURROGATES),
             ("credit", CREDITS),
@@ -210,12 +216,29 @@ class ObjectiveConfig:
                 f"ObjectiveConfig.advantage_norm: 'group_std' divides a group baseline's advantages by the group's "
                 f"std; baseline {self.baseline!r} has no groups (use 'group_mean' or 'rloo')"
             )
+        self._check_baseline_stage()
         if not _integer(self.norm_length) or self.norm_length < 0:
             raise ValueError(f"ObjectiveConfig.norm_length: must be an integer >= 0, got {self.norm_length!r}")
         if (self.aggregation == "token_sum_norm") != (self.norm_length > 0):
             raise ValueError(
                 f"ObjectiveConfig.norm_length: must be > 0 exactly with aggregation 'token_sum_norm' (its constant "
                 f"normaliser), got {self.norm_length!r} with aggregation {self.aggregation!r}"
+            )
+
+    def _check_baseline_stage(self) -> None:
+        if self.baseline_stage == "reward":
+            return
+        prefix = "ObjectiveConfig.baseline_stage: 'return' subtracts the baseline from the discounted returns;"
+        if self.baseline == "none":
+            raise ValueError(f"{prefix} baseline 'none' has none to subtract (set a baseline, or stage 'reward')")
+        if self.advantage_norm != "none":
+            raise ValueError(
+                f"{prefix} advantage_norm {self.advantage_norm!r} divides per-sequence advantages by a reward std, "
+                f"which is not defined on per-token returns (use advantage_norm 'none')"
+            )
+        if self.credit == "branch":
+            raise ValueError(
+                f"{prefix} credit 'branch' gives branched chunks V(k+1) - V(k), already baselined (use stage 'reward')"
             )
 
     def _check_surrogate(self) -> None:
@@ -266,6 +289,14 @@ class ObjectiveConfig:
             raise ValueError(
                 f"old_log_probs: {'required' if self.needs_old_log_probs else 'must be None'} for "
                 f"old_logprobs={self.old_logprobs!r}"
+            )
+
+    def check_baselines(self, given: bool) -> None:
+        """Raises ValueError unless return baselines are given exactly when baseline_stage == "return"."""
+        if given != (self.baseline_stage == "return"):
+            raise ValueError(
+                f"baselines: {'required' if self.baseline_stage == 'return' else 'must be None'} for "
+                f"baseline_stage={self.baseline_stage!r} (estimate_return_baselines on the full batch)"
             )
 
     @property

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from ipa_jax.activity import ActivityClock
+from ipa_jax.objectives.composed import estimate_return_baselines
 from ipa_jax.objectives.credit import credit_returns
 from ipa_jax.train.checkpoint import Checkpointer
 from ipa_jax.train.distributed import agreed_stop
@@ -462,12 +463,13 @@ class Learner:
         return pack_batch(trajs, cfg.buckets, row_multiple=multiple)[0]
 
     def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState, reference: "BatchReference"):
-        """(device batch, device advantages | None, device old log-probs | None, rows | None) for each update made
-        from one batch (rows: the batch's rows in the update, None = all); `state` is the one before the batch's first
-        update, `reference` the batch's reference log-probs."""
+        """(device batch, device advantages | None, device old log-probs | None, rows | None, device return
+        baselines | None) for each update made from one batch (rows: the batch's rows in the update, None = all);
+        `state` is the one before the batch's first update, `reference` the batch's reference log-probs."""
         cfg = self.config
         if cfg.epochs_per_batch == 1 and cfg.minibatches == 1:
-            yield self.step_fn.put_batch(batch), None, None, None  # the step's own forward gives any old log-probs
+            # the step computes the advantages and return baselines; its own forward gives any old log-probs
+            yield self.step_fn.put_batch(batch), None, None, None, None
             return
         # Advantages from the whole batch, then per-epoch shuffled minibatches of rows (seeded: resumable). A KL
         # reward penalty needs the reference log-probs unless every update of the batch is in the warm start (whose
@@ -480,6 +482,10 @@ class Learner:
         # snapshot here, at the batch's start: the advantages of all its RL updates need it)
         ref = reference(max(step, self.rl_start)) if objective.kl_penalty > 0 else None
         adv = np.asarray(batch_advantages(batch, objective, ref))
+        # A return baseline is a statistic of the whole batch too (baseline_stage "return"; None otherwise)
+        base = estimate_return_baselines(
+            adv, batch.action_mask, batch.chunk_ids, batch.group_ids, objective, batch.segment_ids, batch.truncated
+        )
         # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
         old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
@@ -495,6 +501,7 @@ class Learner:
                     self.step_fn.put_batch(adv[rows]),
                     None if old is None else self.step_fn.put_batch(old[rows]),
                     rows,
+                    None if base is None else self.step_fn.put_batch(np.asarray(base)[rows]),
                 )
 
     def run(self) -> TrainState:
@@ -528,14 +535,14 @@ class Learner:
                 credit = self._credit_weights(batch) if step >= self.rl_start else {}
                 lag = policy_lag(step, trajs)
                 reference = BatchReference(self, batch)
-                for device_batch, adv, old, rows in self._updates(batch, step, self.state, reference):
+                for device_batch, adv, old, rows, base in self._updates(batch, step, self.state, reference):
                     step_fn, extras = self._step_fn(step), {}
                     if step_fn.options.objective.needs_reference:  # a KL term or penalty (never the warm start's)
                         ref = reference(step)
                         extras = step_fn.put_batch({"ref_log_probs": ref if rows is None else ref[rows]})
                     t0 = time.perf_counter()
                     with self.clock.active("learner_step"):
-                        self.state, metrics = step_fn(self.state, device_batch, adv, old, extras)
+                        self.state, metrics = step_fn(self.state, device_batch, adv, old, extras, base)
                         metrics = jax.device_get(metrics)
                     if extras:  # the batch's reference forward (once per batch), in the metrics of its updates
                         metrics["reference_forward_s"] = reference.seconds

@@ -1,9 +1,10 @@
 """The train step: one optimizer update from one TrajectoryBatch, a pure function jitted over the mesh.
 
-    train_step(state, batch[, advantages[, old_log_probs[, extras]]]) -> (state, metrics)
+    train_step(state, batch[, advantages[, old_log_probs[, extras[, baselines]]]]) -> (state, metrics)
 
-1. Advantages A_i (from the FULL batch's rewards, unless given) and every objective term's denominator
-   (masks only, `term_denominators`) are computed on the full batch first.
+1. Advantages A_i (from the FULL batch's rewards, unless given), with objective.baseline_stage "return" the
+   baselines of the discounted returns (`estimate_return_baselines`, given with given advantages), and every
+   objective term's denominator (masks only, `term_denominators`) are computed on the full batch first.
 2. The batch is split into microbatches; lax.scan accumulates the gradient of
    sum_terms weight_term * numerator_term(microbatch) / denominator_term(full batch) over the enabled terms of
    the objective's registry (objectives/terms/), so the accumulated gradient equals the full-batch gradient (up
@@ -56,12 +57,13 @@ from ipa_jax.objectives import (
     ObjectiveConfig,
     combine_terms,
     estimate_advantages,
+    estimate_return_baselines,
     objective_terms,
     term_denominators,
 )
 from ipa_jax.objectives.kl import kl_k3, sequence_kl
 from ipa_jax.objectives.overlong import shaped_rewards
-from ipa_jax.objectives.sequences import Sequences, as_given, sequence_count, sequences_of
+from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
 from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
 from ipa_jax.train.state import TrainState
@@ -195,6 +197,7 @@ def _microbatch_loss(
     graphdef,
     mb: TrajectoryBatch,
     adv: jax.Array,
+    baselines: jax.Array | None,
     old: jax.Array | None,
     extras: dict[str, jax.Array],
     dens: dict,
@@ -202,7 +205,8 @@ def _microbatch_loss(
 ):
     """Loss share of one microbatch (its sum over microbatches is the full-batch loss) and its statistics.
     old: the microbatch's old log-probs, or None (then, under "recompute", those of this forward); extras: its
-    rows of the terms' extra per-token inputs."""
+    rows of the terms' extra per-token inputs; baselines: its rows of the return baselines (baseline_stage
+    "return"), or None."""
     logp, entropy, aux = _token_logprobs(params, rest, graphdef, mb, options, options.needs_entropy)
     if old is None and options.objective.needs_old_log_probs:
         old = jax.lax.stop_gradient(logp)  # the parameters at the start of the update are these
@@ -223,6 +227,7 @@ def _microbatch_loss(
         branch_mask=mb.branch_mask,
         extras=extras,
         truncated=mb.truncated,
+        baselines=baselines,
     )
     loss = combine_terms(terms, options.objective, denominators=dens)
     # MoE auxiliary losses only when weighted (otherwise XLA drops their computation entirely). They are
@@ -242,10 +247,13 @@ def _microbatch_loss(
     n_chunks = jnp.sum(diag["num_chunks"]).astype(jnp.float32)
     seqs = batch_sequences(mb)
     present = as_given(sequence_count(mb.attention_mask, seqs) > 0, seqs)  # the slots holding a trajectory
+    success = action & to_tokens(as_slots(mb.rewards >= options.success_reward, seqs), seqs)
     # Sums (not means) so that microbatches combine exactly into full-batch statistics.
     stats = {
         **{f"{name}_num": num for name, (num, _) in terms.items()},
         "n_action": n_action,
+        "n_success_action": jnp.sum(success).astype(jnp.float32),
+        "n_success_negative": jnp.sum(success & (diag["chunk_returns"] < 0)).astype(jnp.float32),
         "n_keep": n_keep,
         "n_chunks": n_chunks,
         "n_kept_chunks": diag["kept_fraction"] * n_chunks,
@@ -300,6 +308,7 @@ def batch_gradients(
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
     extras: dict[str, jax.Array] | None = None,
+    baselines: jax.Array | None = None,
     *,
     options: StepOptions,
 ):
@@ -315,7 +324,19 @@ def batch_gradients(
         raise ValueError(f"old_log_probs: must be None for old_logprobs={objective.old_logprobs!r}")
     extras = dict(extras or {})
     if advantages is None:
+        if baselines is not None:
+            raise ValueError("baselines: given without advantages (the advantages they belong to)")
         advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"))
+        baselines = estimate_return_baselines(
+            advantages,
+            batch.action_mask,
+            batch.chunk_ids,
+            batch.group_ids,
+            objective,
+            batch.segment_ids,
+            batch.truncated,
+        )
+    objective.check_baselines(baselines is not None)
     advantages = advantages.astype(jnp.float32)
     dens = term_denominators(
         batch.action_mask, batch.chunk_ids, batch.expert_mask, objective, batch.segment_ids, batch.truncated
@@ -325,21 +346,25 @@ def batch_gradients(
 
     if m == 1:
         (loss, stats), grads = grad_fn(
-            state.params, state.rest, state.graphdef, batch, advantages, old_log_probs, extras, dens, options
+            state.params, state.rest, state.graphdef, batch, advantages, baselines, old_log_probs, extras, dens, options
         )
         return loss, f32(grads), stats, advantages, dens
     split = lambda tree: jax.tree.map(lambda x: _split_microbatches(x, m), tree)  # noqa: E731
 
     def accumulate(carry, xs):
         grads_acc, loss_acc = carry
-        mb, adv, old, extra = xs
-        (loss, stats), grads = grad_fn(state.params, state.rest, state.graphdef, mb, adv, old, extra, dens, options)
+        mb, adv, base, old, extra = xs
+        (loss, stats), grads = grad_fn(
+            state.params, state.rest, state.graphdef, mb, adv, base, old, extra, dens, options
+        )
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss), stats
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     (grads, loss), per_mb = jax.lax.scan(
-        accumulate, (zero_grads, jnp.zeros((), jnp.float32)), split((batch, advantages, old_log_probs, extras))
+        accumulate,
+        (zero_grads, jnp.zeros((), jnp.float32)),
+        split((batch, advantages, baselines, old_log_probs, extras)),
     )
     stats = {k: (jnp.max(v) if k in _MAX_STATS else jnp.sum(v)) for k, v in per_mb.items()}
     return loss, grads, stats, advantages, dens
@@ -351,6 +376,7 @@ def train_step(
     advantages: jax.Array | None,
     old_log_probs: jax.Array | None = None,
     extras: dict[str, jax.Array] | None = None,
+    baselines: jax.Array | None = None,
     *,
     options: StepOptions,
     schedule: PhaseSchedule,
@@ -358,10 +384,12 @@ def train_step(
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
     None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
     (objective.old_logprobs = "recompute" only) or None (then the current ones: this update is the batch's first);
-    extras: {name: [B, T]} the extra per-token inputs of the objective's terms (ObjectiveTerm.inputs), or None.
+    extras: {name: [B, T]} the extra per-token inputs of the objective's terms (ObjectiveTerm.inputs), or None;
+    baselines [B] ([B, S]): with given advantages and objective.baseline_stage "return", the baseline of the
+    returns (estimate_return_baselines on the batch the advantages came from), None otherwise.
     Returns the new state and scalar metrics."""
     loss, grads, stats, advantages, dens = batch_gradients(
-        state, batch, advantages, old_log_probs, extras, options=options
+        state, batch, advantages, old_log_probs, extras, baselines, options=options
     )
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -425,6 +453,8 @@ def train_step(
         "advantage_max": jnp.max(jnp.where(present, advantages, -jnp.inf)),
         "admitted_fraction": stats["admitted"] / n_traj,
         "kept_token_fraction": stats["n_keep"] / n_action,
+        # Manipulation check of where the baseline is subtracted: successes' action tokens with credit G < 0
+        "credit_negative_share_success": stats["n_success_negative"] / jnp.maximum(stats["n_success_action"], 1.0),
         "il_rows": stats["n_il_rows"],
         # Fraction of imitation rows greedy decoding would reproduce (greedy_reproduced_rows); 0 without any.
         "il_greedy_match": stats["n_il_greedy_rows"] / jnp.maximum(stats["n_il_rows"], 1.0),
@@ -493,8 +523,8 @@ class TrainStep:
     """train_step jitted with explicit in/out shardings over `mesh` and the state donated.
 
     step = TrainStep(state, mesh, options, schedule); state, metrics = step(state, device_batch[, advantages[,
-    old_log_probs[, extras]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process feeds its own
-    rows; extras, {name: [B, T]}, go through put_batch the same way).
+    old_log_probs[, extras[, baselines]]]]). `device_batch` comes from `step.put_batch(numpy_batch)` (each process
+    feeds its own rows; extras, {name: [B, T]}, and baselines go through put_batch the same way).
     """
 
     def __init__(
@@ -503,7 +533,7 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool, bool, bool, bool, tuple[str, ...]], Any] = {}
+        self._compiled: dict[tuple[bool, bool, bool, bool, bool, tuple[str, ...], bool], Any] = {}
         self._compiled_old: dict[tuple[bool, bool, bool], Any] = {}
 
     def batch_shardings(self, batch: Any) -> Any:
@@ -522,16 +552,19 @@ class TrainStep:
         """How many ways the mesh splits a batch's rows."""
         return data_parallel_size(self.mesh, self.rules)
 
-    def _jitted(self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool, extras: tuple[str, ...]):
+    def _jitted(
+        self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool, extras: tuple[str, ...], with_base: bool
+    ):
         packed = batch.segment_ids is not None
         branched = batch.branch_advantages is not None  # a batch without branched trajectories has no such fields
-        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched, extras)
+        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched, extras, with_base)
         if key not in self._compiled:
-            fn = lambda state, batch, adv, old, extra: train_step(  # noqa: E731
-                state, batch, adv, old, extra, options=self.options, schedule=self.schedule
+            fn = lambda state, batch, adv, old, extra, base: train_step(  # noqa: E731
+                state, batch, adv, old, extra, base, options=self.options, schedule=self.schedule
             )
-            # advantages are per row [B], or per sequence slot [B, S] in packed rows
+            # advantages (and return baselines) are per row [B], or per sequence slot [B, S] in packed rows
             adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
+            base_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_base else None
             old_sharding = batch_sharding(self.mesh, self.rules, 2) if with_old else None
             extra_shardings = {name: batch_sharding(self.mesh, self.rules, 2) for name in extras}
             self._compiled[key] = jax.jit(
@@ -542,6 +575,7 @@ class TrainStep:
                     adv_sharding,
                     old_sharding,
                     extra_shardings,
+                    base_sharding,
                 ),
                 out_shardings=(self.state_shardings, self.replicated),
                 donate_argnums=(0,),
@@ -555,10 +589,13 @@ class TrainStep:
         advantages: jax.Array | None = None,
         old_log_probs: jax.Array | None = None,
         extras: dict[str, jax.Array] | None = None,
+        baselines: jax.Array | None = None,
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         extras = dict(extras or {})
-        jitted = self._jitted(batch, advantages is not None, old_log_probs is not None, tuple(sorted(extras)))
-        return jitted(state, batch, advantages, old_log_probs, extras)
+        jitted = self._jitted(
+            batch, advantages is not None, old_log_probs is not None, tuple(sorted(extras)), baselines is not None
+        )
+        return jitted(state, batch, advantages, old_log_probs, extras, baselines)
 
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on

@@ -215,10 +215,14 @@ ABLATIONS = {
     # IL continuation at IPA's lr and aggregation (its data is the one difference), and filtered imitation.
     "control_il_continue_matched": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", _OBJ + "il_aggregation"}),
     "control_il_filtered": ("control_il_continue_matched", {"rollout.expert_successes_only"}),
-    # Chunk vs token credit with a baseline (failures carry negative credit), each from its no-baseline arm.
-    "credit_chunk_baseline": ("credit_chunk", {_OBJ + "baseline", "optimizer.lr"}),
-    "credit_token_baseline": ("credit_token", {_OBJ + "baseline", "optimizer.lr"}),
-    "credit_token_matched_baseline": ("credit_token_matched", {_OBJ + "baseline", "optimizer.lr"}),
+    # Chunk vs token credit with a baseline subtracted after discounting (failures carry negative credit, and a
+    # success's units can differ in sign), each from its no-baseline arm.
+    "credit_chunk_baseline": ("credit_chunk", {_OBJ + "baseline", _OBJ + "baseline_stage", "optimizer.lr"}),
+    "credit_token_baseline": ("credit_token", {_OBJ + "baseline", _OBJ + "baseline_stage", "optimizer.lr"}),
+    "credit_token_matched_baseline": (
+        "credit_token_matched",
+        {_OBJ + "baseline", _OBJ + "baseline_stage", "optimizer.lr"},
+    ),
     # The long-horizon task's base (longhorizon_common) and its arms.
     "longhorizon_credit_chunk": ("longhorizon_common", set()),
     "longhorizon_credit_token": ("longhorizon_common", {_OBJ + "credit"}),

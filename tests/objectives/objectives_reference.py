@@ -51,6 +51,46 @@ def advantages(rewards, baseline, group_ids=None, rl_rows=None):
     return np.where(rl, out, 0.0)
 
 
+def row_returns(credit, gamma, advantage, ck):
+    """One row's discounted returns G from its advantage (ck: its action tokens' chunk ids 0..K-1)."""
+    n = len(ck)
+    if credit == "chunk":
+        return gamma ** (ck.max() + 1 - 1 - ck) * advantage
+    if credit == "token":
+        return gamma ** (n - 1 - np.arange(n)) * advantage
+    return np.full(n, float(advantage))
+
+
+def return_baselines(credit, gamma, baseline, values, action, chunk_ids, group_ids=None):
+    """baseline_stage "return": b_i = the mean of the returns of the scored units (one value per chunk for chunk
+    credit, per action token for token credit, per row for trajectory credit) of every row (batch_mean), of the rows
+    of i's group (group_mean), or of the other rows of i's group (rloo; 0 when they have no unit). values: the
+    rows' undiscounted R_i. Rows without actions get 0."""
+    units = []
+    for i in range(len(values)):
+        acts = np.flatnonzero(action[i])
+        if len(acts) == 0:
+            units.append([])
+            continue
+        ck = chunk_ids[i, acts] if chunk_ids is not None else np.zeros(len(acts), int)
+        G = row_returns(credit, gamma, values[i], ck)
+        if credit == "chunk":
+            units.append([G[ck == k][0] for k in range(ck.max() + 1)])
+        elif credit == "token":
+            units.append(list(G))
+        else:
+            units.append([G[0]])
+    out = np.zeros(len(values))
+    for i in range(len(values)):
+        if baseline == "batch_mean":
+            pool = range(len(values))
+        else:
+            pool = [j for j in range(len(values)) if group_ids[j] == group_ids[i] and (baseline != "rloo" or j != i)]
+        pooled = [u for j in pool for u in units[j]]
+        out[i] = np.mean(pooled) if pooled and units[i] else 0.0
+    return out
+
+
 def bernoulli_kl(b, l):
     p = np.clip(np.exp(b), EPS, 1 - EPS)
     q = np.clip(np.exp(l), EPS, 1 - EPS)
@@ -73,8 +113,14 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
     b = np.asarray(b, np.float64)
     o = None if old is None else np.asarray(old, np.float64)
     B, T = l.shape
-    adv = cfg.advantage_sign * advantages(rewards, cfg.baseline, group_ids, np.asarray(action).any(axis=1))
-    negatives = adv < 0 if cfg.sign_by == "advantage" else np.asarray(rewards, np.float64) <= 0
+    after_discount = cfg.baseline_stage == "return"
+    rl_rows = np.asarray(action).any(axis=1)
+    adv = cfg.advantage_sign * advantages(rewards, "none" if after_discount else cfg.baseline, group_ids, rl_rows)
+    base = np.zeros(B)
+    if after_discount:
+        base = return_baselines(cfg.credit, cfg.gamma, cfg.baseline, adv, action, chunk_ids, group_ids)
+    # a row's own advantage: its last unit's credit, R_i - b_i after discounting
+    negatives = adv - base < 0 if cfg.sign_by == "advantage" else np.asarray(rewards, np.float64) <= 0
     out = {k: np.zeros((B, T)) for k in ("weights", "returns", "chunk_ratios", "scale", "mismatch_ratio")}
     seq_kl, admitted, retained = np.zeros(B), np.ones(B, bool), np.zeros(B, int)
     keep_all, kl_all = np.zeros((B, T), bool), np.zeros((B, T))
@@ -91,12 +137,9 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
         proximal = b[i, acts] if o is None else o[i, acts]
         learner = l[i, acts] if o is None else o[i, acts]
 
-        if cfg.credit == "chunk":
-            G = cfg.gamma ** (K - 1 - ck) * adv[i]
-        elif cfg.credit == "token":
-            G = cfg.gamma ** (n - 1 - np.arange(n)) * adv[i]
-        else:
-            G = np.full(n, adv[i])
+        G = row_returns(cfg.credit, cfg.gamma, adv[i], ck) - base[i]
+        # after discounting, each token is a negative iff its own credit is
+        token_negatives = G < 0 if after_discount and cfg.sign_by == "advantage" else np.full(n, negatives[i])
         d = bernoulli_kl(proximal, l[i, acts])
         seq_kl[i] = max(d.mean(), 0.0)
         keep = np.ones(n, bool)
@@ -124,11 +167,11 @@ def reference(cfg, l, b, rewards, action, chunk_ids, expert, group_ids=None, ent
             top = np.zeros(n, bool)
             top[order[:k_keep]] = True
             keep &= top
-        applies = cfg.is_apply_to == "all" or negatives[i]  # positives keep rho = 1 under "negatives"
-        rho = np.exp(at_level(l[i, acts] - proximal, ck, cfg.is_level)) if applies else np.ones(n)
-        if cfg.is_clip_max is not None and applies:
-            counts["clipped"] += int((keep & (rho > cfg.is_clip_max)).sum())
-            rho = np.minimum(rho, cfg.is_clip_max)
+        applies = token_negatives | (cfg.is_apply_to == "all")  # positives keep rho = 1 under "negatives"
+        rho = np.where(applies, np.exp(at_level(l[i, acts] - proximal, ck, cfg.is_level)), 1.0)
+        if cfg.is_clip_max is not None:
+            counts["clipped"] += int((keep & applies & (rho > cfg.is_clip_max)).sum())
+            rho = np.where(applies, np.minimum(rho, cfg.is_clip_max), rho)
         capped = mismatch > cfg.mismatch_is_cap
         counts["capped"] += int((keep & capped).sum())
         c = np.minimum(mismatch, cfg.mismatch_is_cap) if math.isfinite(cfg.mismatch_is_cap) else np.ones(n)

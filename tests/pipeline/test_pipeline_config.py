@@ -95,6 +95,8 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
         ("objective.mismatch_is_cap=0.0", "objective.mismatch_is_cap"),
         ("objective.mismatch_prob_diff=-0.1", "objective.mismatch_prob_diff"),
         ("objective.row_denominator='all'", "objective.row_denominator"),
+        ("objective.baseline_stage='returns'", "objective.baseline_stage"),
+        ("objective.baseline_stage='return'", "objective.baseline_stage"),  # baseline 'none': nothing to subtract
         ("optimizer.lr=0.0", "optimizer.lr"),
         ("optimizer.lr=inf", "optimizer.lr"),  # every parameter non-finite after one step
         ("optimizer.eps=inf", "optimizer.eps"),
