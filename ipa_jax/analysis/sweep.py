@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ipa_jax.analysis.curves import RunResult
+from ipa_jax.analysis.presets import Preset
 from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
 from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
 from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
@@ -289,6 +290,68 @@ def sweep(
     except ImportError as e:  # the table is written; plots need matplotlib
         log.warning("plots skipped (%s): pip install matplotlib, then rerun the same command", e)
     return manifest
+
+
+def run_preset(
+    preset: Preset,
+    configs: Sequence[tuple[str, str]],
+    seeds: Sequence[int],
+    out: str,
+    *,
+    overrides: Mapping[str, Any] = (),
+    results: str | None = None,
+    from_results: bool = False,
+    reference: str | None = None,
+    claim: str | None = None,
+    threshold: float = 0.5,
+    train_command: Sequence[str] | None = None,
+    rerun: bool = False,
+    share_warm_start: bool = True,
+) -> bool:
+    """Every condition of `preset` in turn (<out>/<condition>, <results>/<condition>): its `sweep` of the resolved
+    `configs` (name, path) over `seeds` with the preset's overrides, the condition's, then `overrides`; or, with
+    `from_results`, its tables rebuilt from the results files alone. `reference` and `claim` default to the
+    preset's. Returns whether any run failed. ConfigError for a reference that is not one of the configs, and
+    with from_results for a missing results folder or file."""
+    names = [name for name, _ in configs]
+    reference = reference if reference is not None else preset.reference
+    if reference is not None and reference not in names:
+        raise ConfigError("reference", f"must be one of the configs ({', '.join(names)}), got {reference!r}")
+    if from_results and not results:
+        raise ConfigError("results", "--from_results needs the folder of the results files")
+    comparison = dict(
+        threshold=threshold,
+        reference=reference,
+        claim=claim or preset.claim,
+        controls=[c for c in preset.controls if c != dict(preset.pairs).get(c, reference or preset.configs[0])],
+        effect=preset.effect,
+        pairs=dict(preset.pairs),
+    )
+    failed = False
+    for condition, condition_overrides in preset.conditions or (("", ()),):
+        where = os.path.join(out, condition) if condition else out
+        results_dir = os.path.abspath(os.path.join(results, condition)) if results else None
+        if condition:
+            print(f"condition {condition}: {dict(condition_overrides)}", flush=True)
+        if from_results:
+            try:
+                tables_from_results(names, seeds, results_dir, where, **comparison)
+            except FileNotFoundError as e:
+                raise ConfigError("results", f"{e}; run the sweep first (without --from_results)") from None
+            continue
+        manifest = sweep(
+            configs,
+            seeds,
+            where,
+            overrides=dict(preset.overrides) | dict(condition_overrides) | dict(overrides),
+            train_command=train_command,
+            rerun=rerun,
+            share_warm_start=share_warm_start,
+            results_dir=results_dir,
+            **comparison,
+        )
+        failed = failed or bool(manifest["failed"])
+    return failed
 
 
 def run_order(configs: Sequence[tuple[str, str]], index: int) -> list[tuple[str, str]]:

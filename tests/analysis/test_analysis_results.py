@@ -22,7 +22,7 @@ from ipa_jax.analysis import sweep as ablate
 from ipa_jax.analysis.curves import RunResult
 from ipa_jax.analysis.presets import Preset
 from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, write_result
-from ipa_jax.pipeline import RunFolder, load_config, validate
+from ipa_jax.pipeline import ConfigError, RunFolder, load_config, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(ROOT, "configs", "ablations")
@@ -203,3 +203,14 @@ def test_presets_check_pairs_and_conditions():
         Preset(("a",), (0,), conditions=(("x/y", ()),))
     with pytest.raises(ValueError, match="controls"):  # a control compared with itself
         Preset(("a", "b", "c"), (0,), pairs=(("c", "b"),), controls=("b", "c"), reference="b")
+
+
+def test_run_preset_rejects_a_foreign_reference_and_missing_results(tmp_path):
+    preset, configs = Preset(("a", "b"), (0,)), [("a", "a.py"), ("b", "b.py")]
+    with pytest.raises(ConfigError, match="must be one of the configs"):
+        ablate.run_preset(preset, configs, (0,), str(tmp_path), reference="c")
+    with pytest.raises(ConfigError, match="needs the folder of the results files"):
+        ablate.run_preset(preset, configs, (0,), str(tmp_path), from_results=True)
+    with pytest.raises(ConfigError, match="run the sweep first"):
+        ablate.run_preset(preset, configs, (0,), str(tmp_path), from_results=True, results=str(tmp_path / "none"))
+    assert not os.listdir(tmp_path)  # nothing trained, nothing written
