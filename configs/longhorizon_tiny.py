@@ -38,7 +38,7 @@ def get_config():
     c.train.buckets = (512, 640)
 
     c.train.name = "longhorizon_tiny"
-    # As the quickstart's: the warm start ends once greedy decoding would reproduce 35% of fresh expert episodes (the
+    # As the quickstart did: the warm start ends once greedy decoding would reproduce 35% of fresh expert episodes (the
     # mean over 10 batches; single batches reach it from ~320 steps), at most 400 steps; then 80 RL steps.
     c.train.steps = 480
     c.train.il_warmup_steps = 400

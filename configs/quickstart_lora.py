@@ -30,5 +30,5 @@ def get_config():
     c.model.lora_experts = True
     c.train.name = "quickstart_lora"
     c.train.il_warmup_steps = 0  # the quickstart's policy is the start
-    c.train.steps = 80  # the quickstart's RL updates
+    c.train.steps = 80  # RL updates
     return c
