@@ -47,6 +47,7 @@ TRAIN = (  # train_step's metrics and the learner's own numbers about the update
     "advantage_std",
     "advantage_min",
     "advantage_max",
+    "credit_negative_share_success",
     "admitted_fraction",
     "kept_token_fraction",
     "il_rows",
