@@ -106,24 +106,24 @@ def ipa_roll_config() -> ObjectiveConfig:
     )
 
 
+def _trajectory_rl(**fields) -> ObjectiveConfig:
+    """The shared base of the critic-free estimator presets: one advantage for the whole trajectory (gamma 1), no
+    chunk importance weights and no train/inference mismatch correction, RL only; `fields` set the rest."""
+    base = dict(credit="trajectory", gamma=1.0, is_level="none", mismatch_level="none", rl_weight=1.0, il_weight=0.0)
+    return ObjectiveConfig(**(base | fields))
+
+
+def _ppo(**fields) -> ObjectiveConfig:
+    """_trajectory_rl with PPO's clipped surrogate of the ratio current / old (the learner's recomputed log-probs)."""
+    return _trajectory_rl(old_logprobs="recompute", surrogate="ppo", **fields)
+
+
 def grpo_config(std: bool = True) -> ObjectiveConfig:
     """GRPO (Shao et al. 2024, arXiv:2402.03300): A_i = (R_i - mean_group) / (std_group + eps) (std=False: the
     mean only), shared by every token of the trajectory; PPO's clipped surrogate (eps 0.2) of the ratio current /
     old (the learner's recomputed log-probs), each trajectory's token mean averaged over trajectories; no IL.
     Its KL penalty against a reference policy is not part of this preset."""
-    return ObjectiveConfig(
-        baseline="group_mean",
-        advantage_norm="group_std" if std else "none",
-        credit="trajectory",
-        gamma=1.0,
-        old_logprobs="recompute",
-        is_level="none",
-        mismatch_level="none",
-        aggregation="sample_mean",
-        surrogate="ppo",
-        rl_weight=1.0,
-        il_weight=0.0,
-    )
+    return _ppo(baseline="group_mean", advantage_norm="group_std" if std else "none", aggregation="sample_mean")
 
 
 def dr_grpo_config(norm_length: int = 2048) -> ObjectiveConfig:
@@ -137,35 +137,14 @@ def rloo_config() -> ObjectiveConfig:
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019): REINFORCE with the leave-one-out baseline
     A_i = R_i - mean of the group's other rewards, the whole trajectory one action: -(1/B) sum_i A_i sum_t l, on
     policy (no ratio, no clipping); no IL."""
-    return ObjectiveConfig(
-        baseline="rloo",
-        credit="trajectory",
-        gamma=1.0,
-        is_level="none",
-        mismatch_level="none",
-        aggregation="sequence_sum",
-        rl_weight=1.0,
-        il_weight=0.0,
-    )
+    return _trajectory_rl(baseline="rloo", aggregation="sequence_sum")
 
 
 def reinforce_pp_config() -> ObjectiveConfig:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): no critic and no group baseline; the outcome reward whitened over
     the batch's action tokens, (R - mean) / (std + eps); PPO's clipped surrogate of current / old, token mean over
     the batch; no IL. Its per-token KL reward penalty is not part of this preset."""
-    return ObjectiveConfig(
-        baseline="none",
-        advantage_norm="batch_std",
-        credit="trajectory",
-        gamma=1.0,
-        old_logprobs="recompute",
-        is_level="none",
-        mismatch_level="none",
-        aggregation="token_mean",
-        surrogate="ppo",
-        rl_weight=1.0,
-        il_weight=0.0,
-    )
+    return _ppo(baseline="none", advantage_norm="batch_std", aggregation="token_mean")
 
 
 def ppo_dual_clip_config(dual_clip: float = 3.0, clip_low: float = 0.2, clip_high: float = 0.2) -> ObjectiveConfig:
@@ -173,20 +152,12 @@ def ppo_dual_clip_config(dual_clip: float = 3.0, clip_low: float = 0.2, clip_hig
     arXiv:1912.09729): ratio current / old clipped to [1 - clip_low, 1 + clip_high], negative advantages' loss
     bounded by -c A; token mean. No critic here: the advantages are the batch-mean baseline's, and any estimator
     (objective.baseline, advantage_norm, credit) can replace it."""
-    return ObjectiveConfig(
+    return _ppo(
         baseline="batch_mean",
-        credit="trajectory",
-        gamma=1.0,
-        old_logprobs="recompute",
-        is_level="none",
-        mismatch_level="none",
         aggregation="token_mean",
-        surrogate="ppo",
         ppo_clip_low=clip_low,
         ppo_clip_high=clip_high,
         ppo_dual_clip=dual_clip,
-        rl_weight=1.0,
-        il_weight=0.0,
     )
 
 
