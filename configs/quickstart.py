@@ -80,7 +80,11 @@ def get_config():
     c.train.il_warmup_target = 0.2
     c.train.batch_size = 16
     c.train.eval_episodes = 128
-    c.train.buckets = (320, 448)
+    # Episodes fit 320 or 448 (rollout.max_context). 640 and 768 serve packed rows that hold the 167-token system
+    # prompt and tool schema once (--config.train.packing=True --config.train.share_prefix=True: 4-5 episodes to a
+    # row, the learner's steps ~1.4x faster here, docs/performance.md). Off: the same loss to float32 rounding is
+    # still another run, and the results quoted for this config were measured one trajectory per row.
+    c.train.buckets = (320, 448, 640, 768)
 
     c.checkpoint.every = 0  # only at the end (and on Ctrl-C)
     c.checkpoint.export_hf = True  # <run_dir>/hf: where configs/resample_*.py start from

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -420,6 +420,13 @@ class TrajectoryBatch(NamedTuple):
     positions restart at 0 in every run (padding's too); chunk ids are unique within the row (a trajectory's
     continue the numbering of the one before it); the per-trajectory fields are [B, S], slot s holding the
     trajectory of segment s + 1 (an unused slot: reward 0, group id and policy version -1, not truncated).
+
+    Shared prefixes (prefix_segment_ids not None: pack_batch with share_prefix): a trajectory whose first P tokens
+    equal those of its row's first trajectory holds only its tokens from P on, at positions P.. (its own
+    positions); prefix_segment_ids marks each such token with the segment it continues (1, the row's first), 0
+    elsewhere. Its tokens attend to that segment's tokens at positions < P as to their own prefix, so every
+    log-prob is the one of the whole trajectory; P stops before its first scored (action or expert) token's
+    predecessor, so every scored token is predicted inside its own segment.
     """
 
     tokens: np.ndarray  # int32[B, T]
@@ -437,6 +444,7 @@ class TrajectoryBatch(NamedTuple):
     branch_advantages: np.ndarray | None = None  # float32[B, T] the token's chunk advantage (branched trajectories)
     branch_mask: np.ndarray | None = None  # bool[B, T] the action tokens of branched trajectories
     truncated: np.ndarray | None = None  # bool[B] ([B, S]) Trajectory.truncated (pad_batch and pack_batch fill it)
+    prefix_segment_ids: np.ndarray | None = None  # int32[B, T] shared prefixes: the segment a token continues, else 0
 
 
 def group_key(traj: Trajectory) -> str:
@@ -474,20 +482,25 @@ def pad_batch(
     return _fill_rows(trajs, [[i] for i in range(len(trajs))], _bucket(trajs, buckets), pad_id, num_slots=None)
 
 
-def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+def first_fit_decreasing(
+    lengths: Sequence[int], capacity: int, shared: Callable[[int, int], int] | None = None
+) -> list[list[int]]:
     """Bins of total length <= capacity holding every index of `lengths` once: longest first (ties: lower index),
-    each into the first bin with room, else a new bin. Returns each bin's indices in the order placed."""
+    each into the first bin with room, else a new bin. Returns each bin's indices in the order placed.
+    shared(first, i): the length index i needs less in a bin whose first index is `first` (None: 0)."""
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
         if lengths[i] > capacity:
             raise ValueError(f"length {lengths[i]} at index {i} exceeds the capacity {capacity}")
-        b = next((k for k, free in enumerate(room) if free >= lengths[i]), len(bins))
+        need = [lengths[i] - (shared(bin_[0], i) if shared else 0) for bin_ in bins]
+        b = next((k for k, free in enumerate(room) if free >= need[k]), len(bins))
         if b == len(bins):
             bins.append([])
             room.append(capacity)
+            need.append(lengths[i])
         bins[b].append(i)
-        room[b] -= lengths[i]
+        room[b] -= need[b]
     return bins
 
 
@@ -501,8 +514,23 @@ def packed_row_count(needed: int, multiple: int, most: int) -> int:
     return min(size * multiple, most)
 
 
+def shared_prefix_length(head: Trajectory, traj: Trajectory) -> int:
+    """The tokens `traj` can read from `head` instead of holding them: their common prefix, cut so that traj keeps
+    its first scored (action or expert) token's predecessor and at least one token."""
+    n = min(head.length, traj.length)
+    differ = np.flatnonzero(head.tokens[:n] != traj.tokens[:n])
+    common = int(differ[0]) if differ.size else n
+    scored = np.flatnonzero(traj.action_mask | traj.expert_mask)
+    first_scored = int(scored[0]) if scored.size else traj.length
+    return max(0, min(common, first_scored - 1, traj.length - 1))
+
+
 def pack_batch(
-    trajs: Sequence[Trajectory], buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0, row_multiple: int = 1
+    trajs: Sequence[Trajectory],
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    pad_id: int = 0,
+    row_multiple: int = 1,
+    share_prefix: bool = False,
 ) -> tuple[TrajectoryBatch, np.ndarray]:
     """Validates and packs trajectories into rows of T = the smallest bucket >= the longest trajectory, several
     per row (first_fit_decreasing), as a TrajectoryBatch with segment_ids. Returns it and slots int32[B, S], the
@@ -510,23 +538,43 @@ def pack_batch(
 
     B = packed_row_count(bins, row_multiple, len(trajs) rounded up to row_multiple): the microbatches and the
     data-parallel devices split B, and the rows beyond the bins are empty (all padding). S = the most
-    trajectories in one row, rounded up to a power of two (fewer distinct shapes)."""
-    T = _bucket(trajs, buckets)
-    rows = first_fit_decreasing([tr.length for tr in trajs], T)
+    trajectories in one row, rounded up to a power of two (fewer distinct shapes).
+
+    share_prefix: a trajectory after a row's first holds only what it does not share with it
+    (shared_prefix_length; TrajectoryBatch.prefix_segment_ids), and T is the bucket >= the longest trajectory
+    whose rows hold the fewest positions (B x T; ties: the shorter bucket): longer rows share one prefix among
+    more trajectories."""
+    shortest = _bucket(trajs, buckets)
     most = -(-len(trajs) // row_multiple) * row_multiple
-    rows += [[] for _ in range(packed_row_count(len(rows), row_multiple, most) - len(rows))]
+
+    def share(first: int, i: int) -> int:
+        return shared_prefix_length(trajs[first], trajs[i])
+
+    def layout(T: int) -> list[list[int]]:
+        rows = first_fit_decreasing([tr.length for tr in trajs], T, share if share_prefix else None)
+        return rows + [[] for _ in range(packed_row_count(len(rows), row_multiple, most) - len(rows))]
+
+    candidates = sorted(b for b in buckets if b >= shortest) if share_prefix else [shortest]
+    T, rows = min(((b, layout(b)) for b in candidates), key=lambda c: (len(c[1]) * c[0], c[0]))
+    shared = [[0] + [share(r[0], i) for i in r[1:]] for r in rows] if share_prefix else None
     num_slots = 1 << (max(len(r) for r in rows) - 1).bit_length()
     slots = np.full((len(rows), num_slots), -1, np.int32)
     for r, members in enumerate(rows):
         slots[r, : len(members)] = members
-    return _fill_rows(trajs, rows, T, pad_id, num_slots), slots
+    return _fill_rows(trajs, rows, T, pad_id, num_slots, shared), slots
 
 
 def _fill_rows(
-    trajs: Sequence[Trajectory], rows: Sequence[Sequence[int]], T: int, pad_id: int, num_slots: int | None
+    trajs: Sequence[Trajectory],
+    rows: Sequence[Sequence[int]],
+    T: int,
+    pad_id: int,
+    num_slots: int | None,
+    shared: Sequence[Sequence[int]] | None = None,
 ) -> TrajectoryBatch:
     """The TrajectoryBatch whose row r holds trajs[j] for j in rows[r], left to right. num_slots None: one
-    trajectory per row ([B] per-trajectory fields, no segment ids); else packed rows with [B, num_slots] fields."""
+    trajectory per row ([B] per-trajectory fields, no segment ids); else packed rows with [B, num_slots] fields.
+    shared[r][s]: the tokens member s of row r reads from the row's first trajectory instead of holding them."""
     B = len(rows)
     tokens = np.full((B, T), pad_id, np.int32)
     attention = np.zeros((B, T), bool)
@@ -536,6 +584,7 @@ def _fill_rows(
     chunks = np.full((B, T), -1, np.int32)
     expert = np.zeros((B, T), bool)
     segments = np.zeros((B, T), np.int32)
+    prefix_segments = np.zeros((B, T), np.int32)
     has_routes = [tr.routed_experts is not None for tr in trajs]
     if any(has_routes) and not all(has_routes):
         uid = trajs[has_routes.index(False)].uid
@@ -564,24 +613,28 @@ def _fill_rows(
         start = first_chunk = 0
         for s, j in enumerate(members):
             tr = trajs[j]
-            span = slice(start, start + tr.length)
-            tokens[r, span] = tr.tokens
+            skip = 0 if shared is None else shared[r][s]
+            held = slice(skip, tr.length)  # what the row holds of the trajectory
+            span = slice(start, start + tr.length - skip)
+            tokens[r, span] = tr.tokens[held]
             attention[r, span] = True
-            positions[r, span] = np.arange(tr.length)
-            action[r, span] = tr.action_mask
-            behavior[r, span] = tr.behavior_logprobs
-            chunks[r, span] = np.where(tr.action_mask, tr.chunk_ids + first_chunk, -1)
-            expert[r, span] = tr.expert_mask
+            positions[r, span] = np.arange(skip, tr.length)
+            action[r, span] = tr.action_mask[held]
+            behavior[r, span] = tr.behavior_logprobs[held]
+            chunks[r, span] = np.where(tr.action_mask, tr.chunk_ids + first_chunk, -1)[held]
+            expert[r, span] = tr.expert_mask[held]
             segments[r, span] = s + 1
+            if skip:
+                prefix_segments[r, span] = 1
             if routes is not None:
-                routes[r, span] = tr.routed_experts
+                routes[r, span] = tr.routed_experts[held]
             if tr.chunk_advantages is not None and tr.num_chunks:
-                branch_adv[r, span] = np.where(tr.action_mask, tr.chunk_advantages[tr.chunk_ids], 0)
-                branch_mask[r, span] = tr.action_mask
+                branch_adv[r, span] = np.where(tr.action_mask, tr.chunk_advantages[tr.chunk_ids], 0)[held]
+                branch_mask[r, span] = tr.action_mask[held]
             slot = r if num_slots is None else (r, s)
             rewards[slot], group_ids[slot], versions[slot] = tr.reward, groups[j], tr.policy_version
             truncated[slot] = tr.truncated
-            start += tr.length
+            start += tr.length - skip
             first_chunk += tr.num_chunks
         # padding continues the count in a one-per-row batch and restarts (a run of its own) in a packed one
         positions[r, start:] = np.arange(T - start) + (start if num_slots is None else 0)
@@ -601,4 +654,5 @@ def _fill_rows(
         branch_advantages=branch_adv,
         branch_mask=branch_mask,
         truncated=truncated,
+        prefix_segment_ids=None if shared is None else prefix_segments,
     )

@@ -19,9 +19,11 @@ rounds after warm-up (compile; each timed call after a short pause: timing.py), 
 Sizes: fixed B x T batches (--sizes, or --batch x --seq_len), each row one trajectory of T tokens; and, with
 --lengths, what RL feeds the learner: --length_batches batches of the recorded run's batch size, their episode
 lengths drawn from a run's trajectories (episode_lengths.py), as that run's learner packs them (`pack_batch`: several
-episodes per row of the smallest of its buckets that fits, `train.packing`) against the same episodes padded to the
-batch's longest, one per row, for PyTorch (what a transformers training loop does). One timed call runs all the
-batches, one step each; tokens/s counts real tokens.
+episodes per row of the smallest of its buckets that fits, `train.packing`; --buckets: other buckets) against the
+same episodes padded to the batch's longest, one per row, for PyTorch (what a transformers training loop does). When
+the run's episodes begin with a common prefix (the recorded system prompt and tool schema), the drawn ones do too,
+and ipa_jax is also timed with `train.share_prefix` (each packed row holds the prefix once). One timed call runs
+all the batches, one step each; tokens/s counts real tokens.
 
   python experiments/benchmarks/bench_learner.py          # 4 layers, hidden 256, 16 experts top-4, 4 x 512
   python experiments/benchmarks/bench_learner.py --batch=2 --seq_len=256  # smaller, for a busy 2-core machine
@@ -59,6 +61,7 @@ flags.DEFINE_integer("seq_len", 512, "tokens per trajectory")
 flags.DEFINE_list("sizes", [], "fixed sizes BxT to time one after another (default: --batch x --seq_len)")
 flags.DEFINE_string("lengths", "", "also time batches of these episode lengths (an episode_lengths.py JSON file)")
 flags.DEFINE_integer("length_batches", 3, "--lengths: batches drawn (each timed call runs one step on each)")
+flags.DEFINE_list("buckets", [], "--lengths: the packed rows' buckets (default: the recorded run's)")
 flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
 flags.DEFINE_integer("iters", 3, "timed rounds (each implementation once per round)")
 flags.DEFINE_enum("moe_impl", "auto", MOE_IMPLS, "ipa_jax MoE path (models/moe.py)")
@@ -369,13 +372,17 @@ def main(_):
             fns["torch_step"] = _torch_steps(hf, torch_opt, [batch], FLAGS.torch_device, FLAGS.dtype)
         cases[f"{b}x{t}"] = (fns, b * t, train_flops_per_token(config, t) * b * t)
     if record is not None:
-        drawn = length_batches(record, FLAGS.length_batches, FLAGS.vocab, np.random.default_rng(FLAGS.seed))
-        fns = {"ipa_jax_step": jax_steps(step, holder, [packed for _, _, packed in drawn])}
+        buckets = [int(b) for b in FLAGS.buckets] or None
+        rng = np.random.default_rng(FLAGS.seed)
+        drawn = length_batches(record, FLAGS.length_batches, FLAGS.vocab, rng, buckets)
+        fns = {"ipa_jax_step": jax_steps(step, holder, [packed for _, _, packed, _ in drawn])}
+        if record["common_prefix"]:
+            fns["ipa_jax_shared_prefix_step"] = jax_steps(step, holder, [shared for *_, shared in drawn])
         if hf is not None:
             fns["torch_step"] = _torch_steps(
-                hf, torch_opt, [padded for _, padded, _ in drawn], FLAGS.torch_device, FLAGS.dtype
+                hf, torch_opt, [padded for _, padded, _, _ in drawn], FLAGS.torch_device, FLAGS.dtype
             )
-        lengths = np.concatenate([n for n, _, _ in drawn])
+        lengths = np.concatenate([n for n, *_ in drawn])
         flops = sum(train_flops_per_token(config, int(n)) * int(n) for n in lengths)
         cases["lengths"] = (fns, int(lengths.sum()), flops)
     del hf  # the torch steps hold their own references (on their device)
@@ -421,11 +428,17 @@ def main(_):
             file=FLAGS.lengths,
             batches=FLAGS.length_batches,
             batch_size=record["batch_size"],
-            buckets=record["buckets"],
+            buckets=buckets or record["buckets"],
+            common_prefix=record["common_prefix"],
             drawn_mean=float(lengths.mean()),
             drawn_max=int(lengths.max()),
-            padded_shapes=["x".join(map(str, p.tokens.shape)) for _, p, _ in drawn],
-            packed_shapes=["x".join(map(str, p.tokens.shape)) for _, _, p in drawn],
+            padded_shapes=["x".join(map(str, p.tokens.shape)) for _, p, _, _ in drawn],
+            packed_shapes=["x".join(map(str, p.tokens.shape)) for _, _, p, _ in drawn],
+            shared_prefix_shapes=["x".join(map(str, p.tokens.shape)) for *_, p in drawn],
+            positions={
+                name: int(sum(batch.tokens.size for batch in batches))
+                for name, batches in zip(("padded", "packed", "shared_prefix"), list(zip(*drawn))[1:])
+            },
         )
     summary = []
     for case, (fns, tokens, flops) in cases.items():
@@ -445,18 +458,26 @@ def main(_):
             ratios["lora_time_over_full_time"] = out["ipa_jax_lora_step"]["seconds_min"] / ipa["seconds_min"]
         if "ipa_jax_reference_kl_step" in out:  # the reference forward and the KL term over the plain step
             ratios["reference_kl_step_over_step"] = out["ipa_jax_reference_kl_step"]["seconds_min"] / ipa["seconds_min"]
-        line = f"{case:>8}  ipa_jax {ipa['seconds_min'] * 1e3:8.1f} / {ipa['seconds_median'] * 1e3:8.1f} ms"
-        if "torch_step" in out:
-            torch_t = out["torch_step"]
-            ratios["torch_time_over_ipa_jax_time"] = torch_t["seconds_min"] / ipa["seconds_min"]
-            ratios["torch_time_over_ipa_jax_time_median"] = torch_t["seconds_median"] / ipa["seconds_median"]
-            line += (
-                f"  torch {torch_t['seconds_min'] * 1e3:8.1f} / {torch_t['seconds_median'] * 1e3:8.1f} ms"
-                f"  torch / ipa_jax {ratios['torch_time_over_ipa_jax_time']:.2f} / "
-                f"{ratios['torch_time_over_ipa_jax_time_median']:.2f}"
-            )
+        # ipa_jax's step and, on a common prefix, its step with shared prefixes, each against torch's
+        for name, label, key in (
+            ("ipa_jax_step", f"{case:>8}  ipa_jax", "ipa_jax"),
+            ("ipa_jax_shared_prefix_step", f"{'':>8}  shared prefix", "shared_prefix"),
+        ):
+            if name not in out:
+                continue
+            ours = out[name]
+            line = f"{label} {ours['seconds_min'] * 1e3:8.1f} / {ours['seconds_median'] * 1e3:8.1f} ms"
+            if "torch_step" in out:
+                torch_t = out["torch_step"]
+                ratios[f"torch_time_over_{key}_time"] = torch_t["seconds_min"] / ours["seconds_min"]
+                ratios[f"torch_time_over_{key}_time_median"] = torch_t["seconds_median"] / ours["seconds_median"]
+                line += (
+                    f"  torch {torch_t['seconds_min'] * 1e3:8.1f} / {torch_t['seconds_median'] * 1e3:8.1f} ms"
+                    f"  torch / {key} {ratios[f'torch_time_over_{key}_time']:.2f} / "
+                    f"{ratios[f'torch_time_over_{key}_time_median']:.2f}"
+                )
+            summary.append(line)
         results[case] = out
-        summary.append(line)
     results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
     print("(minimum / median of the rounds)")

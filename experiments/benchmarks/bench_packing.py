@@ -1,11 +1,13 @@
 """Sequence packing in the learner: useful (non-padding) tokens per second of the train step on packed rows
-(`train.packing`, `pack_batch`) next to one padded trajectory per row (`pad_batch`), on the same batches.
+(`train.packing`, `pack_batch`) and on packed rows sharing their trajectories' common prefix (`train.share_prefix`)
+next to one padded trajectory per row (`pad_batch`), on the same batches.
 
 The model, objective and buckets are the quickstart's (configs/quickstart.py: the tiny Qwen3-MoE, IPA; one CPU
 device). Two length distributions, each in --batches batches of --batch trajectories:
 
-  quickstart  the lengths of the quickstart's expert episodes (calculator, 2 operations), generated here with the
-              run's tokenizer: the batches of its imitation warm start (most of its steps), buckets (320, 448)
+  quickstart  the lengths, imitation targets and common prefix (the system prompt and tool schema) of the
+              quickstart's expert episodes (calculator, 2 operations), generated here with the run's tokenizer: the
+              batches of its imitation warm start, its buckets
   lognormal   agentic episodes with a long tail: lognormal lengths (median --median, sigma --sigma) clipped to
               [32, --max_len], buckets 64, 128, ... up to --max_len
 
@@ -24,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from absl import app, flags
 from episode_lengths import synthetic_trajectories  # experiments/benchmarks/episode_lengths.py, beside this script
 
@@ -41,10 +44,12 @@ flags.DEFINE_string("out", "", "also write the results as JSON here")
 FLAGS = flags.FLAGS
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.py"
+LAYOUTS = ("padded", "packed", "shared")
 
 
-def quickstart_lengths(exp) -> list[int]:
-    """Token lengths of the quickstart's expert episodes (64 train tasks) with the tokenizer its run builds."""
+def quickstart_episodes(exp) -> tuple[list[int], list[int], int]:
+    """(token lengths, imitation targets, the tokens all begin with) of the quickstart's expert episodes (64 train
+    tasks) with the tokenizer its run builds."""
     from ipa_jax.chat import ChatFormat
     from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
     from ipa_jax.rollout.agent import expert_episode
@@ -53,15 +58,19 @@ def quickstart_lengths(exp) -> list[int]:
         build_corpus_tokenizer(int(exp.model.arch["vocab_size"]), exp.env), enable_thinking=exp.rollout.enable_thinking
     )
     env = exp.env.make()
-    return [
-        expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i)).length
+    episodes = [
+        expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i))
         for i, task in enumerate(env.tasks("train", 64, 0))
     ]
+    common = min(e.length for e in episodes) - 1
+    for e in episodes[1:]:
+        differ = np.flatnonzero(e.tokens[:common] != episodes[0].tokens[:common])
+        common = int(differ[0]) if differ.size else common
+    return [e.length for e in episodes], [int(e.expert_mask.sum()) for e in episodes], common
 
 
 def main(_):
     import jax
-    import numpy as np
 
     from ipa_jax.models import MeshConfig, make_mesh
     from ipa_jax.pipeline import load_config, validate
@@ -89,7 +98,7 @@ def main(_):
         )
     }
     # Each layout keeps its own copy of the state: the step donates it.
-    holders = {layout: jax.tree.map(lambda x: x.copy(), state) for layout in ("padded", "packed")}
+    holders = {layout: jax.tree.map(lambda x: x.copy(), state) for layout in LAYOUTS}
 
     def run(layout, device_batch):
         holders[layout], metrics = step(holders[layout], device_batch)
@@ -97,23 +106,29 @@ def main(_):
 
     for dist in FLAGS.dists:
         if dist == "quickstart":
-            pool, buckets = quickstart_lengths(exp), exp.train.buckets
-            draws = [rng.choice(pool, FLAGS.batch) for _ in range(FLAGS.batches)]
+            pool, targets, common = quickstart_episodes(exp)
+            buckets = exp.train.buckets
+            picks = [rng.integers(0, len(pool), FLAGS.batch) for _ in range(FLAGS.batches)]
+            draws = [np.asarray(pool)[p] for p in picks]
+            scored = [np.asarray(targets)[p] for p in picks]
         elif dist == "lognormal":
             buckets = tuple(2**k for k in range(6, 20) if 2**k <= FLAGS.max_len)
             draws = [
                 np.clip(rng.lognormal(np.log(FLAGS.median), FLAGS.sigma, FLAGS.batch), 32, FLAGS.max_len).astype(int)
                 for _ in range(FLAGS.batches)
             ]
+            scored, common = [None] * FLAGS.batches, 0
         else:
             raise ValueError(f"--dists: unknown distribution {dist!r}")
-        host = {"padded": [], "packed": []}
-        for lengths in draws:
-            trajs = synthetic_trajectories(lengths, vocab, rng)
+        host = {layout: [] for layout in LAYOUTS}
+        for lengths, targets in zip(draws, scored, strict=True):
+            trajs = synthetic_trajectories(lengths, vocab, rng, targets, common)
             host["padded"].append(pad_batch(trajs, buckets))
-            host["packed"].append(pack_batch(trajs, buckets, row_multiple=exp.train.microbatches)[0])
+            for layout, share in (("packed", False), ("shared", True)):
+                batch = pack_batch(trajs, buckets, row_multiple=exp.train.microbatches, share_prefix=share)[0]
+                host[layout].append(batch)
         batches = {layout: [step.put_batch(b) for b in bs] for layout, bs in host.items()}
-        compile_s, times = {}, {"padded": 0.0, "packed": 0.0}
+        compile_s, times = {}, dict.fromkeys(LAYOUTS, 0.0)
         for layout, bs in batches.items():
             t0 = time.perf_counter()
             for b in bs:
@@ -121,12 +136,17 @@ def main(_):
             compile_s[layout] = time.perf_counter() - t0
         for _ in range(FLAGS.rounds):
             for i in range(FLAGS.batches):
-                for layout in ("padded", "packed"):
+                for layout in LAYOUTS:
                     t0 = time.perf_counter()
                     run(layout, batches[layout][i])
                     times[layout] += time.perf_counter() - t0
         useful = FLAGS.rounds * sum(int(b.attention_mask.sum()) for b in host["padded"])
-        out = {"lengths_mean": float(np.mean(draws)), "lengths_max": int(np.max(draws)), "buckets": list(buckets)}
+        out = {
+            "lengths_mean": float(np.mean(draws)),
+            "lengths_max": int(np.max(draws)),
+            "buckets": list(buckets),
+            "common_prefix": common,
+        }
         for layout, bs in host.items():
             out[layout] = {
                 "shapes": sorted({"x".join(map(str, b.tokens.shape)) for b in bs}),
@@ -135,9 +155,10 @@ def main(_):
                 "seconds": times[layout],
                 "useful_tokens_per_s": useful / times[layout],
             }
-        out["packed_over_padded_useful_tokens_per_s"] = (
-            out["packed"]["useful_tokens_per_s"] / out["padded"]["useful_tokens_per_s"]
-        )
+        for layout in ("packed", "shared"):
+            out[f"{layout}_over_padded_useful_tokens_per_s"] = (
+                out[layout]["useful_tokens_per_s"] / out["padded"]["useful_tokens_per_s"]
+            )
         results[dist] = out
     results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))

@@ -5,6 +5,8 @@ Recording reads the trajectories the learner consumed (<run_dir>/trajectories/tr
 config.json (its train.batch_size and train.buckets, the rows a packed learner step fills). Per episode it keeps
 the length and the scored tokens (action tokens, or an expert episode's imitation targets): the learner computes
 the LM head only where tokens are scored (`token_logprobs(scored=...)`), so their count shapes the step's cost.
+Per run it keeps the common prefix: the tokens every recorded episode begins with (the system prompt and tool
+schema of an agentic task), which `train.share_prefix` holds once per packed row.
 
   python experiments/benchmarks/episode_lengths.py --run_dir=runs/quickstart --out=lengths.json
 
@@ -23,9 +25,9 @@ KINDS = ("rollout", "expert", "all")
 
 
 def record_lengths(run_dir: str, kind: str = "rollout") -> dict:
-    """{"run", "kind", "batch_size", "buckets", "lengths", "scored_tokens"}: the token length and the number of
-    action or expert tokens of every consumed trajectory of `kind`, in the order the learner consumed them, with
-    the run's batch size and buckets."""
+    """{"run", "kind", "batch_size", "buckets", "lengths", "scored_tokens", "common_prefix"}: the token length and
+    the number of action or expert tokens of every consumed trajectory of `kind`, in the order the learner consumed
+    them, the number of tokens they all begin with, and the run's batch size and buckets."""
     from ipa_jax.pipeline.run_folder import RunFolder
 
     if kind not in KINDS:
@@ -37,6 +39,11 @@ def record_lengths(run_dir: str, kind: str = "rollout") -> dict:
     kept = [tr for tr in trajs if rollout is None or bool(tr.action_mask.any()) == rollout]
     if not kept:
         raise ValueError(f"{folder.trajectories_path('train')}: no {kind} trajectories (of {len(trajs)} consumed)")
+    first = kept[0].tokens
+    common = min(tr.length for tr in kept) - 1  # every episode keeps a token of its own
+    for tr in kept[1:]:
+        differ = np.flatnonzero(tr.tokens[:common] != first[:common])
+        common = int(differ[0]) if differ.size else common
     return {
         "run": os.path.basename(os.path.normpath(run_dir)),
         "kind": kind,
@@ -44,12 +51,14 @@ def record_lengths(run_dir: str, kind: str = "rollout") -> dict:
         "buckets": [int(b) for b in train["buckets"]],
         "lengths": [tr.length for tr in kept],
         "scored_tokens": [int((tr.action_mask | tr.expert_mask).sum()) for tr in kept],
+        "common_prefix": common,
     }
 
 
 def load_lengths(path: str) -> dict:
     """A record_lengths JSON file, checked: integer lengths >= 2, each fitting the largest bucket, and per
-    episode 1 to length - 1 scored tokens."""
+    episode 1 to length - 1 scored tokens; a common prefix shorter than every episode (0 when absent: files
+    recorded before it was)."""
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
     missing = {"batch_size", "buckets", "lengths", "scored_tokens"} - set(record)
@@ -64,6 +73,9 @@ def load_lengths(path: str) -> dict:
         raise ValueError(f"{path}: the longest episode ({max(lengths)}) exceeds the largest bucket {buckets}")
     if not isinstance(record["batch_size"], int) or record["batch_size"] < 1:
         raise ValueError(f"{path}: 'batch_size' must be a positive integer, got {record['batch_size']!r}")
+    common = record.setdefault("common_prefix", 0)
+    if not isinstance(common, int) or not 0 <= common < min(lengths):
+        raise ValueError(f"{path}: 'common_prefix' must be an integer in [0, {min(lengths)}), got {common!r}")
     return record
 
 
@@ -91,19 +103,24 @@ def _action_layout(n: int, actions: int | None, rng: np.random.Generator) -> tup
     return action, ends
 
 
-def synthetic_trajectories(lengths, vocab: int, rng: np.random.Generator, scored_tokens=None):
+def synthetic_trajectories(lengths, vocab: int, rng: np.random.Generator, scored_tokens=None, common_prefix=0):
     """Trajectories of the given lengths, with scored_tokens[i] action tokens each (None: a third of the episode
-    as the prompt, then turns; `_action_layout`); behaviour log-probs near log(1/V), 0/1 rewards."""
+    as the prompt, then turns; `_action_layout`); behaviour log-probs near log(1/V), 0/1 rewards. All begin with
+    the same `common_prefix` random tokens, and differ right after them."""
     from ipa_jax.trajectory import Trajectory, build_chunk_ids
 
+    prompt = rng.integers(0, vocab, common_prefix + 1)
     out = []
     for i, n in enumerate(lengths):
         action, ends = _action_layout(int(n), None if scored_tokens is None else int(scored_tokens[i]), rng)
         behavior = np.where(action, -np.log(vocab) + rng.normal(0, 0.05, n), 0.0)
+        tokens = rng.integers(0, vocab, n)
+        tokens[:common_prefix] = prompt[:common_prefix]
+        tokens[common_prefix] = (prompt[common_prefix] + 1 + i % (vocab - 1)) % vocab  # not the prompt's next
         out.append(
             Trajectory(
                 uid=str(i),
-                tokens=rng.integers(0, vocab, n),
+                tokens=tokens,
                 action_mask=action,
                 behavior_logprobs=np.minimum(behavior, -1e-3) * action,
                 chunk_ids=build_chunk_ids(action, ends),
@@ -116,18 +133,23 @@ def synthetic_trajectories(lengths, vocab: int, rng: np.random.Generator, scored
     return out
 
 
-def length_batches(record: dict, count: int, vocab: int, rng: np.random.Generator) -> list[tuple]:
-    """`count` batches of record["batch_size"] episodes drawn from the record (length and scored tokens together);
-    each as (lengths int[B], padded, packed): padded one episode per row to the batch's longest (pad_batch), packed
-    several per row of the smallest of record["buckets"] that fits, as the run's learner packs them (pack_batch)."""
+def length_batches(record: dict, count: int, vocab: int, rng: np.random.Generator, buckets=None) -> list[tuple]:
+    """`count` batches of record["batch_size"] episodes drawn from the record (length and scored tokens together,
+    all beginning with its common prefix); each as (lengths int[B], padded, packed, shared): padded one episode per
+    row to the batch's longest (pad_batch), packed several per row of the smallest of the buckets that fits, as the
+    run's learner packs them (pack_batch; buckets: record["buckets"] unless given), and shared the same with
+    share_prefix (train.share_prefix)."""
     from ipa_jax.trajectory import pack_batch, pad_batch
 
+    buckets = record["buckets"] if buckets is None else buckets
     out = []
     for _ in range(count):
         drawn = rng.integers(0, len(record["lengths"]), record["batch_size"])
         lengths = np.asarray(record["lengths"])[drawn]
-        trajs = synthetic_trajectories(lengths, vocab, rng, np.asarray(record["scored_tokens"])[drawn])
-        out.append((lengths, pad_batch(trajs, (int(lengths.max()),)), pack_batch(trajs, record["buckets"])[0]))
+        scored = np.asarray(record["scored_tokens"])[drawn]
+        trajs = synthetic_trajectories(lengths, vocab, rng, scored, record.get("common_prefix", 0))
+        padded = pad_batch(trajs, (int(lengths.max()),))
+        out.append((lengths, padded, pack_batch(trajs, buckets)[0], pack_batch(trajs, buckets, share_prefix=True)[0]))
     return out
 
 

@@ -71,13 +71,24 @@ def visible_keys(
     k_valid: jax.Array,
     q_segments: jax.Array | None = None,
     k_segments: jax.Array | None = None,
+    q_prefix_segments: jax.Array | None = None,
 ) -> jax.Array:
     """bool[B, T, S]: key s is visible to query t iff it is valid, k_pos[s] <= q_pos[t] and (with segment ids)
-    both lie in one segment. q_pos/q_segments [B, T], k_pos/k_valid/k_segments [B, S]."""
+    both lie in one segment. q_pos/q_segments [B, T], k_pos/k_valid/k_segments [B, S].
+
+    q_prefix_segments int32[B, T] (packed rows with shared prefixes, 0 = none): a query also sees the keys of
+    segment q_prefix_segments[t] at positions before its own segment's first position (the prefix its
+    segment continues). Needs q_segments, contiguous runs along the row (self-attention: keys = queries)."""
     visible = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
-    if q_segments is not None:
-        visible &= q_segments[:, :, None] == k_segments[:, None, :]
-    return visible
+    if q_segments is None:
+        return visible
+    same = q_segments[:, :, None] == k_segments[:, None, :]
+    if q_prefix_segments is not None:
+        segment_start = q_pos - segment_positions(q_segments)  # the position of the segment's first token
+        same |= (q_prefix_segments[:, :, None] == k_segments[:, None, :]) & (
+            k_pos[:, None, :] < segment_start[:, :, None]
+        )
+    return visible & same
 
 
 def _masked_softmax(scores: jax.Array, visible: jax.Array) -> jax.Array:

@@ -214,6 +214,7 @@ def token_logprobs(
     positions: jax.Array | None = None,
     *,
     segment_ids: jax.Array | None = None,
+    prefix_segment_ids: jax.Array | None = None,
     return_entropy: bool = False,
     block_size: int = 128,
     routed_experts: jax.Array | None = None,
@@ -224,7 +225,8 @@ def token_logprobs(
     """Log-prob of every token given its prefix, aligned with `tokens`: out[:, t] = log pi(tokens[t] | tokens[:t]).
 
     tokens int32[B, T], attention_mask bool[B, T], segment_ids int32[B, T] (packed rows: every segment is its
-    own sequence, positions restart in it unless given) -> (logprobs float32[B, T], entropy float32[B, T] | None,
+    own sequence, positions restart in it unless given; prefix_segment_ids: shared prefixes, see
+    `Qwen3ForCausalLM.hidden_states`) -> (logprobs float32[B, T], entropy float32[B, T] | None,
     aux). Position 0, padding, a token right after padding and the first token of a segment hold 0 (entropy
     too); entropy[:, t] is that of the distribution tokens[t] was drawn from. aux: the model's aux dict
     (load-balancing / z losses, routed experts). scored bool[B, T] | None: the tokens the caller reads (None =
@@ -232,7 +234,13 @@ def token_logprobs(
     keep_logits_bytes: the memory a differentiated call may spend keeping the logits (`blockwise_logprobs`).
     """
     hidden, aux = model.hidden_states(
-        tokens, positions, attention_mask, segment_ids=segment_ids, routed_experts=routed_experts, moe_impl=moe_impl
+        tokens,
+        positions,
+        attention_mask,
+        segment_ids=segment_ids,
+        prefix_segment_ids=prefix_segment_ids,
+        routed_experts=routed_experts,
+        moe_impl=moe_impl,
     )
     logprobs, entropy = blockwise_logprobs(
         hidden[:, :-1],

@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from ipa_jax.models.attention import AttentionMesh, segment_positions, visible_keys
+from ipa_jax.models.attention import AttentionMesh, resolve_attention_impl, segment_positions, visible_keys
 from ipa_jax.models.cache import KVCache, scatter_rows, write_slots
 from ipa_jax.models.config import Qwen3Config
 from ipa_jax.models.layers import INIT_STD, MLP, Attention, RMSNorm, make_param, rope_tables
@@ -156,6 +156,7 @@ class Qwen3ForCausalLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         *,
         segment_ids: jax.Array | None = None,
+        prefix_segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
         routed_experts: jax.Array | None = None,
         moe_impl: str | None = None,
@@ -165,6 +166,8 @@ class Qwen3ForCausalLM(nnx.Module):
         input_ids int32[B, T]; positions int32[B, T] (default: arange(T) per row, or the index within the
         segment with segment_ids); attention_mask bool[B, T] (real tokens; default all); segment_ids int32[B, T]
         (packed rows: a token attends only within its segment, a contiguous run of one id; not with a cache);
+        prefix_segment_ids int32[B, T] (packed rows with shared prefixes, `pack_batch(share_prefix=True)`): a
+        token also attends to segment prefix_segment_ids[t]'s tokens at positions before its own segment's first;
         routed_experts int32[B, T, L, k] (routing replay; L = num_hidden_layers, entries of non-MoE layers
         ignored); moe_impl overrides config.moe_impl.
         """
@@ -191,6 +194,8 @@ class Qwen3ForCausalLM(nnx.Module):
             )
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids (packed rows) cannot be combined with a KV cache")
+        if prefix_segment_ids is not None and segment_ids is None:
+            raise ValueError("prefix_segment_ids (shared prefixes) needs the packed rows' segment_ids")
         if positions is None:
             positions = (
                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -201,7 +206,7 @@ class Qwen3ForCausalLM(nnx.Module):
 
         if cache is None:
             slots = None
-            visible = visible_keys(positions, positions, token_mask, segment_ids, segment_ids)
+            visible = visible_keys(positions, positions, token_mask, segment_ids, segment_ids, prefix_segment_ids)
         else:
             slots = write_slots(positions, token_mask, cache.max_len)
             key_valid = scatter_rows(cache.valid, slots, jnp.ones((b, t), bool))
@@ -212,6 +217,13 @@ class Qwen3ForCausalLM(nnx.Module):
         # width-sharded table into batch-sharded activations would make GSPMD replicate the result anyway.
         table = constrain(self.embed_tokens[...], self.mesh, (None, None), self.rules)
         h = constrain(table[input_ids], self.mesh, ("batch", None, None), self.rules)
+        if prefix_segment_ids is not None and resolve_attention_impl(cfg.attention_impl, h.dtype, cfg.head_dim) == (
+            "splash"
+        ):
+            raise ValueError(
+                "attention_impl 'splash' reads segment ids only and cannot attend to a shared prefix: use another "
+                "attention_impl or train.share_prefix=False"
+            )
         cos, sin = rope_tables(cfg, positions, h.dtype)  # the parameters' dtype (a trainer may cast them)
         real_segment = 1 if segment_ids is None else segment_ids.astype(jnp.int32) + 1
         inputs = LayerInputs(cos, sin, visible, token_mask, slots, jnp.where(token_mask, real_segment, 0))

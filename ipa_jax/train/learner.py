@@ -84,6 +84,10 @@ class TrainConfig:
       every per-trajectory term of the objective stay within each trajectory: the same loss and gradient as one
       trajectory per row) instead of padding every trajectory to the bucket; with minibatches > 1 a minibatch
       is a set of packed rows.
+    share_prefix: with packing, a trajectory that begins like its row's first holds only its other tokens and
+      attends to the first's as its prefix (agentic episodes share the system prompt and tool schema; samples of
+      one task the whole prompt): the same loss and gradient from fewer positions; the row length is then the
+      bucket whose rows hold the fewest positions (`pack_batch`).
     reward_range: (low, high): a trajectory whose reward is outside it is dropped as invalid (a reward that a float32
       loss cannot represent would make every batch holding it a skipped update).
     allow_config_change: resume a run folder whose config.json differs from this config (the changes are
@@ -116,6 +120,7 @@ class TrainConfig:
     data: tuple[str, ...] = ()
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     packing: bool = False
+    share_prefix: bool = False
     reward_range: tuple[float, float] = (-1e6, 1e6)
     allow_config_change: bool = False
     max_consecutive_skipped: int = 10
@@ -158,8 +163,11 @@ class TrainConfig:
             raise ValueError(f"train.il_warmup_patience: must be >= 0 (0 = off), got {self.il_warmup_patience}")
         if not self.buckets or any(b < 2 for b in self.buckets):
             raise ValueError(f"train.buckets: must be non-empty lengths >= 2, got {self.buckets}")
-        if not isinstance(self.packing, bool):
-            raise ValueError(f"train.packing: must be True or False, got {self.packing!r}")
+        for name in ("packing", "share_prefix"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"train.{name}: must be True or False, got {getattr(self, name)!r}")
+        if self.share_prefix and not self.packing:
+            raise ValueError("train.share_prefix: needs train.packing=True (a shared prefix lives in a packed row)")
         if not self.name:
             raise ValueError("train.name: must be non-empty")
         if not 0.0 <= self.reward_flip_fraction <= 1.0:  # also rejects NaN
@@ -460,7 +468,7 @@ class Learner:
         if not cfg.packing:
             return pad_batch(trajs, cfg.buckets)
         multiple = cfg.minibatches * cfg.microbatches * self.step_fn.data_parallel_size
-        return pack_batch(trajs, cfg.buckets, row_multiple=multiple)[0]
+        return pack_batch(trajs, cfg.buckets, row_multiple=multiple, share_prefix=cfg.share_prefix)[0]
 
     def _updates(self, batch: TrajectoryBatch, step: int, state: TrainState, reference: "BatchReference"):
         """(device batch, device advantages | None, device old log-probs | None, rows | None, device return

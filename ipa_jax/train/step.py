@@ -23,7 +23,10 @@ Current log-probs (and entropies when asked) come from the model's blockwise `to
 
 Packed batches (batch.segment_ids, `pack_batch`): the model attends within each segment and restarts positions
 there, the objective computes every per-trajectory quantity per segment, and per-trajectory inputs (rewards,
-advantages) are [B, S]; the loss and gradient are those of the same trajectories one per row.
+advantages) are [B, S]; the loss and gradient are those of the same trajectories one per row. With shared
+prefixes (batch.prefix_segment_ids, `pack_batch(share_prefix=True)`) a trajectory that begins like its row's first
+holds only the rest and attends to the first's tokens as its prefix: the same log-probs, so the same loss (the
+MoE router's load-balancing statistics count the shared tokens once).
 
 Old log-probs (objective.old_logprobs = "recompute"): the learner's log-probs under the parameters at the start of
 the update, without gradient. On the first update of a batch those are the current parameters, so the step takes
@@ -182,6 +185,7 @@ def _token_logprobs(params, rest, graphdef, mb: TrajectoryBatch, options: StepOp
         mb.attention_mask,
         mb.positions,
         segment_ids=mb.segment_ids,
+        prefix_segment_ids=mb.prefix_segment_ids,
         return_entropy=return_entropy,
         block_size=options.logprob_block_size,
         keep_logits_bytes=options.logprob_keep_logits_mib << 20,
@@ -557,7 +561,8 @@ class TrainStep:
     ):
         packed = batch.segment_ids is not None
         branched = batch.branch_advantages is not None  # a batch without branched trajectories has no such fields
-        key = (batch.routed_experts is not None, packed, with_advantages, with_old, branched, extras, with_base)
+        shared = batch.prefix_segment_ids is not None
+        key = (batch.routed_experts is not None, packed, shared, with_advantages, with_old, branched, extras, with_base)
         if key not in self._compiled:
             fn = lambda state, batch, adv, old, extra, base: train_step(  # noqa: E731
                 state, batch, adv, old, extra, base, options=self.options, schedule=self.schedule
@@ -608,7 +613,12 @@ class TrainStep:
         return self._host_log_probs(state, batch, reference=True)
 
     def _host_log_probs(self, state: TrainState, batch: TrajectoryBatch, reference: bool) -> np.ndarray:
-        key = (batch.routed_experts is not None, batch.segment_ids is not None, reference)
+        key = (
+            batch.routed_experts is not None,
+            batch.segment_ids is not None,
+            batch.prefix_segment_ids is not None,
+            reference,
+        )
         if key not in self._compiled_old:
             self._compiled_old[key] = jax.jit(
                 lambda state, batch: recompute_log_probs(state, batch, options=self.options, reference=reference),

@@ -54,6 +54,7 @@ def test_recorded_lengths_round_trip_through_json(run_dir, tmp_path, kind, lengt
         "buckets": [16, 32],
         "lengths": lengths,
         "scored_tokens": scored,
+        "common_prefix": min(lengths) - 1,  # the episodes' tokens are all 0, 1, 2, ... (mod 7)
     }
     path = tmp_path / "lengths.json"
     path.write_text(json.dumps(record))
@@ -79,6 +80,8 @@ def test_recording_a_run_without_such_episodes_or_with_a_bad_kind_is_an_error(tm
         ({"scored_tokens": [4]}, "1 to length - 1"),
         ({"scored_tokens": [4, 30]}, "1 to length - 1"),
         ({"batch_size": 0}, "'batch_size' must be a positive integer"),
+        ({"common_prefix": 9}, "'common_prefix' must be an integer in \\[0, 9\\)"),
+        ({"common_prefix": -1}, "'common_prefix' must be"),
     ],
 )
 def test_a_bad_lengths_file_is_a_clear_error(tmp_path, change, message):
@@ -105,7 +108,7 @@ def test_benchmark_batches_hold_exactly_the_drawn_episodes():
     scored_of = dict(zip(record["lengths"], record["scored_tokens"]))
     batches = episode_lengths.length_batches(record, 3, vocab=50, rng=np.random.default_rng(0))
     assert len(batches) == 3
-    for lengths, padded, packed in batches:
+    for lengths, padded, packed, _ in batches:
         assert len(lengths) == 6 and set(lengths) <= set(record["lengths"])
         # padded: one episode per row, in draw order, to the batch's longest
         assert padded.tokens.shape == (6, max(lengths))
@@ -136,3 +139,18 @@ def test_synthetic_episodes_have_exactly_the_scored_tokens_asked_for():
         assert tr.length == n and tr.action_mask.sum() == a
         assert tr.action_mask[-1]  # the last turn ends the episode
         assert tr.num_chunks == -(-a // 32)
+
+
+def test_benchmark_batches_share_the_common_prefix():
+    """With a common prefix every drawn episode begins with it and differs right after; the shared batch holds it
+    once per row (each row's first episode whole, the others from their own tokens on)."""
+    record = {"batch_size": 8, "buckets": [64, 128], "lengths": [40, 44, 48], "scored_tokens": [10, 12, 9]}
+    record["common_prefix"] = 20
+    for lengths, padded, packed, shared in episode_lengths.length_batches(record, 2, 50, np.random.default_rng(3)):
+        tokens = padded.tokens
+        assert (tokens[:, :20] == tokens[0, :20]).all() and len(set(tokens[:, 20])) > 1
+        assert shared.prefix_segment_ids is not None and packed.prefix_segment_ids is None
+        rows = [r for r in range(shared.tokens.shape[0]) if shared.attention_mask[r].any()]
+        segments = sum(len(_segments(shared.segment_ids[r])) for r in rows)
+        assert segments == 8 and shared.attention_mask.sum() == lengths.sum() - 20 * (8 - len(rows))
+        assert shared.tokens.size < packed.tokens.size

@@ -139,3 +139,54 @@ def test_sharded_packed_model_path_equals_reference_and_separate_rows(packed_bat
         want[row, :first] = alone[2 * row, :first]
         want[row, first : first + second] = alone[2 * row + 1, :second]
     np.testing.assert_allclose(np.asarray(lp), want, atol=2e-6)
+
+
+def test_visible_keys_with_a_shared_prefix():
+    """Row: segment 1 at positions 0..4, segment 2 continuing segment 1's first 3 tokens (positions 3..5),
+    segment 3 on its own (0..1), one pad. The mask from the rule written out key by key."""
+    seg = np.array([[1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 0]], np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 0]], np.int32)
+    pre = np.array([[0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0]], np.int32)
+    valid = seg > 0
+    got = np.asarray(visible_keys(*map(jnp.asarray, (pos, pos, valid, seg, seg, pre))))[0]
+    want = np.zeros((11, 11), bool)
+    for q in range(11):
+        for k in range(11):
+            own = seg[0, k] == seg[0, q] and pos[0, k] <= pos[0, q]
+            prefix = pre[0, q] > 0 and seg[0, k] == pre[0, q] and pos[0, k] < 3
+            want[q, k] = valid[0, k] and (own or prefix)
+    np.testing.assert_array_equal(got, want)
+    assert got[5, :3].all() and not got[5, 3:5].any()  # segment 2 reads positions 0-2 of segment 1, not 3-4
+
+
+@pytest.mark.parametrize("impl", ["blocked", "xla", "reference"])
+def test_shared_prefix_row_scores_like_the_whole_trajectories(impl):
+    """Two trajectories sharing their first 6 tokens, alone in two rows, and packed in one row where the second
+    holds only its tokens from position 6 on: the same log-probs at every token the second holds but its first."""
+    model = init_model(tiny_qwen3_config(attention_impl=impl, attention_query_block=4), seed=1)
+    rng = np.random.default_rng(0)
+    first, second = rng.integers(0, 128, 13), rng.integers(0, 128, 10)
+    second[:6] = first[:6]
+    alone = np.zeros((2, 13), np.int32)
+    alone[0], alone[1, :10] = first, second
+    mask = np.arange(13)[None] < np.array([[13], [10]])
+    want = np.asarray(token_logprobs(model, jnp.asarray(alone), jnp.asarray(mask))[0])
+    row = np.concatenate([first, second[6:], [0, 0, 0]])[None].astype(np.int32)
+    seg = np.array([[1] * 13 + [2] * 4 + [0] * 3], np.int32)
+    pos = np.array([list(range(13)) + list(range(6, 10)) + [0, 0, 0]], np.int32)
+    pre = np.where(seg == 2, 1, 0).astype(np.int32)
+    args = (jnp.asarray(row), jnp.asarray(seg > 0), jnp.asarray(pos))
+    got = np.asarray(token_logprobs(model, *args, segment_ids=jnp.asarray(seg), prefix_segment_ids=pre)[0])
+    np.testing.assert_allclose(got[0, :13], want[0], atol=2e-6)
+    np.testing.assert_allclose(got[0, 14:17], want[1, 7:10], atol=2e-6)
+    blind = np.asarray(token_logprobs(model, *args, segment_ids=jnp.asarray(seg))[0])  # without the prefix
+    assert np.abs(blind[0, 14:17] - want[1, 7:10]).max() > 1e-3
+    with pytest.raises(ValueError, match="needs the packed rows' segment_ids"):
+        token_logprobs(model, *args, prefix_segment_ids=pre)
+
+
+def test_splash_refuses_a_shared_prefix():
+    model = init_model(tiny_qwen3_config(attention_impl="splash"), seed=1)
+    seg = jnp.ones((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="splash' reads segment ids only"):
+        token_logprobs(model, jnp.zeros((1, 8), jnp.int32), segment_ids=seg, prefix_segment_ids=seg)
