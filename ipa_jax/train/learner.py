@@ -635,7 +635,8 @@ class Learner:
         }
         if lag.size:  # absent on pure imitation batches (no sampled episode, no lag)
             out.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
-        out["tokens_per_s"] = float(metrics["real_tokens"] / dt)
+        # the trajectories' tokens: a shared prefix counts in every trajectory that reads it
+        out["tokens_per_s"] = float((metrics["real_tokens"] + metrics.get("shared_prefix_tokens", 0.0)) / dt)
         if self.flops_per_token is not None and self.peak_flops > 0:
             flops = self.flops_per_token(t) * b * t  # padded tokens: the work the devices actually do
             out["mfu"] = flops / dt / (self.peak_flops * jax.device_count())

@@ -55,6 +55,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ipa_jax.models import token_logprobs
+from ipa_jax.models.attention import segment_positions
 from ipa_jax.models.sharding import DEFAULT_RULES, Rules, batch_sharding
 from ipa_jax.objectives import (
     ObjectiveConfig,
@@ -486,8 +487,17 @@ def train_step(
         if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour vs reference), mean over trajectories
             kl = penalty_kl(batch, options.objective, extras["ref_log_probs"])
             metrics["kl_penalty_sequence_mean"] = jnp.sum(jnp.where(present, kl, 0)) / n_traj
+    if batch.prefix_segment_ids is not None:
+        metrics["shared_prefix_tokens"] = shared_prefix_tokens(batch)
     metrics.update(overlong_metrics(batch, options.objective, present, n_traj))
     return new_state, metrics
+
+
+def shared_prefix_tokens(batch: TrajectoryBatch) -> jax.Array:
+    """Tokens the batch's trajectories read from a shared prefix instead of holding: a segment that continues
+    another starts at position P, its prefix's length. float32 scalar; real_tokens + it = the trajectories' tokens."""
+    first = batch.attention_mask & (segment_positions(batch.segment_ids) == 0) & (batch.prefix_segment_ids > 0)
+    return jnp.sum(jnp.where(first, batch.positions, 0)).astype(jnp.float32)
 
 
 def overlong_metrics(batch: TrajectoryBatch, objective: ObjectiveConfig, present: jax.Array, n_traj: jax.Array):

@@ -26,7 +26,7 @@ from ipa_jax.pipeline.run_folder import tensorboard_tag
 from ipa_jax.rollout.resample import Resampler
 from ipa_jax.train import Learner, LoggingConfig
 from ipa_jax.train.step import train_step
-from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch
+from ipa_jax.trajectory import Trajectory, build_chunk_ids, pack_batch, pad_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_CONFIG = os.path.join(REPO, "configs", "offline_tiny.py")
@@ -65,6 +65,7 @@ TRAIN = (  # train_step's metrics and the learner's own numbers about the update
     "chunks_max",
     "action_tokens",
     "real_tokens",
+    "shared_prefix_tokens",
     "nonfinite_weights",
     "load_balancing_loss",
     "router_z_loss",
@@ -161,6 +162,9 @@ def _logged_names() -> set[str]:
     batch = pad_batch([_trajectory(i) for i in range(8)], exp.train.buckets)
     fn = functools.partial(train_step, options=step.options, schedule=step.schedule)
     metrics = jax.eval_shape(fn, state, batch, None)[1]
+    # packed rows with shared prefixes (train.share_prefix) add theirs
+    shared = pack_batch([_trajectory(i) for i in range(8)], exp.train.buckets, share_prefix=True)[0]
+    metrics = {**metrics, **jax.eval_shape(fn, state, shared, None)[1]}
 
     zeros = lambda: collections.defaultdict(float)  # noqa: E731  (stats() with every key at 0)
     resampler = SimpleNamespace(

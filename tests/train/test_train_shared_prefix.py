@@ -15,7 +15,7 @@ from ipa_jax.models import MeshConfig, make_mesh
 from ipa_jax.pipeline import RunFolder
 from ipa_jax.pipeline.build import build_learner, build_state, build_steps
 from ipa_jax.train import JsonlSource
-from ipa_jax.train.step import batch_gradients
+from ipa_jax.train.step import batch_gradients, shared_prefix_tokens
 from ipa_jax.trajectory import pack_batch, pad_batch, shared_prefix_length, write_jsonl
 
 BUCKETS = (48, 96, 160)
@@ -79,6 +79,8 @@ def test_pack_batch_shares_the_row_heads_prefix():
     B, T = batch.tokens.shape
     assert batch.attention_mask.sum() < plain.attention_mask.sum() and B * T <= plain.tokens.size
     assert sorted(slots[slots >= 0].tolist()) == list(range(len(trajs)))
+    held, total = batch.attention_mask.sum(), sum(tr.length for tr in trajs)
+    assert float(shared_prefix_tokens(batch)) == total - held > 0
     seg, pre = batch.segment_ids, batch.prefix_segment_ids
     borrowers = 0
     for (r, s), j in np.ndenumerate(slots):
@@ -228,6 +230,9 @@ def test_learner_shared_prefix_update_equals_padded(tmp_path, mesh):
         tmp_path, mesh, "shared", "train.steps=1", "train.packing=True", "train.share_prefix=True"
     )
     assert shared["real_tokens"] <= padded["real_tokens"] - 3 * PROMPT  # 8 rows: a few borrowers
+    # what the rows do not hold is what the trajectories read from a shared prefix
+    assert shared["real_tokens"] + shared["shared_prefix_tokens"] == padded["real_tokens"]
+    assert "shared_prefix_tokens" not in padded
     for key in ("loss", "rl_loss", "grad_norm", "reward_mean", "advantage_std", "admitted_fraction", "action_tokens"):
         assert math.isclose(shared[key], padded[key], rel_tol=1e-5, abs_tol=1e-7), key
     delta = jax.tree.map(np.subtract, after, init)
