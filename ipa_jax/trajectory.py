@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import json
 import logging
 import os
@@ -515,10 +516,14 @@ def packed_row_count(needed: int, multiple: int, most: int) -> int:
 
 
 def shared_prefix_length(head: Trajectory, traj: Trajectory) -> int:
-    """The tokens `traj` can read from `head` instead of holding them: their common prefix, cut so that traj keeps
-    its first scored (action or expert) token's predecessor and at least one token."""
+    """The tokens `traj` can read from `head` instead of holding them: their common prefix (tokens, and routed
+    experts when both carry them: routing replay then computes the prefix with head's), cut so that traj keeps its
+    first scored (action or expert) token's predecessor and at least one token."""
     n = min(head.length, traj.length)
-    differ = np.flatnonzero(head.tokens[:n] != traj.tokens[:n])
+    differ = head.tokens[:n] != traj.tokens[:n]
+    if head.routed_experts is not None and traj.routed_experts is not None:
+        differ |= (head.routed_experts[:n] != traj.routed_experts[:n]).reshape(n, -1).any(axis=1)
+    differ = np.flatnonzero(differ)
     common = int(differ[0]) if differ.size else n
     scored = np.flatnonzero(traj.action_mask | traj.expert_mask)
     first_scored = int(scored[0]) if scored.size else traj.length
@@ -547,6 +552,7 @@ def pack_batch(
     shortest = _bucket(trajs, buckets)
     most = -(-len(trajs) // row_multiple) * row_multiple
 
+    @functools.cache  # the same pairs recur for every candidate bucket
     def share(first: int, i: int) -> int:
         return shared_prefix_length(trajs[first], trajs[i])
 

@@ -72,6 +72,7 @@ flags.DEFINE_enum("remat", "none", REMAT_POLICIES, "ipa_jax rematerialisation pe
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of both sides (weights stay float32)")
 flags.DEFINE_string("torch_device", "cpu", "where the PyTorch step runs: cpu, cuda, or none (time ipa_jax alone)")
 flags.DEFINE_integer("heads", 8, "attention heads (KV heads: half of them)")
+flags.DEFINE_integer("logprob_block_size", 128, "ipa_jax: positions per block of the LM head and log-probs")
 flags.DEFINE_bool(
     "update_bound",
     True,
@@ -267,7 +268,7 @@ def main(_):
     compute_dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
     options = StepOptions(
         objective=objective,
-        logprob_block_size=128,
+        logprob_block_size=FLAGS.logprob_block_size,
         entropy=False,
         compute_dtype=compute_dtype,
         microbatches=FLAGS.microbatches,

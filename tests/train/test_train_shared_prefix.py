@@ -64,6 +64,11 @@ def test_shared_prefix_length_stops_before_the_first_scored_token():
     early = dataclasses.replace(trajs[1], expert_mask=np.eye(1, trajs[1].length, 1, dtype=bool)[0])
     early.action_mask = early.action_mask & ~early.expert_mask
     assert shared_prefix_length(head, early) == 0
+    # routing replay: the prefix ends where the recorded experts first differ
+    routed = [np.zeros((tr.length, 2, 2), np.int32) for tr in (head, trajs[1])]
+    routed[1][5, 1, 0] = 3
+    pair = [dataclasses.replace(tr, routed_experts=r) for tr, r in zip((head, trajs[1]), routed, strict=True)]
+    assert shared_prefix_length(*pair) == 5
     # a trajectory equal to the head, with nothing scored, keeps its last token
     unscored = np.zeros(head.length, bool)
     assert shared_prefix_length(head, dataclasses.replace(head, action_mask=unscored, expert_mask=unscored)) == (
