@@ -8,15 +8,21 @@ import math
 import jax
 import numpy as np
 import pytest
-from train_helpers import make_exp, max_rel_diff, synthetic_trajectories, tree_copy
+from train_helpers import (
+    PACKED_MESH,
+    PACKED_OBJECTIVES,
+    assert_same_loss_and_gradients,
+    graded,
+    make_exp,
+    max_rel_diff,
+    offline_learner_run,
+    synthetic_trajectories,
+)
 
-from ipa_jax.models import MeshConfig, make_mesh
+from ipa_jax.models import make_mesh
 from ipa_jax.models.attention import segment_positions
-from ipa_jax.pipeline import RunFolder
-from ipa_jax.pipeline.build import build_learner, build_state, build_steps
-from ipa_jax.train import JsonlSource
-from ipa_jax.train.step import batch_gradients
-from ipa_jax.trajectory import first_fit_decreasing, pack_batch, packed_row_count, pad_batch, write_jsonl
+from ipa_jax.pipeline.build import build_state, build_steps
+from ipa_jax.trajectory import first_fit_decreasing, pack_batch, packed_row_count, pad_batch
 
 BUCKETS = (32, 64)
 
@@ -100,94 +106,33 @@ def test_pack_batch_places_every_token_once_within_one_row():
 
 
 # ---------------------------------------------------------------------------------------------- the learner
-# The sharded mesh: 2-way data x 2-way fsdp x 2-way tensor (rows over 4 devices), 2 microbatches.
-MESH = MeshConfig(data=2, fsdp=2, expert=1, tensor=2)
-SEQUENCE_LEVEL = (
-    "objective.preset=custom",
-    "objective.baseline=group_mean",
-    "objective.credit=token",
-    "objective.gamma=0.8",
-    "objective.is_level=sequence",
-    "objective.is_apply_to=all",
-    "objective.mismatch_level=sequence",
-    "objective.mismatch_range=(0.0, 1.5)",
-    "objective.trust_region_level=sequence",
-    "objective.trust_region_delta=5e-4",
-    "objective.negative_token_fraction=0.5",
-    "objective.old_logprobs=recompute",
-    "objective.row_denominator=kept",
-    "objective.il_weight=0.5",
-    "rollout.group_size=4",
-)
-OBJECTIVES = {
-    "ipa": ("objective.preset=ipa",),
-    "flash_reinforce": (
-        "objective.preset=flash_reinforce",
-        "objective.trust_region_delta=5e-4",
-        "objective.negative_token_fraction=0.5",
-    ),
-    "sequence_level": SEQUENCE_LEVEL,
-}
-# Sums over trajectories and tokens that both layouts must agree on exactly (counts) or closely (sums).
-COUNTS = ("n_action", "n_keep", "n_chunks", "n_trajectories", "admitted", "n_il_rows", "max_chunks")
-
-
 @pytest.fixture(scope="module")
 def mesh():
     assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
-    return make_mesh(MESH, devices=jax.devices())
+    return make_mesh(PACKED_MESH, devices=jax.devices())
 
 
-@pytest.mark.parametrize("name", OBJECTIVES)
+@pytest.mark.parametrize("name", PACKED_OBJECTIVES)
 def test_packed_batch_same_loss_and_gradients_as_padded(mesh, name):
-    exp = make_exp("train.batch_size=16", "train.microbatches=2", "train.packing=True", *OBJECTIVES[name])
+    exp = make_exp("train.batch_size=16", "train.microbatches=2", "train.packing=True", *PACKED_OBJECTIVES[name])
     state = build_state(exp, mesh)
     step, _ = build_steps(exp, state, mesh)
-    trajs = _trajectories(16, seed=11)
-    for i, tr in enumerate(trajs):  # graded rewards: failures, negatives and both signs of the advantage
-        tr.reward = float(i % 4) / 3
-        if i % 3 == 0:  # a sampler that drifted: the trust region rejects, the mismatch range masks these
-            tr.behavior_logprobs = np.where(tr.action_mask, tr.behavior_logprobs - 0.5, 0).astype(np.float32)
+    trajs = graded(_trajectories(16, seed=11))
     padded = pad_batch(trajs, BUCKETS)
     packed, _ = pack_batch(trajs, BUCKETS, row_multiple=2 * step.data_parallel_size)
     assert packed.tokens.shape[0] < padded.tokens.shape[0] and packed.segment_ids.max() >= 3
-    grads_fn = jax.jit(lambda state, batch: batch_gradients(state, batch, None, options=step.options)[:3])
-    loss, grads, stats = jax.device_get(grads_fn(state, step.put_batch(padded)))
-    p_loss, p_grads, p_stats = jax.device_get(grads_fn(state, step.put_batch(packed)))
-    assert abs(float(loss)) > 1e-4
-    assert math.isclose(float(p_loss), float(loss), rel_tol=1e-5, abs_tol=1e-7)
-    assert max_rel_diff(p_grads, grads) < 1e-4
-    for key in COUNTS:
-        assert float(p_stats[key]) == float(stats[key]), key
+    stats, _ = assert_same_loss_and_gradients(step, state, padded, packed)
     assert float(stats["n_trajectories"]) == 16 and float(stats["n_il_rows"]) > 0
     if name == "flash_reinforce":
         assert 0 < float(stats["admitted"]) < 16  # the sequence trust region admits some and rejects others
     if name == "sequence_level":
         assert 0 < float(stats["n_keep"]) < float(stats["n_action"])  # masks and the entropy filter drop some
-    for key in ("rl_num", "il_num", "sum_kl", "sum_is_ratio", "sum_abs_log_ratio", "n_il_greedy_rows"):
-        assert math.isclose(float(p_stats[key]), float(stats[key]), rel_tol=1e-4, abs_tol=1e-6), key
 
 
 def _run(tmp_path, mesh, tag, *overrides):
     """A learner run on 16 trajectories (16 padded rows or 8 packed rows of 64): its metrics, initial and final
     params."""
-    data = tmp_path / "data.jsonl"
-    if not data.exists():
-        write_jsonl(data, _trajectories(16, seed=5))
-    exp = make_exp(
-        f"train.data=('{data}',)",
-        "train.batch_size=16",
-        "train.microbatches=2",
-        "checkpoint.every=0",
-        "logging.tensorboard=False",
-        "optimizer.eps=1e-4",
-        "objective.preset=flash_reinforce",
-        *overrides,
-    )
-    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / tag), mesh=mesh)
-    params0 = tree_copy(learner.state.params)
-    state = learner.run()
-    return RunFolder(tmp_path / tag).read_metrics(), params0, tree_copy(state.params)
+    return offline_learner_run(tmp_path, mesh, tag, _trajectories(16, seed=5), *overrides)
 
 
 def test_learner_packed_update_equals_padded(tmp_path, mesh):

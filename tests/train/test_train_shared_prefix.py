@@ -9,14 +9,21 @@ import math
 import jax
 import numpy as np
 import pytest
-from train_helpers import make_exp, max_rel_diff, synthetic_trajectories, tree_copy
+from train_helpers import (
+    PACKED_MESH,
+    PACKED_OBJECTIVES,
+    assert_same_loss_and_gradients,
+    graded,
+    make_exp,
+    max_rel_diff,
+    offline_learner_run,
+    synthetic_trajectories,
+)
 
-from ipa_jax.models import MeshConfig, make_mesh
-from ipa_jax.pipeline import RunFolder
-from ipa_jax.pipeline.build import build_learner, build_state, build_steps
-from ipa_jax.train import JsonlSource
-from ipa_jax.train.step import batch_gradients, shared_prefix_tokens
-from ipa_jax.trajectory import pack_batch, pad_batch, shared_prefix_length, write_jsonl
+from ipa_jax.models import make_mesh
+from ipa_jax.pipeline.build import build_state, build_steps
+from ipa_jax.train.step import shared_prefix_tokens
+from ipa_jax.trajectory import pack_batch, pad_batch, shared_prefix_length
 
 BUCKETS = (48, 96, 160)
 PROMPT = 14  # tokens every trajectory begins with (a system prompt)
@@ -130,25 +137,13 @@ def test_pack_batch_picks_the_bucket_with_the_fewest_positions():
 
 
 # ---------------------------------------------------------------------------------------------- the learner
-MESH = MeshConfig(data=2, fsdp=2, expert=1, tensor=2)
-OBJECTIVES = {
-    "ipa": ("objective.preset=ipa",),
-    "flash_reinforce": (
-        "objective.preset=flash_reinforce",
-        "objective.trust_region_delta=5e-4",
-        "objective.negative_token_fraction=0.5",
-    ),
-}
-COUNTS = ("n_action", "n_keep", "n_chunks", "n_trajectories", "admitted", "n_il_rows", "max_chunks")
-
-
 @pytest.fixture(scope="module")
 def mesh():
     assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
-    return make_mesh(MESH, devices=jax.devices())
+    return make_mesh(PACKED_MESH, devices=jax.devices())
 
 
-@pytest.mark.parametrize("name", OBJECTIVES)
+@pytest.mark.parametrize("name", PACKED_OBJECTIVES)
 def test_shared_prefix_batch_same_loss_and_gradients_as_padded(mesh, name):
     exp = make_exp(
         "train.batch_size=16",
@@ -156,31 +151,17 @@ def test_shared_prefix_batch_same_loss_and_gradients_as_padded(mesh, name):
         "train.packing=True",
         "train.share_prefix=True",
         f"train.buckets={BUCKETS}",
-        *OBJECTIVES[name],
+        *PACKED_OBJECTIVES[name],
     )
     state = build_state(exp, mesh)
     step, _ = build_steps(exp, state, mesh)
-    trajs = _trajectories(16, seed=11)
-    for i, tr in enumerate(trajs):
-        tr.reward = float(i % 4) / 3
-        if i % 3 == 0:
-            tr.behavior_logprobs = np.where(tr.action_mask, tr.behavior_logprobs - 0.5, 0).astype(np.float32)
+    trajs = graded(_trajectories(16, seed=11))
     padded = pad_batch(trajs, BUCKETS)
     shared, _ = pack_batch(trajs, BUCKETS, row_multiple=2 * step.data_parallel_size, share_prefix=True)
     # 8 rows (2 microbatches x 4 data shards): T = 48, where a few rows hold two trajectories, one a borrower
-    borrowers = {(r, s) for r, s in zip(*np.nonzero(shared.prefix_segment_ids), strict=True)}
-    borrowers = {(r, shared.segment_ids[r, t]) for r, t in borrowers}
+    borrowers = {(r, shared.segment_ids[r, t]) for r, t in zip(*np.nonzero(shared.prefix_segment_ids), strict=True)}
     assert len(borrowers) >= 3 and shared.attention_mask.sum() <= padded.attention_mask.sum() - 3 * PROMPT
-    grads_fn = jax.jit(lambda state, batch: batch_gradients(state, batch, None, options=step.options)[:3])
-    loss, grads, stats = jax.device_get(grads_fn(state, step.put_batch(padded)))
-    s_loss, s_grads, s_stats = jax.device_get(grads_fn(state, step.put_batch(shared)))
-    assert abs(float(loss)) > 1e-4
-    assert math.isclose(float(s_loss), float(loss), rel_tol=1e-5, abs_tol=1e-7)
-    assert max_rel_diff(s_grads, grads) < 1e-4
-    for key in COUNTS:
-        assert float(s_stats[key]) == float(stats[key]), key
-    for key in ("rl_num", "il_num", "sum_kl", "sum_is_ratio", "sum_abs_log_ratio"):
-        assert math.isclose(float(s_stats[key]), float(stats[key]), rel_tol=1e-4, abs_tol=1e-6), key
+    assert_same_loss_and_gradients(step, state, padded, shared)
 
 
 def test_shared_prefix_log_probs_equal_the_whole_trajectories(mesh):
@@ -209,24 +190,7 @@ def test_shared_prefix_log_probs_equal_the_whole_trajectories(mesh):
 
 
 def _run(tmp_path, mesh, tag, *overrides):
-    data = tmp_path / "data.jsonl"
-    if not data.exists():
-        write_jsonl(data, _trajectories(16, seed=5))
-    exp = make_exp(
-        f"train.data=('{data}',)",
-        "train.batch_size=16",
-        "train.microbatches=2",
-        f"train.buckets={BUCKETS}",
-        "checkpoint.every=0",
-        "logging.tensorboard=False",
-        "optimizer.eps=1e-4",
-        "objective.preset=flash_reinforce",
-        *overrides,
-    )
-    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / tag), mesh=mesh)
-    params0 = tree_copy(learner.state.params)
-    state = learner.run()
-    return RunFolder(tmp_path / tag).read_metrics(), params0, tree_copy(state.params)
+    return offline_learner_run(tmp_path, mesh, tag, _trajectories(16, seed=5), f"train.buckets={BUCKETS}", *overrides)
 
 
 def test_learner_shared_prefix_update_equals_padded(tmp_path, mesh):

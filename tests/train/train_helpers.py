@@ -2,13 +2,15 @@
 comparisons. Synthetic trajectories: prompt, then chunks of policy tokens separated by tool observations, a
 learnable token rule (next = 3 * prev + 1 mod V), optional expert (imitation) tokens."""
 
+import math
 import os
 
 import jax
 import numpy as np
 
-from ipa_jax.pipeline import ExperimentConfig, load_config, validate
-from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch
+from ipa_jax.models import MeshConfig
+from ipa_jax.pipeline import ExperimentConfig, RunFolder, load_config, validate
+from ipa_jax.trajectory import Trajectory, build_chunk_ids, pad_batch, write_jsonl
 
 
 def synthetic_trajectories(
@@ -96,3 +98,89 @@ def max_rel_diff(a, b) -> float:
         b,
     )
     return max(jax.tree.leaves(diffs))
+
+
+def offline_learner_run(tmp_path, mesh, tag, trajectories, *overrides):
+    """A FlashREINFORCE learner run (batch 16, 2 microbatches) on `trajectories` (written to tmp_path/data.jsonl
+    by the first run, read by the later ones) with overrides: (its metrics, initial params, final params)."""
+    from ipa_jax.pipeline.build import build_learner
+    from ipa_jax.train import JsonlSource
+
+    data = tmp_path / "data.jsonl"
+    if not data.exists():
+        write_jsonl(data, trajectories)
+    exp = make_exp(
+        f"train.data=('{data}',)",
+        "train.batch_size=16",
+        "train.microbatches=2",
+        "checkpoint.every=0",
+        "logging.tensorboard=False",
+        "optimizer.eps=1e-4",
+        "objective.preset=flash_reinforce",
+        *overrides,
+    )
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / tag), mesh=mesh)
+    params0 = tree_copy(learner.state.params)
+    state = learner.run()
+    return RunFolder(tmp_path / tag).read_metrics(), params0, tree_copy(state.params)
+
+
+# Packed layouts against one trajectory per row: a sharded mesh of 2-way data x 2-way fsdp x 2-way tensor (rows
+# over 4 devices), with 2 microbatches, and the objectives whose per-trajectory terms the layouts must keep.
+PACKED_MESH = MeshConfig(data=2, fsdp=2, expert=1, tensor=2)
+SEQUENCE_LEVEL = (
+    "objective.preset=custom",
+    "objective.baseline=group_mean",
+    "objective.credit=token",
+    "objective.gamma=0.8",
+    "objective.is_level=sequence",
+    "objective.is_apply_to=all",
+    "objective.mismatch_level=sequence",
+    "objective.mismatch_range=(0.0, 1.5)",
+    "objective.trust_region_level=sequence",
+    "objective.trust_region_delta=5e-4",
+    "objective.negative_token_fraction=0.5",
+    "objective.old_logprobs=recompute",
+    "objective.row_denominator=kept",
+    "objective.il_weight=0.5",
+    "rollout.group_size=4",
+)
+PACKED_OBJECTIVES = {
+    "ipa": ("objective.preset=ipa",),
+    "flash_reinforce": (
+        "objective.preset=flash_reinforce",
+        "objective.trust_region_delta=5e-4",
+        "objective.negative_token_fraction=0.5",
+    ),
+    "sequence_level": SEQUENCE_LEVEL,
+}
+# Sums over trajectories and tokens that both layouts must agree on exactly (counts) or closely (sums).
+PACKED_COUNTS = ("n_action", "n_keep", "n_chunks", "n_trajectories", "admitted", "n_il_rows", "max_chunks")
+PACKED_SUMS = ("rl_num", "il_num", "sum_kl", "sum_is_ratio", "sum_abs_log_ratio", "n_il_greedy_rows")
+
+
+def graded(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories with graded rewards (failures, negatives and both signs of the advantage) and every third
+    one's sampler drifted (the trust region rejects, the mismatch range masks it)."""
+    for i, tr in enumerate(trajs):
+        tr.reward = float(i % 4) / 3
+        if i % 3 == 0:
+            tr.behavior_logprobs = np.where(tr.action_mask, tr.behavior_logprobs - 0.5, 0).astype(np.float32)
+    return trajs
+
+
+def assert_same_loss_and_gradients(step, state, want_batch, got_batch) -> tuple[dict, dict]:
+    """The train step's loss, gradients, counts and sums on two layouts of one batch agree; their stats."""
+    from ipa_jax.train.step import batch_gradients
+
+    grads_fn = jax.jit(lambda state, batch: batch_gradients(state, batch, None, options=step.options)[:3])
+    loss, grads, stats = jax.device_get(grads_fn(state, step.put_batch(want_batch)))
+    got_loss, got_grads, got_stats = jax.device_get(grads_fn(state, step.put_batch(got_batch)))
+    assert abs(float(loss)) > 1e-4
+    assert math.isclose(float(got_loss), float(loss), rel_tol=1e-5, abs_tol=1e-7)
+    assert max_rel_diff(got_grads, grads) < 1e-4
+    for key in PACKED_COUNTS:
+        assert float(got_stats[key]) == float(stats[key]), key
+    for key in PACKED_SUMS:
+        assert math.isclose(float(got_stats[key]), float(stats[key]), rel_tol=1e-4, abs_tol=1e-6), key
+    return stats, got_stats
