@@ -129,8 +129,23 @@ def apply_direction(params, direction, lr: jax.Array):
     return optax.apply_updates(params, jax.tree.map(lambda d: (-lr * d).astype(d.dtype), direction))
 
 
+def _max_abs(tree) -> jax.Array:
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]))
+
+
+def moments_within_clip(config: OptimizerConfig, opt_state) -> jax.Array:
+    """bool scalar: every |mu| <= clip_norm and nu <= clip_norm^2, which every update of make_optimizer(config)
+    keeps (mu' = b1 mu + (1 - b1) g and nu' = b2 nu + (1 - b2) g^2 with the clipped |g_i| <= clip_norm) from
+    init's zeros. False without clipping."""
+    if config.clip_norm <= 0:
+        return jnp.asarray(False)
+    c = jnp.float32(config.clip_norm)
+    mu, nu = (optax.tree_utils.tree_get(opt_state, name) for name in ("mu", "nu"))
+    return (_max_abs(mu) <= c) & (_max_abs(nu) <= c * c)
+
+
 def update_magnitude_bound(
-    config: OptimizerConfig, params, opt_state, grad_norm: jax.Array, lr: jax.Array
+    config: OptimizerConfig, params, opt_state, grad_norm: jax.Array, lr: jax.Array, moments_within: bool = False
 ) -> jax.Array:
     """A float32 scalar >= |x| for every number the update of make_optimizer(config) then apply_direction(lr)
     computes from a gradient of global norm grad_norm (moments, bias-corrected moments, direction, new
@@ -140,17 +155,21 @@ def update_magnitude_bound(
     With g the clipped gradient (|g_i| <= G = min(grad_norm, clip_norm)), M = max|mu|, N = max nu, P = max|p|:
       |mu'| <= max(M, G),  nu' <= max(N, G^2) =: V,  nu' / (1 - b2^t) <= V / (1 - b2),
       |mu' / (1 - b1^t)| <= max(M, G) / (1 - b1) =: H,
-      |direction| <= H / eps + weight_decay * P =: D,  |p - lr * direction| <= P + |lr| * D."""
-
-    def max_abs(tree):
-        return jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]))
-
+      |direction| <= H / eps + weight_decay * P =: D,  |p - lr * direction| <= P + |lr| * D.
+    moments_within: the caller knows `moments_within_clip` holds, so M = clip_norm and N = clip_norm^2 without
+    reading the moments (two of the three passes over the state)."""
     g = grad_norm.astype(jnp.float32)
     if config.clip_norm > 0:
         g = jnp.minimum(g, config.clip_norm)
-    m = jnp.maximum(max_abs(optax.tree_utils.tree_get(opt_state, "mu")), g)
-    v = jnp.maximum(max_abs(optax.tree_utils.tree_get(opt_state, "nu")), g * g)
-    p = max_abs(params)
+    if moments_within:
+        if config.clip_norm <= 0:
+            raise ValueError("moments_within: the moments are bounded by clip_norm only when clip_norm > 0")
+        m = v = jnp.float32(config.clip_norm)
+        v = v * v
+    else:
+        m, v = (_max_abs(optax.tree_utils.tree_get(opt_state, name)) for name in ("mu", "nu"))
+    m, v = jnp.maximum(m, g), jnp.maximum(v, g * g)  # (nan when grad_norm is)
+    p = _max_abs(params)
     h = m / (1.0 - config.b1)
     d = h / config.eps + config.weight_decay * p
     return jnp.max(jnp.stack([v / (1.0 - config.b2), h, d, p + jnp.abs(lr) * d]))

@@ -17,6 +17,9 @@
    every number it computes, from the gradient norm, learning rate and the largest parameter and moment). It fails
    only when learning rate x largest Adam moment / eps nears float32's range (with AdamW's defaults and clipping:
    learning rates above about 1e29), so only absurd learning rates skip an update that would have been finite.
+   With gradient clipping the moments need no reading: |mu| <= clip_norm and nu <= clip_norm^2 hold for every
+   state the step returns (`moments_within_clip`, kept by each clipped update), so `TrainStep` reads the moments
+   only for a state it did not return (a restored checkpoint, another step's state), once, to check that it holds.
    Without it, each update is computed, checked, and applied only when every new number is finite.
 
 Current log-probs (and entropies when asked) come from the model's blockwise `token_logprobs`.
@@ -41,7 +44,9 @@ extras={"ref_log_probs": [B, T]}. The KL term reads them (objectives/terms/kl.py
 each trajectory's reward by beta * sum_t k(b_t, ref_t) before the advantages (`batch_advantages`).
 """
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +74,13 @@ from ipa_jax.objectives.kl import kl_k3, sequence_kl
 from ipa_jax.objectives.overlong import shaped_rewards
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
-from ipa_jax.train.optimizer import OptimizerConfig, PhaseSchedule, apply_direction, update_magnitude_bound
+from ipa_jax.train.optimizer import (
+    OptimizerConfig,
+    PhaseSchedule,
+    apply_direction,
+    moments_within_clip,
+    update_magnitude_bound,
+)
 from ipa_jax.train.state import TrainState
 from ipa_jax.trajectory import TrajectoryBatch
 
@@ -385,6 +396,7 @@ def train_step(
     *,
     options: StepOptions,
     schedule: PhaseSchedule,
+    moments_within: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update. batch: [B, T] arrays (B divisible by options.microbatches); advantages [B] ([B, S] packed) or
     None (computed here from batch.rewards with the objective's baseline); old_log_probs [B, T]
@@ -422,7 +434,7 @@ def train_step(
     if options.optimizer is None:
         new_params, new_opt_state, applied = jax.lax.cond(finite, apply_if_finite, keep, None)
     else:
-        bound = update_magnitude_bound(options.optimizer, state.params, state.opt_state, grad_norm, lr)
+        bound = update_magnitude_bound(options.optimizer, state.params, state.opt_state, grad_norm, lr, moments_within)
         bounded = bound <= 0.5 * _smallest_float_max(state.params)  # half: room for rounding
         new_params, new_opt_state, applied = jax.lax.cond(finite & bounded, apply, keep, None)
     skipped = (~applied).astype(jnp.int32)
@@ -547,8 +559,26 @@ class TrainStep:
         self.mesh, self.options, self.schedule, self.rules = mesh, options, schedule, rules
         self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.replicated = NamedSharding(mesh, P())
-        self._compiled: dict[tuple[bool, bool, bool, bool, bool, tuple[str, ...], bool], Any] = {}
-        self._compiled_old: dict[tuple[bool, bool, bool], Any] = {}
+        self._compiled: dict[tuple, Any] = {}
+        self._compiled_old: dict[tuple, Any] = {}
+        self._check_moments = None  # jitted moments_within_clip, built on first use
+        self._returned = []  # weak references to the optimizer state arrays this step last returned within the clip
+        self.moment_checks = 0  # states whose moments were read to check the clip invariant
+
+    def _moments_within(self, state: TrainState) -> bool:
+        """Whether the update bound may take the moments as within the clip (`moments_within_clip`): true of every
+        state this step returned from one within it (each of its updates is clipped: the invariant holds to float32
+        rounding, which the bound's factor 2 of room covers), read and checked for any other."""
+        optimizer = self.options.optimizer
+        if optimizer is None or optimizer.clip_norm <= 0:
+            return False
+        leaves = jax.tree.leaves(state.opt_state)
+        if len(leaves) == len(self._returned) and all(ref() is leaf for ref, leaf in zip(self._returned, leaves)):
+            return True
+        if self._check_moments is None:
+            self._check_moments = jax.jit(functools.partial(moments_within_clip, optimizer))
+        self.moment_checks += 1
+        return bool(self._check_moments(state.opt_state))
 
     def batch_shardings(self, batch: Any) -> Any:
         """Leading (batch) axis over the mesh's data-like axes, the rest replicated, for any tree of arrays."""
@@ -567,15 +597,30 @@ class TrainStep:
         return data_parallel_size(self.mesh, self.rules)
 
     def _jitted(
-        self, batch: TrajectoryBatch, with_advantages: bool, with_old: bool, extras: tuple[str, ...], with_base: bool
+        self,
+        batch: TrajectoryBatch,
+        with_advantages: bool,
+        with_old: bool,
+        extras: tuple[str, ...],
+        with_base: bool,
+        moments_within: bool = False,
     ):
         packed = batch.segment_ids is not None
         branched = batch.branch_advantages is not None  # a batch without branched trajectories has no such fields
         shared = batch.prefix_segment_ids is not None
         key = (batch.routed_experts is not None, packed, shared, with_advantages, with_old, branched, extras, with_base)
+        key += (moments_within,)
         if key not in self._compiled:
             fn = lambda state, batch, adv, old, extra, base: train_step(  # noqa: E731
-                state, batch, adv, old, extra, base, options=self.options, schedule=self.schedule
+                state,
+                batch,
+                adv,
+                old,
+                extra,
+                base,
+                options=self.options,
+                schedule=self.schedule,
+                moments_within=moments_within,
             )
             # advantages (and return baselines) are per row [B], or per sequence slot [B, S] in packed rows
             adv_sharding = batch_sharding(self.mesh, self.rules, 1 + packed) if with_advantages else None
@@ -608,9 +653,16 @@ class TrainStep:
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         extras = dict(extras or {})
         jitted = self._jitted(
-            batch, advantages is not None, old_log_probs is not None, tuple(sorted(extras)), baselines is not None
+            batch,
+            advantages is not None,
+            old_log_probs is not None,
+            tuple(sorted(extras)),
+            baselines is not None,
+            within := self._moments_within(state),
         )
-        return jitted(state, batch, advantages, old_log_probs, extras, baselines)
+        new_state, metrics = jitted(state, batch, advantages, old_log_probs, extras, baselines)
+        self._returned = [weakref.ref(leaf) for leaf in jax.tree.leaves(new_state.opt_state)] if within else []
+        return new_state, metrics
 
     def old_log_probs(self, state: TrainState, batch: TrajectoryBatch) -> np.ndarray:
         """Host (NumPy) global batch -> the learner's log-probs of its tokens under state.params, float32 [B, T] on

@@ -2,6 +2,7 @@
 and the optimizer schedule against its formula."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -18,6 +19,7 @@ from ipa_jax.train.optimizer import (
     apply_direction,
     make_optimizer,
     make_schedule,
+    moments_within_clip,
     update_magnitude_bound,
 )
 from ipa_jax.train.step import TrainStep, greedy_reproduced_rows
@@ -149,6 +151,69 @@ def test_bounded_update_skips_only_absurd_learning_rates(setup):
     params = tree_copy(state.params)
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves((params, tree_copy(state.opt_state))))
     assert 1e18 < max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params)) < 1e22
+
+
+def test_moments_within_clip_hold_over_clipped_updates_and_bound_the_update():
+    """|mu| <= clip_norm and nu <= clip_norm^2 after many clipped AdamW updates of large gradients; the bound
+    that takes them so, without reading them, still covers every number of the next update (float64 NumPy from
+    the formula) and is at least the bound that reads them; a state outside the clip is recognised."""
+    rng = np.random.default_rng(1)
+    config, lr = OptimizerConfig(clip_norm=0.5), 1e-2
+    tx = make_optimizer(config)
+    params = {"w": jnp.asarray(rng.normal(size=(6, 5)), jnp.float32), "b": jnp.zeros(3, jnp.float32)}
+    opt_state = tx.init(params)
+    for scale in (1e3, 1e-3, 1e6, 1.0, 30.0):  # gradients far above and below the clip
+        grads = {k: jnp.asarray(scale * rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
+        direction, opt_state = tx.update(grads, opt_state, params)
+        params = apply_direction(params, direction, lr)
+        assert bool(moments_within_clip(config, opt_state))
+    g = rng.normal(size=(6, 5))
+    get = functools.partial(optax.tree_utils.tree_get, opt_state)
+    mu, nu = (np.asarray(get(name)["w"], np.float64) for name in ("mu", "nu"))
+    count = int(get("count"))
+
+    grads = {"w": jnp.asarray(g, jnp.float32), "b": jnp.zeros(3, jnp.float32)}
+    g = g * min(1.0, config.clip_norm / float(optax.global_norm(grads)))
+    numbers = _adamw_numbers(config, np.asarray(params["w"], np.float64), g, mu, nu, count, lr)
+    largest = max(float(np.max(np.abs(x))) for x in numbers.values())
+    norm, lr32 = optax.global_norm(grads), jnp.float32(lr)
+    assumed = float(update_magnitude_bound(config, params, opt_state, norm, lr32, moments_within=True))
+    assert assumed >= float(update_magnitude_bound(config, params, opt_state, norm, lr32)) >= largest
+    assert not np.isfinite(float(update_magnitude_bound(config, params, opt_state, jnp.float32(np.nan), lr32, True)))
+    outside = optax.tree_utils.tree_set(opt_state, mu=jax.tree.map(lambda m: m.at[0].set(0.6), get("mu")))
+    assert not bool(moments_within_clip(config, outside))
+    with pytest.raises(ValueError, match="only when clip_norm > 0"):
+        update_magnitude_bound(OptimizerConfig(clip_norm=0.0), params, opt_state, norm, lr32, moments_within=True)
+    assert not bool(moments_within_clip(OptimizerConfig(clip_norm=0.0), opt_state))
+
+
+def test_step_reads_the_moments_only_of_a_state_it_did_not_return(setup):
+    """The step's own states are taken as within the clip (no read); a state from elsewhere is read once, and one
+    whose moments are far outside it (mu 1e36: the assumed bound would let the update overflow every parameter)
+    gets the bound that reads them, which skips the update."""
+    state, step_full, _, _ = setup
+    state = _copy_state(state)
+    step = TrainStep(state, step_full.mesh, step_full.options, step_full.schedule)
+    batch = step.put_batch(make_batch(8, seed=2))
+    for _ in range(3):
+        state, metrics = step(state, batch)
+        assert int(metrics["skipped"]) == 0
+    assert step.moment_checks == 1  # the first state only
+    restored = _copy_state(state)  # what a checkpoint restore hands the step: other arrays, the same numbers
+    restored, _ = step(restored, batch)
+    assert step.moment_checks == 2
+    huge = restored.replace(
+        opt_state=optax.tree_utils.tree_set(
+            restored.opt_state,
+            mu=jax.tree.map(lambda m: jnp.full_like(m, 1e36), optax.tree_utils.tree_get(restored.opt_state, "mu")),
+        )
+    )
+    params0 = tree_copy(huge.params)
+    huge, metrics = step(huge, batch)
+    assert step.moment_checks == 3 and int(metrics["skipped"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, tree_copy(huge.params), params0)
+    huge, _ = step(huge, batch)  # still outside (skipped updates keep the moments): read again
+    assert step.moment_checks == 4
 
 
 @pytest.fixture(scope="module")
