@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from absl import app, flags
-from episode_lengths import synthetic_trajectories  # experiments/benchmarks/episode_lengths.py, beside this script
+from episode_lengths import common_prefix, synthetic_trajectories  # beside this script
 
 from ipa_jax.host_memory import keep_freed_host_memory
 
@@ -62,11 +62,7 @@ def quickstart_episodes(exp) -> tuple[list[int], list[int], int]:
         expert_episode(task, env.expert(task), exp.env.make(), chat, uid=str(i))
         for i, task in enumerate(env.tasks("train", 64, 0))
     ]
-    common = min(e.length for e in episodes) - 1
-    for e in episodes[1:]:
-        differ = np.flatnonzero(e.tokens[:common] != episodes[0].tokens[:common])
-        common = int(differ[0]) if differ.size else common
-    return [e.length for e in episodes], [int(e.expert_mask.sum()) for e in episodes], common
+    return [e.length for e in episodes], [int(e.expert_mask.sum()) for e in episodes], common_prefix(episodes)
 
 
 def main(_):

@@ -39,11 +39,6 @@ def record_lengths(run_dir: str, kind: str = "rollout") -> dict:
     kept = [tr for tr in trajs if rollout is None or bool(tr.action_mask.any()) == rollout]
     if not kept:
         raise ValueError(f"{folder.trajectories_path('train')}: no {kind} trajectories (of {len(trajs)} consumed)")
-    first = kept[0].tokens
-    common = min(tr.length for tr in kept) - 1  # every episode keeps a token of its own
-    for tr in kept[1:]:
-        differ = np.flatnonzero(tr.tokens[:common] != first[:common])
-        common = int(differ[0]) if differ.size else common
     return {
         "run": os.path.basename(os.path.normpath(run_dir)),
         "kind": kind,
@@ -51,8 +46,18 @@ def record_lengths(run_dir: str, kind: str = "rollout") -> dict:
         "buckets": [int(b) for b in train["buckets"]],
         "lengths": [tr.length for tr in kept],
         "scored_tokens": [int((tr.action_mask | tr.expert_mask).sum()) for tr in kept],
-        "common_prefix": common,
+        "common_prefix": common_prefix(kept),
     }
+
+
+def common_prefix(trajs) -> int:
+    """The number of tokens every trajectory begins with, short of the shortest's length (each keeps one of its
+    own)."""
+    common = min(tr.length for tr in trajs) - 1
+    for tr in trajs[1:]:
+        differ = np.flatnonzero(tr.tokens[:common] != trajs[0].tokens[:common])
+        common = int(differ[0]) if differ.size else common
+    return common
 
 
 def load_lengths(path: str) -> dict:
