@@ -14,7 +14,8 @@ built by transformers: ipa_jax's own random init of the same architecture (faste
 nothing written to disk). Reports tokens/s, MFU
 (6 * N_active * tokens + attention FLOPs over the device's peak), the minimum and median of --iters interleaved
 rounds after warm-up (compile; each timed call after a short pause: timing.py), and the ratios torch / ipa_jax
-(from the minima, the least disturbed measurements on a shared machine, and from the medians).
+(from the minima, the least disturbed measurements on a shared machine, from the medians, and paired: the median of
+the rounds' own ratios with a 95% bootstrap interval, which cancels load that slows a whole round).
 
 Sizes: fixed B x T batches (--sizes, or --batch x --seq_len), each row one trajectory of T tokens; and, with
 --lengths, what RL feeds the learner: --length_batches batches of the recorded run's batch size, their episode
@@ -45,7 +46,7 @@ import tempfile
 
 from absl import app, flags
 from episode_lengths import length_batches, load_lengths  # beside this script, as timing.py
-from timing import time_round_robin  # experiments/benchmarks/timing.py, beside this script
+from timing import paired_ratio, time_round_robin  # experiments/benchmarks/timing.py, beside this script
 
 from ipa_jax.host_memory import host_memory_kept, keep_freed_host_memory
 from ipa_jax.models.config import MOE_IMPLS, REMAT_POLICIES
@@ -472,16 +473,18 @@ def main(_):
                 torch_t = out["torch_step"]
                 ratios[f"torch_time_over_{key}_time"] = torch_t["seconds_min"] / ours["seconds_min"]
                 ratios[f"torch_time_over_{key}_time_median"] = torch_t["seconds_median"] / ours["seconds_median"]
+                paired = ratios[f"torch_time_over_{key}_time_paired"] = paired_ratio(rounds["torch_step"], rounds[name])
                 line += (
                     f"  torch {torch_t['seconds_min'] * 1e3:8.1f} / {torch_t['seconds_median'] * 1e3:8.1f} ms"
                     f"  torch / {key} {ratios[f'torch_time_over_{key}_time']:.2f} / "
-                    f"{ratios[f'torch_time_over_{key}_time_median']:.2f}"
+                    f"{ratios[f'torch_time_over_{key}_time_median']:.2f}, paired {paired['median']:.2f} "
+                    f"[{paired['low']:.2f}, {paired['high']:.2f}]"
                 )
             summary.append(line)
         results[case] = out
     results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
-    print("(minimum / median of the rounds)")
+    print("(minimum / median of the rounds; paired: median of the rounds' ratios [95% bootstrap interval])")
     print("\n".join(summary))
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:

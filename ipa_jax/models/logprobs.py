@@ -13,7 +13,9 @@ Given the positions a loss reads (`scored`: an RL row's sampled tokens and its e
 positions are moved to its front (a permutation along the sequence, undone on the outputs) and only the blocks that
 hold some row's scored positions are computed, in both passes: the LM head is the largest matmul of a small model,
 and an agentic row's prompt and tool observations, most of its tokens and interleaved with its actions, need no
-log-prob. A row with n scored positions costs ceil(n / block_size) blocks wherever they lie.
+log-prob. A row with n scored positions costs ceil(n / block_size) blocks wherever they lie; `token_logprobs`
+gathers the scored positions of all the rows a device holds instead (`groups`), so a batch costs the blocks its
+scored tokens fill together rather than its longest row's times the rows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from ipa_jax.models.sharding import batch_shards
 
 
 def reference_logprobs(
@@ -167,6 +171,7 @@ def blockwise_logprobs(
     return_entropy: bool = False,
     scored: jax.Array | None = None,
     keep_logits_bytes: int = 0,
+    groups: int | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """log softmax(h W)[target] and entropy -sum p log p, computed block by block over the sequence.
 
@@ -177,10 +182,32 @@ def blockwise_logprobs(
     outside `scored` hold 0. keep_logits_bytes: when the float32 logits of every block ([B, N, V], N rounded up to
     whole blocks) take at most this many bytes, a differentiated call keeps them for the backward pass instead of
     recomputing them (0 = always recompute: one block's logits at a time).
+
+    groups: with `scored`, take the rows in this many groups of consecutive rows (a divisor of B; None = B: each row
+    on its own) and gather each group's scored positions to its front: a block is then block_size positions of each
+    of a group's rows, and the batch costs ceil(max over groups of its scored positions / (block_size x rows per
+    group)) blocks, never more than ceil(max scored per row / block_size), far fewer when the rows' scored counts
+    differ (an agentic batch: a few long action sequences among short ones). Pass the batch's shards (one group per
+    device keeps the gather on the device).
     """
     b, n, h = hidden.shape
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if scored is not None and groups is not None and groups != b:
+        if groups <= 0 or b % groups:
+            raise ValueError(f"groups must divide the batch's {b} rows, got {groups}")
+        rows = b // groups
+        # Each group as one row of its rows' positions: its blocks hold `rows` blocks' worth of positions.
+        logprobs, entropy = blockwise_logprobs(
+            hidden.reshape(groups, rows * n, h),
+            lm_head,
+            targets.reshape(groups, rows * n),
+            block_size=block_size * rows,
+            return_entropy=return_entropy,
+            scored=scored.reshape(groups, rows * n),
+            keep_logits_bytes=keep_logits_bytes,
+        )
+        return logprobs.reshape(b, n), (entropy.reshape(b, n) if return_entropy else None)
     pad = -n % block_size
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
@@ -230,7 +257,8 @@ def token_logprobs(
     aux). Position 0, padding, a token right after padding and the first token of a segment hold 0 (entropy
     too); entropy[:, t] is that of the distribution tokens[t] was drawn from. aux: the model's aux dict
     (load-balancing / z losses, routed experts). scored bool[B, T] | None: the tokens the caller reads (None =
-    all); only they are computed, in as few blocks as they fill, and the others hold 0 (`blockwise_logprobs`).
+    all); only they are computed, in as few blocks as they fill (those of each batch shard's rows gathered
+    together: `blockwise_logprobs`'s groups), and the others hold 0.
     keep_logits_bytes: the memory a differentiated call may spend keeping the logits (`blockwise_logprobs`).
     """
     hidden, aux = model.hidden_states(
@@ -250,6 +278,7 @@ def token_logprobs(
         return_entropy=return_entropy,
         scored=None if scored is None else scored[:, 1:],
         keep_logits_bytes=keep_logits_bytes,
+        groups=batch_shards(model.mesh, model.rules, tokens.shape[0]),
     )
     real = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
     # a token is scored only if it and its predecessor are real (the first token of a row never is) ...

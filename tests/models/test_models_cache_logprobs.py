@@ -231,6 +231,66 @@ def test_blockwise_logprobs_computes_only_the_blocks_the_scored_positions_fill()
     np.testing.assert_allclose(np.asarray(ent), np.where(scored, want_ent, 0), atol=1e-5)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_blockwise_logprobs_gathers_a_groups_scored_positions_into_shared_blocks(groups):
+    """Rows of 6, 1, 2 and 3 scored positions in blocks of 4: one row at a time that is ceil(6 / 4) = 2 blocks of
+    4 positions per row; gathered per group of rows (4 rows in 1 group, or 2 groups of 2), one block of 4 positions
+    per row of the group holds them all (7 and 5 scored of 8 with 2 groups, 12 of 16 with 1). Hidden states at every
+    position outside that block are NaN: values and gradients equal the reference at the scored positions. The
+    control: one row at a time computes the second block and its NaN reach lm_head's gradient."""
+    rng = np.random.RandomState(6)
+    counts = [6, 1, 2, 3]
+    scored = np.zeros((4, 16), bool)
+    for row, count in enumerate(counts):
+        scored[row, rng.choice(16, count, replace=False)] = True
+    rows = 4 // groups
+    # The computed block of each group: its scored positions (rows in order), then its first others, 4 per row.
+    in_block = np.zeros_like(scored)
+    for g in range(groups):
+        flat_scored = scored[g * rows : (g + 1) * rows].reshape(-1)
+        others = np.flatnonzero(~flat_scored)[: 4 * rows - flat_scored.sum()]
+        flat = flat_scored.copy()
+        flat[others] = True
+        in_block[g * rows : (g + 1) * rows] = flat.reshape(rows, 16)
+    hidden = rng.randn(4, 16, 8).astype(np.float32)
+    head = jnp.asarray(rng.randn(8, 40) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.randint(0, 40, (4, 16)), jnp.int32)
+    w = jnp.asarray(rng.randn(4, 16), jnp.float32)
+
+    def value_and_grads(fn, h):
+        def f(h, head):
+            lp, ent = fn(h, head)
+            return jnp.sum(jnp.where(scored, w * lp + 0.1 * w * ent, 0.0))
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(h, head)
+
+    def blocked(groups):
+        return lambda h, head: blockwise_logprobs(
+            h, head, targets, block_size=4, return_entropy=True, scored=jnp.asarray(scored), groups=groups
+        )
+
+    nan_outside = jnp.asarray(np.where(in_block[..., None], hidden, np.nan))
+    got, (g_h, g_head) = value_and_grads(blocked(groups), nan_outside)
+    reference = lambda h, head: reference_logprobs(h, head, targets, return_entropy=True)  # noqa: E731
+    want, (want_h, want_head) = value_and_grads(reference, jnp.asarray(hidden))
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(g_head), np.asarray(want_head), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(g_h)[scored], np.asarray(want_h)[scored], rtol=1e-4, atol=1e-5)
+    assert np.all(np.asarray(g_h)[~scored] == 0)
+    lp, ent = blocked(groups)(jnp.asarray(hidden), head)
+    want_lp, want_ent = reference(jnp.asarray(hidden), head)
+    np.testing.assert_allclose(np.asarray(lp), np.where(scored, want_lp, 0), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), np.where(scored, want_ent, 0), atol=1e-5)
+    _, (_, per_row_head) = value_and_grads(blocked(None), nan_outside)
+    assert np.isnan(np.asarray(per_row_head)).any()
+
+
+def test_blockwise_logprobs_groups_must_divide_the_rows():
+    h, head, targets = jnp.ones((4, 8, 2)), jnp.ones((2, 5)), jnp.zeros((4, 8), jnp.int32)
+    with pytest.raises(ValueError, match="divide the batch's 4 rows"):
+        blockwise_logprobs(h, head, targets, block_size=4, scored=jnp.ones((4, 8), bool), groups=3)
+
+
 def test_token_logprobs_never_builds_full_float32_logits(model_and_fwd):
     model, _, _ = model_and_fwd
     graphdef, params = nnx.split(model, nnx.Param)
