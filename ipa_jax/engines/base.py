@@ -41,7 +41,9 @@ class SamplingParams:
 
     temperature 0 means greedy. top_k -1 (or 0) means the whole vocabulary. Generation stops after a token in
     `stop_token_ids` (the token is kept), after a stop string appears in the decoded text (needs a tokenizer on
-    the engine side), or after `max_new_tokens` tokens.
+    the engine side), or after `max_new_tokens` tokens. `sampling_seed` (SGLang's name; 0 <= seed < 2**63): the
+    request's tokens are drawn from keys of this seed alone, so the same request samples the same tokens whatever
+    else the engine batches with it; None draws them from the engine's own stream.
     """
 
     max_new_tokens: int
@@ -51,6 +53,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     return_routed_experts: bool = False
+    sampling_seed: int | None = None
 
     def __post_init__(self) -> None:
         # Accept lists for the tuple fields: callers build these from configs and JSON.
@@ -71,6 +74,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.stop_token_ids must be non-negative, got {self.stop_token_ids}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+        seed = self.sampling_seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63
+        ):
+            raise ValueError(f"SamplingParams.sampling_seed must be None or an int in [0, 2**63), got {seed!r}")
 
     @property
     def truncates_support(self) -> bool:

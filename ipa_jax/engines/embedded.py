@@ -31,9 +31,12 @@ Requests queue up; a worker takes up to `max_batch` at a time and decodes them a
   the same model structure.
 
 Each row has its own temperature / top-p / top-k, stop token ids and max_new_tokens; the returned log-probs are
-those of the distribution actually sampled from (see sampling.py). Every admission draws the batch's sampling keys
-from the engine's seeded stream: requests sent one at a time sample the same tokens in every run (with several in
-flight, which batch a request joins depends on timing).
+those of the distribution actually sampled from (see sampling.py). Each row samples with its own key, token j of a
+request from fold_in(its key, j): a request with a `sampling_seed` has the key of that seed, so it samples the same
+tokens whatever else is batched with it (the model's numbers themselves can differ in the last bits with the batch's
+shapes, e.g. its cache slots; `ipa_jax.rollout.lockstep` batches the same requests together every time). A request
+without one takes the next key of the engine's seeded stream at its admission: requests sent one at a time sample the
+same tokens in every run.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ class RowParams(NamedTuple):
 class DecodeState(NamedTuple):
     """Decode loop carry. `last` is the newest sampled token of each row, to be fed at position `pos`; outputs
     tokens/logprobs [B, M] hold n_gen entries per row; routed [B, M, L, k] (or None) row j = experts used
-    when feeding output token j; finish: RUNNING/STOP/LENGTH/ABORT."""
+    when feeding output token j; finish: RUNNING/STOP/LENGTH/ABORT; row_keys: a key per row (output token j of a
+    row is sampled with fold_in(its key, j))."""
 
     cache: KVCache
     last: jax.Array
@@ -111,7 +115,32 @@ class DecodeState(NamedTuple):
     tokens: jax.Array
     logprobs: jax.Array
     routed: jax.Array | None
-    key: jax.Array
+    row_keys: jax.Array
+
+
+class RequestKeys(NamedTuple):
+    """The sampling keys of n admitted requests: seeded[j] -> the key of seed (high, low) = seeds[j] (its
+    SamplingParams.sampling_seed), else the j-th key split from `stream` (the engine's stream); either folded with
+    offsets[j], the tokens the request generated in earlier segments (a request a weight update interrupted)."""
+
+    seeded: jax.Array  # bool[n]
+    seeds: jax.Array  # uint32[n, 2]
+    offsets: jax.Array  # int32[n]
+    stream: jax.Array  # a key
+
+    def resolve(self) -> jax.Array:
+        """The key array [n]."""
+        seeded = jax.vmap(lambda hi, lo: jax.random.fold_in(jax.random.fold_in(jax.random.key(0), hi), lo))(
+            self.seeds[:, 0], self.seeds[:, 1]
+        )
+        drawn = jax.random.split(self.stream, self.seeded.shape[0])
+        chosen = jnp.where(self.seeded[:, None], jax.random.key_data(seeded), jax.random.key_data(drawn))
+        return jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(chosen), self.offsets)
+
+
+def _token_keys(row_keys: jax.Array, index) -> jax.Array:
+    """The keys that sample output token `index` (an int or int32[B]) of each row: fold_in(row key, index)."""
+    return jax.vmap(jax.random.fold_in)(row_keys, jnp.broadcast_to(index, row_keys.shape))
 
 
 def _record(st: DecodeState, tok: jax.Array, lp: jax.Array, rp: RowParams) -> DecodeState:
@@ -150,14 +179,14 @@ def empty_state(config, batch: int, cache_len: int, with_routed: bool, key: jax.
         tokens=jnp.zeros((batch, cache_len), jnp.int32),
         logprobs=jnp.zeros((batch, cache_len), jnp.float32),
         routed=routed,
-        key=key,
+        row_keys=jax.random.split(key, batch),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _admit(graphdef, params, st: DecodeState, prompts, lengths, starts, rows, rp: RowParams):
+def _admit(graphdef, params, st: DecodeState, prompts, lengths, starts, rows, rp: RowParams, keys: RequestKeys):
     """Prefill new requests into the rows `rows` and sample their first token; only those rows are computed,
-    the others (running or free) are untouched.
+    the others (running or free) are untouched. `keys`: each request's sampling key (`RequestKeys`).
 
     prompts int32[n, P]: each request's context from position starts[j] on, right-padded (its first starts[j]
     tokens are already in the row's cache: a reused prefix; 0 = none); lengths int32[n]: the real tokens of each
@@ -177,8 +206,8 @@ def _admit(graphdef, params, st: DecodeState, prompts, lengths, starts, rows, rp
     hidden, aux = model.hidden_states(prompts, starts[:, None] + offsets, mask, cache=sub_cache)
     logits = hidden[jnp.arange(n), lengths - 1] @ model.lm_head_weight()
     sub_rp = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), rp)
-    key, sub = jax.random.split(st.key)
-    tok, lp = sample_tokens(sub, logits, sub_rp.temperature, sub_rp.top_p, sub_rp.top_k)
+    row_keys = keys.resolve()
+    tok, lp = sample_tokens(_token_keys(row_keys, 0), logits, sub_rp.temperature, sub_rp.top_p, sub_rp.top_k)
 
     def scatter(full, new):
         return full.at[rows].set(new, mode="drop")
@@ -186,7 +215,7 @@ def _admit(graphdef, params, st: DecodeState, prompts, lengths, starts, rows, rp
     admit = scatter(jnp.zeros(b, bool), real)
     fresh = st._replace(
         cache=jax.tree.map(scatter, st.cache, aux["cache"]),
-        key=key,
+        row_keys=scatter(st.row_keys, row_keys),
         pos=scatter(st.pos, starts + lengths - 1),
         n_gen=jnp.where(admit, 0, st.n_gen),
         done=~admit,  # only admitted rows take the first token
@@ -206,13 +235,12 @@ def _decode_impl(graphdef, params, st: DecodeState, rp: RowParams, num_steps):
     def body(carry):
         i, s = carry
         out = model(s.last[:, None], s.pos[:, None], ~s.done[:, None], cache=s.cache)
-        key, sub = jax.random.split(s.key)
-        tok, lp = sample_tokens(sub, out.logits[:, 0], rp.temperature, rp.top_p, rp.top_k)
+        tok, lp = sample_tokens(_token_keys(s.row_keys, s.n_gen), out.logits[:, 0], rp.temperature, rp.top_p, rp.top_k)
         routed = s.routed
         if routed is not None:  # experts used for the token just fed = output token n_gen - 1
             idx = jnp.where(s.done, m, s.n_gen - 1)
             routed = routed.at[rows, idx].set(out.aux["routed_experts"][:, 0], mode="drop")
-        s = s._replace(cache=out.cache, key=key, routed=routed)
+        s = s._replace(cache=out.cache, routed=routed)
         return i + 1, _record(s, tok, lp, rp)
 
     def cond(carry):
@@ -552,9 +580,8 @@ class EmbeddedEngine(Engine):
         for r in reqs:
             if r.params.max_new_tokens == 0:
                 r.future.set_result(GenerationResult([], [], "length", None, self.weight_version))
-            else:
-                with self._queue_lock:
-                    self._queue.append(r)
+        with self._queue_lock:  # all at once: the batch loop takes none of them before the others
+            self._queue.extend(r for r in reqs if r.params.max_new_tokens)
         self._wake.set()
         return list(await asyncio.gather(*(r.future for r in reqs)))
 
@@ -683,16 +710,19 @@ class EmbeddedEngine(Engine):
             if finished:
                 self._deliver(st, slots, finished)
             st = self._swap_at_boundary(st, slots)
+            if all(slot is None for slot in slots):
+                # Every row free: the batch ends, and what was queued meanwhile starts the next one. A request then
+                # meets the same batch state (the kept one, or a fresh one) whether it was queued just before or
+                # just after the last row finished.
+                if self.prefix_cache:
+                    self._kept = (st, self._caches)
+                return
             running = self._hold.is_set() and not self._closed
             free = slots.count(None)
             # Staged weights wait for the running rows (finish): admit nothing that would start on the old ones.
             pending = self._take(free, fits) if running and free and self._staged is None else []
             if pending:
                 continue
-            if all(slot is None for slot in slots):
-                if self.prefix_cache:
-                    self._kept = (st, self._caches)
-                return
             if not running:  # paused in place; aborts still apply
                 self._hold.wait(0.01)
                 continue
@@ -705,7 +735,7 @@ class EmbeddedEngine(Engine):
 
     def _batch_state(self, b: int, cache_len: int, with_routed: bool) -> DecodeState:
         """A batch's state with every row free: the previous batch's (its rows' caches kept) when it has the same
-        shapes, else an empty one (its sampling key is set by the first admission)."""
+        shapes, else an empty one."""
         kept, self._kept = self._kept, None
         if kept is not None and kept[0].tokens.shape == (b, cache_len) and (kept[0].routed is not None) == with_routed:
             self._caches = kept[1]
@@ -810,10 +840,17 @@ class EmbeddedEngine(Engine):
             self._running.append(r)
             self._counts.resumed += bool(r.done_tokens)
         rp = RowParams(*(jnp.asarray(x) for x in host_rp))
-        # Every admission draws the batch's next keys from the engine's stream: one request at a time samples the
-        # same tokens whether it starts a batch or joins a running one (which depends on timing).
-        self._key, key = jax.random.split(self._key)
-        st = self._with_slots(st._replace(key=key), int(np.max(start_ids + lengths)))
+        # Requests without a seed take their keys from the engine's stream, one split per admission: one request at a
+        # time samples the same tokens whether it starts a batch or joins a running one (which depends on timing).
+        self._key, stream = jax.random.split(self._key)
+        seeds = [r.params.sampling_seed for r in reqs] + [None] * (n - len(reqs))
+        keys = RequestKeys(
+            seeded=jnp.asarray([s is not None for s in seeds]),
+            seeds=jnp.asarray([divmod(s or 0, 2**32) for s in seeds], jnp.uint32),
+            offsets=jnp.asarray([len(r.done_tokens) for r in reqs] + [0] * (n - len(reqs)), jnp.int32),
+            stream=stream,
+        )
+        st = self._with_slots(st, int(np.max(start_ids + lengths)))
         st, prompt_routed = _admit(
             self._graphdef,
             params,
@@ -823,6 +860,7 @@ class EmbeddedEngine(Engine):
             jnp.asarray(start_ids),
             jnp.asarray(row_ids),
             rp,
+            keys,
         )
         self.num_batches += 1
         self._prefix.prefilled += sum(new)

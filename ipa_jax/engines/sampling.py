@@ -47,8 +47,9 @@ def sampling_logprobs(logits: jax.Array, temperature: jax.Array, top_p: jax.Arra
     return jax.nn.log_softmax(jnp.where(greedy[:, None], logits, masked), axis=-1)
 
 
-def sample_categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
-    """One token per row from softmax(logp) (logp float32[B, V], -inf outside the support) -> int32[B].
+def sample_categorical(keys: jax.Array, logp: jax.Array) -> jax.Array:
+    """One token per row from softmax(logp) (logp float32[B, V], -inf outside the support), row b drawn with its own
+    key keys[b] (a key array [B]: a row's draw does not depend on the other rows) -> int32[B].
 
     Exact and in two levels, so that a row needs ~2 sqrt(V) random numbers instead of V (on CPU the random bits of
     a Gumbel-max draw over the whole vocabulary cost more than the rest of a small model's decode step): the
@@ -58,22 +59,23 @@ def sample_categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
     rows, vocab = logp.shape
     size = 1 << max(0, (int(vocab**0.5 + 0.5) - 1).bit_length())
     blocks = jnp.pad(logp, ((0, 0), (0, -vocab % size)), constant_values=-jnp.inf).reshape(rows, -1, size)
-    block_key, token_key = jax.random.split(key)
-    block = jax.random.categorical(block_key, jax.nn.logsumexp(blocks, axis=-1), axis=-1)
+    block_keys, token_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    categorical = jax.vmap(jax.random.categorical)
+    block = categorical(block_keys, jax.nn.logsumexp(blocks, axis=-1))
     within = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
-    return (block * size + jax.random.categorical(token_key, within, axis=-1)).astype(jnp.int32)
+    return (block * size + categorical(token_keys, within)).astype(jnp.int32)
 
 
 def sample_tokens(
-    key: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+    keys: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Sample one token per row -> (tokens int32[B], logprobs float32[B]).
+    """Sample one token per row, row b with key keys[b] (a key array [B]) -> (tokens int32[B], logprobs float32[B]).
 
     logits [B, V]; temperature/top_p/top_k [B] as in sampling_logprobs. token ~ mu (argmax of the logits where
     temperature == 0); logprob = log mu(token).
     """
     logp = sampling_logprobs(logits, temperature, top_p, top_k)
-    drawn = sample_categorical(key, logp)
+    drawn = sample_categorical(keys, logp)
     greedy = temperature <= 0.0
     # The argmax over the vocabulary only when a row is greedy: on CPU it costs as much as the draw.
     tokens = jax.lax.cond(

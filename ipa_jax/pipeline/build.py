@@ -292,9 +292,8 @@ def build_online_engines(exp: ExperimentConfig, tokenizer: Any, weights_dir: str
             )
         return build_engine(exp, r.engine, weights_dir=weights_dir), None
     model = engine_model(exp, engine_mesh(exp))
-    control = build_engine(
-        exp, "embedded", tokenizer=tokenizer, max_batch=max(t.eval_episodes, 1), seed=t.seed + 1, model=model
-    )
+    eval_rows = max(min(r.eval_concurrency, t.eval_episodes * t.eval_samples), 1)
+    control = build_engine(exp, "embedded", tokenizer=tokenizer, max_batch=eval_rows, seed=t.seed + 1, model=model)
     rollout = build_engine(
         exp, "embedded", tokenizer=tokenizer, max_batch=max(r.concurrency, 1), seed=t.seed + r.seed_offset, model=model
     )

@@ -35,6 +35,7 @@ from ipa_jax.pipeline.build import build_engine, build_mesh, build_model, build_
 from ipa_jax.pipeline.config import ConfigError, ExperimentConfig, load_config, validate
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.rollout import AgentConfig, run_episodes
+from ipa_jax.rollout.lockstep import derive_seed
 from ipa_jax.train import Checkpointer
 from ipa_jax.trajectory import Trajectory
 
@@ -204,10 +205,12 @@ async def evaluate_policy(
     k: int,
     *,
     concurrency: int | None = None,
+    lockstep: bool = False,
 ) -> EvalReport:
     """Plays `k` episodes of every task with `engine`, all in flight at once (at most `concurrency`); returns the
-    report of their outcomes (EvalReport; policy, step, engine, split and seed left empty). Raises RuntimeError
-    when the engine aborted every episode."""
+    report of their outcomes (EvalReport; policy, step, engine, split and seed left empty). `lockstep`: all of them
+    in lockstep (`ipa_jax.rollout.lockstep`) with seeds of EVAL_SEED and their place, the same in every evaluation:
+    the outcomes depend on the weights alone. Raises RuntimeError when the engine aborted every episode."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not tasks:
@@ -215,7 +218,13 @@ async def evaluate_policy(
     played = [task for task in tasks for _ in range(k)]  # a task's k samples side by side
     t0 = time.perf_counter()
     trajs = await run_episodes(
-        engine, chat, played, agent_config, concurrency=concurrency or len(played), env_factory=env_factory
+        engine,
+        chat,
+        played,
+        agent_config,
+        concurrency=concurrency or len(played),
+        env_factory=env_factory,
+        lockstep_seed=derive_seed(EVAL_SEED) if lockstep else None,
     )
     time_s = time.perf_counter() - t0
     slots = [trajs[i * k : (i + 1) * k] for i in range(len(tasks))]  # None: aborted
@@ -360,15 +369,14 @@ def evaluate(
     kind = "sglang" if sglang_urls else "embedded"
     if kind == "embedded" and policy.model is None:
         raise ValueError(f"policy {policy.name} has no weights loaded and no SGLang server serves it")
-    # Embedded: the batch the learner's evaluations and rollouts already ran with (memory known to fit). SGLang: no
-    # weight sync here.
+    # Embedded: the batch the learner's evaluations ran with (rollout.eval_concurrency). SGLang: no weight sync here.
     engine = build_engine(
         exp,
         kind,
         tokenizer=policy.tokenizer,
         model=policy.model,
         seed=seed,
-        max_batch=min(len(tasks) * k, max(exp.train.eval_episodes, exp.rollout.concurrency)),
+        max_batch=min(len(tasks) * k, exp.rollout.eval_concurrency),
         sglang_urls=tuple(sglang_urls),
         min_sync_servers=1,
     )
@@ -376,7 +384,9 @@ def evaluate(
     async def play() -> EvalReport:
         try:
             chat = ChatFormat(policy.tokenizer, enable_thinking=exp.rollout.enable_thinking)
-            return await evaluate_policy(engine, chat, tasks, agent, lambda task: exp.env.make(), k)
+            return await evaluate_policy(
+                engine, chat, tasks, agent, lambda task: exp.env.make(), k, lockstep=exp.rollout.schedule == "lockstep"
+            )
         finally:
             await engine.close()
 

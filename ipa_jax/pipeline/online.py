@@ -31,8 +31,11 @@ the drop reasons).
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -53,8 +56,9 @@ from ipa_jax.pipeline.evaluation import EVAL_SEED, eval_agent_config, eval_tasks
 from ipa_jax.pipeline.run_folder import RunFolder
 from ipa_jax.pipeline.tokenizer import load_or_build_tokenizer
 from ipa_jax.rollout import AgentConfig, GroupSampler, RolloutWorker, TrajectoryQueue
-from ipa_jax.rollout.agent import expert_episode
+from ipa_jax.rollout.agent import expert_episode, run_episode
 from ipa_jax.rollout.branch import SKIP_REASONS, Branching
+from ipa_jax.rollout.lockstep import derive_seed, in_lockstep
 from ipa_jax.rollout.queue import DROP_REASONS
 from ipa_jax.rollout.resample import Resampler, ResampleSource, build_experts
 from ipa_jax.train import TrainingStopped, TrainState
@@ -72,6 +76,12 @@ def expert_trajectory(task: Task, env: Env, chat: ChatFormat, uid: str, mistaken
     """The scripted expert's episode of `task` (`env.expert`; `mistaken`: with its systematic mistake, a failure) as
     a pure imitation row (`expert_episode`)."""
     return expert_episode(task, env.expert(task, mistaken), env, chat, uid, info={"split": "train"})
+
+
+def rollout_seed(exp: ExperimentConfig) -> int:
+    """The seed lockstep rollouts derive every episode's from: of train.seed and rollout.seed_offset (an A/A control
+    changes the latter alone)."""
+    return derive_seed(exp.train.seed, exp.rollout.seed_offset)
 
 
 def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
@@ -297,6 +307,7 @@ class RolloutSource:
                 self.eval_agent,
                 lambda task: self.env_factory(),
                 k=self.exp.train.eval_samples,
+                lockstep=self.exp.rollout.schedule == "lockstep",
             )
         )
         done = list(report.trajectories)
@@ -496,6 +507,186 @@ class QueueSource(RolloutSource):
         self.folder.append_trajectories("unconsumed", left)
 
 
+class LockstepSource(RolloutSource):
+    """rollout.source = "queue" with rollout.schedule = "lockstep": the batch of learner step t is played on the
+    weights of step max(t - k, rl_start) (k = queue.max_policy_lag), all of its episodes at once in lockstep
+    (`ipa_jax.rollout.lockstep`). Episode i of step t plays task i // group_size of the batch's tasks (the next ones
+    of the seeded task stream), with seed derive_seed(rollout_seed, t, i) and uid <task id>#<t>.<i>; what a batch
+    holds thus depends on the weights, the tasks and the seeds alone.
+
+    One batch is played at a time, in a thread of its own: with k > 0 the batch of step t + k is played while the
+    learner trains on step t's, and the weight sync after that update first waits for it (the engines change
+    weights only between batches). Episodes that fail, or that the learner rejects, are replaced by more episodes of
+    the same step (indices batch_size, batch_size + 1, ... over the batch's tasks again), played on the weights
+    served then. A resumed run plays the batches it had in flight again, on the restored weights (the weights they
+    were played with are not checkpointed)."""
+
+    def __init__(self, exp: ExperimentConfig, folder: RunFolder, clock: ActivityClock):
+        super().__init__(exp, folder, clock)
+        t = exp.train
+        self.lag, self.updates_per_batch = exp.queue.max_policy_lag, t.epochs_per_batch * t.minibatches
+        self.seed = rollout_seed(exp)
+        self.tasks = self.env.task_stream("train", seed=t.seed)
+        self.tasks_taken = 0
+        self.thread = LoopThread("lockstep")
+        # Per batch step: its tasks, the tasks taken before them, episodes started (replacements go on from there),
+        # and the episodes being played (a concurrent future of in_lockstep's outcomes; popped when consumed).
+        self.batch_tasks: dict[int, list[Task]] = {}
+        self.tasks_before: dict[int, int] = {}
+        self.started: dict[int, int] = {}
+        self.playing: dict[int, concurrent.futures.Future] = {}
+        self._last: concurrent.futures.Future | None = None  # the newest play: the next one waits for it
+        self.served_step: int | None = None
+        self.counts = collections.Counter()
+        self.last_error: BaseException | None = None
+
+    # ---- scheduling ----------------------------------------------------------------------------------
+    def _is_batch_step(self, step: int) -> bool:
+        return step >= self.rl_start and (step - self.rl_start) % self.updates_per_batch == 0
+
+    def _start_batch(self, step: int) -> None:
+        """Takes the batch's tasks and starts playing its batch_size episodes."""
+        per_task = self.exp.rollout.group_size
+        self.tasks_before[step] = self.tasks_taken
+        self.batch_tasks[step] = [next(self.tasks) for _ in range(self.exp.train.batch_size // per_task)]
+        self.tasks_taken += len(self.batch_tasks[step])
+        self.started[step] = 0
+        self.playing[step] = self._play(step, self.exp.train.batch_size)
+
+    def _play(self, step: int, count: int) -> concurrent.futures.Future:
+        """Plays the next `count` episodes of `step` after the play before it."""
+        first = self.started[step]
+        self.started[step] += count
+        tasks = self.batch_tasks[step]
+        per_task = self.exp.rollout.group_size
+        plays = [
+            functools.partial(self._episode, step, i, tasks[(i // per_task) % len(tasks)])
+            for i in range(first, first + count)
+        ]
+        self._last = self.thread.submit(self._after(self._last, in_lockstep(self.engines.rollout, plays)))
+        return self._last
+
+    @staticmethod
+    async def _after(previous: concurrent.futures.Future | None, play):
+        if previous is not None:  # its outcome is its own consumer's: here only its end matters
+            await asyncio.wait([asyncio.wrap_future(previous)])
+        return await play
+
+    async def _episode(self, step: int, index: int, task: Task, engine: Engine) -> Trajectory | None:
+        return await run_episode(
+            engine,
+            self.chat,
+            task,
+            self.agent,
+            env=self.env_factory(),
+            uid=f"{task.task_id}#{step}.{index}",
+            clock=self.clock,
+            seed=derive_seed(self.seed, step, index),
+        )
+
+    def _outcomes(self, future: concurrent.futures.Future) -> list[Trajectory]:
+        """The played episodes of `future` (waited for); failed and aborted ones counted and left out."""
+        out = []
+        for outcome in future.result():
+            if isinstance(outcome, Trajectory):
+                out.append(outcome)
+                self.counts["finished"] += 1
+                self.counts["successes"] += int(outcome.reward > 0)
+                self.counts["generated_tokens"] += outcome.info["generated_tokens"]
+                continue
+            self.counts["failed"] += 1
+            if isinstance(outcome, BaseException):
+                log.error("lockstep episode failed: %r", outcome)
+                self.last_error = outcome
+        if not out:
+            raise TrainingStopped(f"every lockstep episode of a batch failed; the last: {self.last_error!r}")
+        return out
+
+    # ---- the learner's side --------------------------------------------------------------------------
+    def _rl_trajectories(self, n: int) -> list[Trajectory]:
+        step, t0 = self.step, time.perf_counter()
+        self.rl_started_at = self.rl_started_at or t0
+        try:
+            if step == self.served_step:  # replacements of failed or rejected episodes of this step
+                return self._outcomes(self._play(step, n))
+            if step not in self.playing:  # RL's first batch, or the first after a restore: its weights play k more
+                self._start_batch(step)
+                for later in range(step + 1, step + self.lag + 1):
+                    if self._is_batch_step(later):
+                        self._start_batch(later)
+            for done in [s for s in self.started if s < step]:  # consumed batches: no replacement comes any more
+                del self.started[done], self.batch_tasks[done], self.tasks_before[done]
+            self.served_step = step
+            return self._outcomes(self.playing.pop(step))
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def after_update(self, step: int, rl_start: int, model) -> None:
+        self.step, self.rl_start = step, rl_start
+        if model is None:
+            return
+        if self.playing:  # the batches of older weights are played before the engines change
+            concurrent.futures.wait(list(self.playing.values()))
+        self.engines.push(model, step)
+        if (
+            self.served_step is not None
+            and self._is_batch_step(step + self.lag)
+            and step + self.lag not in self.started
+        ):
+            self._start_batch(step + self.lag)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The tasks before the next batch to consume: a resumed run plays it (and those after) again.
+        next_batch = min(self.playing, default=None)
+        taken = self.tasks_before[next_batch] if next_batch is not None else self.tasks_taken
+        return {**super().state_dict(), "lockstep_tasks_taken": taken}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for _ in range(int(state.get("lockstep_tasks_taken", 0))):
+            next(self.tasks)
+        self.tasks_taken = int(state.get("lockstep_tasks_taken", 0))
+
+    # ---- reporting -----------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        finished = self.counts["finished"]
+        out.update(
+            rollout_episodes=float(finished),
+            rollout_failed=float(self.counts["failed"]),
+            rollout_success_rate=self.counts["successes"] / max(finished, 1),
+        )
+        out.update(self.engines.prefix_metrics())
+        return out
+
+    def rollout_stats(self) -> dict[str, float]:
+        out = super().rollout_stats()
+        elapsed = time.perf_counter() - self.rl_started_at if self.rl_started_at else 0.0
+        finished = self.counts["finished"]
+        out.update(
+            episodes_per_s=finished / elapsed if elapsed else 0.0,
+            generated_tokens_per_s=self.counts["generated_tokens"] / elapsed if elapsed else 0.0,
+            rollout_episodes=float(finished),
+            rollout_success_rate=self.counts["successes"] / max(finished, 1),
+            time_generation_s=self.clock.busy_s("generation"),
+            time_tools_s=self.clock.busy_s("tools"),
+            time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"),
+        )
+        return out
+
+    def _stop_rollouts(self) -> None:
+        """Batches played and not consumed go to trajectories/unconsumed.jsonl; those in play are cancelled."""
+        left: list[Trajectory] = []
+        for future in self.playing.values():
+            if future.done() and not future.cancelled():
+                left += [t for t in future.result() if isinstance(t, Trajectory)]
+            else:
+                future.cancel()
+        self.final_stats = self.rollout_stats()
+        self.folder.append_trajectories("unconsumed", left)
+        self.thread.close()
+
+
 class ResamplingSource(RolloutSource):
     """rollout.source = "resample": synchronous resampling rounds (the learner waits while a round is sampled); the
     fork report goes to forks.json at the end."""
@@ -509,6 +700,7 @@ class ResamplingSource(RolloutSource):
             self.chat,
             self.agent,
             concurrency=exp.rollout.concurrency,
+            lockstep_seed=rollout_seed(exp) if exp.rollout.schedule == "lockstep" else None,
         )
 
     def _rl_trajectories(self, n: int) -> list[Trajectory]:
@@ -547,6 +739,13 @@ ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {
 }
 
 
+def rollout_source_class(exp: ExperimentConfig) -> type[RolloutSource]:
+    """Process 0's source of exp.online_source (the queue's under rollout.schedule = "lockstep": LockstepSource)."""
+    if exp.online_source == "queue" and exp.rollout.schedule == "lockstep":
+        return LockstepSource
+    return ROLLOUT_SOURCES[exp.online_source]
+
+
 # ---------------------------------------------------------------------------------------------- every process
 class OnlineSource:
     """The learner's TrajectorySource on every process, with the weight-sync hook (`after_update`) and the
@@ -563,7 +762,7 @@ class OnlineSource:
         self.local: RolloutSource | None = None
 
         def start() -> tuple[str | None, bool]:
-            self.local = ROLLOUT_SOURCES[exp.online_source](exp, folder, clock or ActivityClock())
+            self.local = rollout_source_class(exp)(exp, folder, clock or ActivityClock())
             return self.local.engines.push_dtype, self.local.engines.evaluates_current
 
         # What the gathers need to know of process 0's engines; after it, process 0 has written the tokenizer.

@@ -300,6 +300,12 @@ TAG_PREFIXES = (
 )
 
 
+def is_timing_metric(name: str) -> bool:
+    """Whether a metrics.jsonl name measures wall time or speed (seconds, rates, MFU, the learner's idle share): what
+    two runs of one lockstep command may differ in; every other metric is a function of the config alone."""
+    return name.endswith("_s") or name in ("mfu", "source/learner_idle_fraction")
+
+
 def tensorboard_tag(name: str) -> str:
     """The grouped TensorBoard / W&B tag of a metrics.jsonl name: train/, eval/, rollout/, queue/ or perf/."""
     if name in TAG_NAMES:

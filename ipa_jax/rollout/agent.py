@@ -48,6 +48,7 @@ from ipa_jax.activity import ActivityClock
 from ipa_jax.chat import ChatFormat
 from ipa_jax.engines.base import Engine, SamplingParams
 from ipa_jax.envs import Env, Task, ToolCall, make_env, parse_tool_calls
+from ipa_jax.rollout.lockstep import derive_seed, in_lockstep
 from ipa_jax.trajectory import Trajectory
 
 # Episode end states recorded in info["finish_reason"].
@@ -233,6 +234,7 @@ async def run_episode(
     uid: str | None = None,
     prefill: list[dict[str, Any]] | None = None,
     clock: ActivityClock | None = None,
+    seed: int | None = None,
 ) -> Trajectory | None:
     """Play one episode of `task` with `engine`; returns its Trajectory, or None if the engine aborted it
     (or generated no token at all).
@@ -242,7 +244,9 @@ async def run_episode(
     Raises ValueError when the prompt (with the prefill) leaves no room in `config.max_context`. The environment
     is closed at the end, also when the episode is cancelled (its sandbox and processes are released).
     `clock`: where the episode's generation requests and its environment's work (reset, tool calls, the answer's check)
-    count as "generation" and "tools" activity (`ipa_jax.activity`).
+    count as "generation" and "tools" activity (`ipa_jax.activity`). `seed`: turn t samples with sampling_seed
+    derive_seed(seed, t) (lockstep rollouts: its tokens then depend on its seed, not on what it is batched with);
+    None: the engine's own draws.
     """
     env = env if env is not None else make_env(task.env)
     try:
@@ -255,6 +259,7 @@ async def run_episode(
             uid or f"{task.task_id}#{uuid.uuid4().hex[:12]}",
             prefill,
             clock or ActivityClock(),
+            seed,
         )
     finally:
         # Off the loop for a blocking env (removing a sandbox's folder takes a while); a second cancellation during
@@ -271,6 +276,7 @@ async def _play(
     uid: str,
     prefill: list[dict[str, Any]] | None,
     clock: ActivityClock,
+    seed: int | None,
 ) -> Trajectory | None:
     t_start = time.perf_counter()
     call_env = env_caller(env)
@@ -305,6 +311,7 @@ async def _play(
             top_k=config.top_k,
             stop_token_ids=chat.stop_token_ids,
             return_routed_experts=config.return_routed_experts,
+            sampling_seed=None if seed is None else derive_seed(seed, turn),
         )
         t0 = time.perf_counter()
         with clock.active("generation"):
@@ -407,10 +414,25 @@ async def run_episodes(
     *,
     concurrency: int = 8,
     env_factory: Callable[[Task], Env] | None = None,
+    lockstep_seed: int | None = None,
 ) -> list[Trajectory | None]:
-    """Run one episode per task, at most `concurrency` at a time; results in task order (None = aborted)."""
+    """Run one episode per task, at most `concurrency` at a time; results in task order (None = aborted).
+    `lockstep_seed`: all of them at once in lockstep (`ipa_jax.rollout.lockstep`), episode i with the seed
+    derive_seed(lockstep_seed, i) and the uid <task id>#<i>."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if lockstep_seed is not None:
+        plays = [
+            functools.partial(
+                _lockstep_play, chat, task, config, env_factory, f"{task.task_id}#{i}", derive_seed(lockstep_seed, i)
+            )
+            for i, task in enumerate(tasks)
+        ]
+        results = await in_lockstep(engine, plays)
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return results
     sem = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> Trajectory | None:
@@ -419,3 +441,16 @@ async def run_episodes(
             return await run_episode(engine, chat, task, config, env=env)
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+async def _lockstep_play(
+    chat: ChatFormat,
+    task: Task,
+    config: AgentConfig,
+    env_factory: Callable[[Task], Env] | None,
+    uid: str,
+    seed: int,
+    engine: Engine,
+) -> Trajectory | None:
+    env = env_factory(task) if env_factory is not None else None
+    return await run_episode(engine, chat, task, config, env=env, uid=uid, seed=seed)

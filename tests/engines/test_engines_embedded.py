@@ -118,6 +118,24 @@ def test_sampled_logprobs_equal_token_logprobs(engine, reference, loop):
     assert len({tuple(r.token_ids) for r in results}) == 3
 
 
+def test_seeded_requests_sample_alike_in_any_batch(engine, reference, loop):
+    """A request with a sampling_seed draws the same tokens alone, beside other requests and in another row; another
+    seed (the control) draws others. Its log-probs stay those of the full forward."""
+    seeds = [11, 2**40 + 3, 7]
+    params = [sp(temperature=1.0, sampling_seed=s) for s in seeds]
+    together = loop.run_until_complete(engine.generate(PROMPTS, params))
+    reordered = loop.run_until_complete(engine.generate(PROMPTS[::-1], params[::-1]))[::-1]
+    alone = loop.run_until_complete(engine.generate(PROMPTS[1:2], params[1:2]))
+    assert [r.token_ids for r in together] == [r.token_ids for r in reordered]
+    assert alone[0].token_ids == together[1].token_ids
+    full = [p + r.token_ids for p, r in zip(PROMPTS, together)]
+    lp = reference.logprobs(full)
+    for i, (p, r) in enumerate(zip(PROMPTS, together)):
+        np.testing.assert_allclose(r.logprobs, lp[i, len(p) : len(full[i])], atol=1e-5)
+    other = loop.run_until_complete(engine.generate(PROMPTS, [sp(temperature=1.0, sampling_seed=s + 1) for s in seeds]))
+    assert all(o.token_ids != t.token_ids for o, t in zip(other, together))
+
+
 def test_truncated_sampling_logprobs_are_of_the_sampled_distribution(engine, reference, loop):
     params = [sp(temperature=0.7, top_k=5), sp(temperature=1.3, top_p=0.6), sp(temperature=1.0, top_k=8, top_p=0.9)]
     results = loop.run_until_complete(engine.generate(PROMPTS, params))
@@ -382,3 +400,6 @@ def test_request_validation(engine, loop):
         loop.run_until_complete(engine.generate([[]], SamplingParams(2)))
     (r,) = loop.run_until_complete(engine.generate([[1]], SamplingParams(0)))
     assert r.token_ids == [] and r.finish_reason == "length"
+    for seed in (-1, 2**63, 1.5, True):
+        with pytest.raises(ValueError, match="sampling_seed"):
+            SamplingParams(2, sampling_seed=seed)

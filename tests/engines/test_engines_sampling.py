@@ -43,7 +43,11 @@ def test_sampling_distribution_chi_square(temperature, top_p, top_k):
     n = 20000
     logits = jnp.asarray(np.tile(LOGITS, (n, 1)), jnp.float32)
     tokens, logprobs = sample(
-        jax.random.key(0), logits, jnp.full((n,), temperature), jnp.full((n,), top_p), jnp.full((n,), top_k, jnp.int32)
+        jax.random.split(jax.random.key(0), n),
+        logits,
+        jnp.full((n,), temperature),
+        jnp.full((n,), top_p),
+        jnp.full((n,), top_k, jnp.int32),
     )
     tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
     want = reference_probs(LOGITS, temperature, top_p, top_k)
@@ -60,7 +64,11 @@ def test_rows_have_independent_params_and_greedy():
     logits = jnp.asarray(np.stack([LOGITS, LOGITS[::-1], LOGITS]), jnp.float32)
     temperature = jnp.array([0.0, 0.0, 1.0])
     tokens, logprobs = sample_tokens(
-        jax.random.key(1), logits, temperature, jnp.array([1.0, 0.5, 1.0]), jnp.array([-1, 2, 1], jnp.int32)
+        jax.random.split(jax.random.key(1), 3),
+        logits,
+        temperature,
+        jnp.array([1.0, 0.5, 1.0]),
+        jnp.array([-1, 2, 1], jnp.int32),
     )
     assert tokens.tolist()[:2] == [0, 5]
     # greedy reports the model's own log-prob (as SGLang); top_k=1 is a point mass
@@ -79,7 +87,7 @@ def test_two_level_draw_matches_a_large_vocabulary():
     p = np.exp(logits - logits[np.isfinite(logits)].max())
     p /= p.sum()
     logp = jnp.asarray(np.tile(np.log(p), (n, 1)), jnp.float32)
-    tokens = np.asarray(jax.jit(sample_categorical)(jax.random.key(3), logp))
+    tokens = np.asarray(jax.jit(sample_categorical)(jax.random.split(jax.random.key(3), n), logp))
     assert np.all(p[tokens] > 0), "sampled outside the support"
     order = np.argsort(p)
     bins = np.zeros(vocab, int)
@@ -87,3 +95,22 @@ def test_two_level_draw_matches_a_large_vocabulary():
     want = np.bincount(bins, weights=p, minlength=20) * n
     chi2 = stats.chisquare(np.bincount(bins[tokens], minlength=20), want)
     assert chi2.pvalue > 1e-3, chi2
+
+
+def test_a_row_draws_from_its_own_key_alone():
+    """Row b's token depends on keys[b] and its own logits only: the same key and logits give the same token whatever
+    the other rows hold (what lets a seeded request sample alike in any batch); other keys give other draws."""
+    rng = np.random.RandomState(1)
+    n, vocab = 64, 300
+    logits = jnp.asarray(rng.standard_normal((n, vocab)), jnp.float32)
+    keys = jax.random.split(jax.random.key(5), n)
+    ones, no_k = jnp.ones((n,)), jnp.full((n,), -1, jnp.int32)
+    tokens = np.asarray(sample(keys, logits, ones, ones, no_k)[0])
+    shuffled = rng.permutation(n)
+    others = jnp.asarray(rng.standard_normal((n, vocab)), jnp.float32).at[shuffled[0]].set(logits[0])
+    keys_elsewhere = jax.random.split(jax.random.key(6), n).at[shuffled[0]].set(keys[0])
+    alone = np.asarray(sample(keys_elsewhere, others, ones, ones, no_k)[0])
+    assert alone[shuffled[0]] == tokens[0]
+    # the control: a row's draws follow its key (the other keys' draws of the same logits differ somewhere)
+    redrawn = np.asarray(sample(jax.random.split(jax.random.key(7), n), logits, ones, ones, no_k)[0])
+    assert (redrawn != tokens).any()

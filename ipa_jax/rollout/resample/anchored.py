@@ -23,8 +23,10 @@ async def run_anchored(
     *,
     env: Env | None = None,
     uid: str | None = None,
+    seed: int | None = None,
 ) -> Trajectory | None:
-    """One episode from the state after the expert's first `anchor` chunks (None if the engine aborted).
+    """One episode from the state after the expert's first `anchor` chunks (None if the engine aborted); `seed` as
+    in `run_episode`.
 
     The prefix has expert_mask 1 and action_mask 0; the tail's chunk ids start at 0. info["resample"] =
     {task_id, anchor, num_expert_chunks, expert_uid, il_target: False}; info["task_id"] becomes
@@ -32,7 +34,9 @@ async def run_anchored(
     expert.check_anchor(anchor)
     task = expert.task
     uid = uid or f"{task.task_id}@{anchor}#{uuid.uuid4().hex[:12]}"
-    traj = await run_episode(engine, chat, task, config, env=env, uid=uid, prefill=expert.prefill(anchor) or None)
+    traj = await run_episode(
+        engine, chat, task, config, env=env, uid=uid, prefill=expert.prefill(anchor) or None, seed=seed
+    )
     if traj is None:
         return None
     traj.info["resample"] = {
