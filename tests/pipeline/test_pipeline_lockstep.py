@@ -84,8 +84,9 @@ def test_the_same_command_gives_the_same_run_beside_a_cpu_hog(tmp_path_factory, 
 
 @pytest.mark.slow
 def test_arms_share_the_warm_start_tasks_and_keys(tmp_path_factory, tokenizer_dir, reference):
-    """Another rollout seed (rollout.seed_offset): the same warm start, other rollouts. Another RL phase (rewards flipped on half the episodes): the same
-    first RL batch (the warm start's weights, the same tasks and keys), then its own."""
+    """Another rollout seed (rollout.seed_offset): the same warm start, other rollouts. Another RL phase (rewards
+    flipped on half the episodes): the same first RL batches (the warm start's weights, the same tasks and keys), then
+    its own."""
     reseeded = _run(tmp_path_factory, tokenizer_dir, "reseeded", **{"rollout.seed_offset": 1000})
     other_arm = _run(tmp_path_factory, tokenizer_dir, "other_arm", **{"train.reward_flip_fraction": 0.5})
     rows, batch = _metrics(reference), _trained_on(reference)
