@@ -23,4 +23,14 @@ def get_config():
     # earlier, at 20%, and runs 120 RL steps): to 35% greedy match, then 80 RL steps.
     c.train.il_warmup_target = 0.35
     c.train.steps = 440
+    # Reproducible arms: each batch from exactly the weights one update before (queue.max_policy_lag 1, the
+    # quickstart's learner-and-rollouts overlap), its episodes with seeds of (seed, step, episode), the same tasks in
+    # every arm of a seed: a run's result is independent of the machine's load, and two arms differ in what their
+    # configs change (common random numbers; docs/statistics.md). Changed on 2026-12-06: tables measured before
+    # then ran asynchronous rollouts at lag 2 and one trajectory per row (docs/results.md).
+    c.rollout.schedule = "lockstep"
+    c.queue.max_policy_lag = 1
+    # The learner 1.8-2x faster on these episodes (docs/performance.md), the same loss to float32 rounding.
+    c.train.packing = True
+    c.train.share_prefix = True
     return c

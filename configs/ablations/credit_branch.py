@@ -11,4 +11,5 @@ def get_config():
     c = load_config(Path(__file__).with_name("common.py"))
     c.train.name = "credit_branch"
     c.objective.credit = "branch"
+    c.rollout.schedule = "async"  # not lockstep: its continuations are sampled beside the episodes in flight
     return c

@@ -11,4 +11,5 @@ def get_config():
     c = load_config(Path(__file__).with_name("grpo.py"))
     c.train.name = "grpo_dynamic_sampling"
     c.queue.dynamic_sampling = True
+    c.rollout.schedule = "async"  # not lockstep: its batches take the groups the queue admits
     return c

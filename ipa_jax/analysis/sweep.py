@@ -53,6 +53,9 @@ RL_PHASE_KEYS = (
     "objective.",
     "queue.",
     "optimizer.lr",
+    "rollout.source",  # every source serves the same scripted-expert episodes during the warm start
+    "rollout.schedule",
+    "resample.",
     "rollout.temperature",
     "rollout.top_p",
     "rollout.top_k",
