@@ -718,7 +718,8 @@ class ResamplingSource(RolloutSource):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.resample.load_state_dict(state["resample"])
+        if "resample" in state:  # a warm start trained by another source has no resampler state: it starts fresh
+            self.resample.load_state_dict(state["resample"])
 
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
