@@ -10,11 +10,15 @@ holds ablation.json (what ran, where, what failed), table.md, table.csv, runs.cs
 with a reference config (docs/statistics.md).
 
 Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
-the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
-<out>/warm_starts/<first such config>/seed_<seed> (train.steps = train.il_warmup_steps: it stops where RL would
-start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics, evaluation records). Their
+the RL learning rate, sampling, the rollout source) have the same IL warm start for a seed, so it is trained once,
+in <out>/warm_starts/<its donor>/seed_<seed> (`shared_warm_starts`; train.steps = train.il_warmup_steps: it stops
+where RL would start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics, evaluation
+records). Their
 comparison is then paired: every arm of a seed starts RL from the same policy, and every run is evaluated on the same
 held-out tasks (`ipa_jax.pipeline.evaluation.EVAL_SEED`). A run's wall_time_s is its own process's, the RL phase.
+
+Repeated runs: an arm whose config equals an earlier arm's once settings without effect are left out
+(`effective_view`, `same_runs`) is not trained; it takes that arm's run of each seed (manifest["same_as"]).
 
 Isolation: with `train_command` (the argv of the training script, e.g. `python experiments/train.py`) every run is
 a fresh process, so runs share no JAX/XLA state, a run that crashes or runs out of memory fails alone and is
@@ -48,11 +52,19 @@ from ipa_jax.pipeline.run import changes_since, describe_changes
 
 log = logging.getLogger(__name__)
 
-# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
+NAMING_KEYS = ("train.name", "train.run_dir")  # what a run is called and where it goes, not what it does
+
+# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it. Before
+# rl_start every rollout source serves the same batches, scripted-expert episodes of the one ExpertStream
+# (`RolloutSource.next_trajectories` in ipa_jax.pipeline.online), so the source (rollout.source, its resample.*
+# settings, rollout.schedule) is an RL-phase choice too.
 RL_PHASE_KEYS = (
     "objective.",
     "queue.",
+    "resample.",
     "optimizer.lr",
+    "rollout.source",
+    "rollout.schedule",
     "rollout.temperature",
     "rollout.top_p",
     "rollout.top_k",
@@ -64,8 +76,7 @@ RL_PHASE_KEYS = (
     "train.reward_flip_fraction",
     "train.steps",
     "train.eval_every",
-    "train.name",
-    "train.run_dir",
+    *NAMING_KEYS,
 )
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 
@@ -92,17 +103,50 @@ def run_overrides(
     return out
 
 
-def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple[str, int] | None:
-    """(the config without its RL_PHASE_KEYS as JSON, train.il_warmup_steps), equal for configs whose warm
-    starts are the same; None without a warm start or when the config does not load (its run reports why)."""
+def resolved_flat(config_path: str, overrides: Mapping[str, Any] = ()) -> dict[str, Any] | None:
+    """The resolved config of `config_path` with `overrides` as {dotted key: value}, rollout.source resolved ("auto"
+    -> the source the run uses, `ExperimentConfig.online_source`); None when the config does not load (its run
+    reports why)."""
     try:
-        flat = flatten(validate(load_config(config_path, dict(overrides))).to_dict())
+        exp = validate(load_config(config_path, dict(overrides)))
     except Exception:  # noqa: BLE001 - the run itself fails with the config's own error message
         return None
-    warm = int(flat["train.il_warmup_steps"])
-    if warm == 0:
+    return {**flatten(exp.to_dict()), "rollout.source": exp.online_source}
+
+
+def il_phase_key(flat: Mapping[str, Any] | None) -> tuple[str, int] | None:
+    """(the `il_phase_view` of a `resolved_flat` as JSON, train.il_warmup_steps), equal for configs whose warm starts
+    are the same; None without a warm start or for a config that did not load (None)."""
+    if flat is None or not flat["train.il_warmup_steps"]:
         return None
-    return json.dumps(il_phase_view(flat), sort_keys=True, default=repr), warm
+    return json.dumps(il_phase_view(flat), sort_keys=True, default=repr), int(flat["train.il_warmup_steps"])
+
+
+def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple[str, int] | None:
+    """`il_phase_key` of the config at `config_path` with `overrides`."""
+    return il_phase_key(resolved_flat(config_path, overrides))
+
+
+def shared_warm_starts(
+    arms: Sequence[tuple[str, str]], flats: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, tuple[str, str, int]]:
+    """{arm: (donor, the donor's config path, IL steps)} for the arms (name, path) whose `il_phase_key` (of their
+    `resolved_flat` in `flats`) another arm shares: their warm start is trained once, by the donor, the group's
+    first arm with rollout.source "resample", else its first arm. A resampling arm resumes only from a checkpoint
+    that holds a resampler's state (`ResamplingSource.load_state_dict`); the other sources ignore that state, and
+    no resampler runs before rl_start."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, _ in arms:
+        key = il_phase_key(flats[name])
+        if key is not None:
+            groups.setdefault(key, []).append(name)
+    paths = dict(arms)
+    shared = {}
+    for (_, warm), names in groups.items():
+        if len(names) > 1:
+            donor = next((name for name in names if flats[name]["rollout.source"] == "resample"), names[0])
+            shared |= {name: (donor, paths[donor], warm) for name in names}
+    return shared
 
 
 def il_phase_view(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,6 +156,30 @@ def il_phase_view(flat: Mapping[str, Any]) -> dict[str, Any]:
     if not flat["optimizer.il_lr"]:
         kept["optimizer.lr"] = flat["optimizer.lr"]
     return kept
+
+
+def effective_view(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a flattened resolved config (`resolved_flat`) that change what its run does: all but NAMING_KEYS,
+    and rollout.expert_successes_only only where it filters something: only the expert source reads it
+    (`ExpertSource`), and with env.expert_error 0 no demonstration fails (`expert_errs`)."""
+    filters = flat["rollout.source"] == "expert" and flat["env.expert_error"] > 0
+    dropped = {*NAMING_KEYS, *(() if filters else ("rollout.expert_successes_only",))}
+    return {k: v for k, v in flat.items() if k not in dropped}
+
+
+def same_runs(flats: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
+    """{config: the first config before it (in `flats`' order) with an equal `effective_view`} of configs given
+    as {name: `resolved_flat` or None}: such a config's run would repeat that one's, so a sweep takes its result
+    instead of training it again. A config that does not load equals none."""
+    first: dict[str, str] = {}
+    same = {}
+    for name, flat in flats.items():
+        if flat is None:
+            continue
+        view = json.dumps(effective_view(flat), sort_keys=True, default=repr)
+        if first.setdefault(view, name) != name:
+            same[name] = first[view]
+    return same
 
 
 def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
@@ -170,10 +238,12 @@ def sweep(
     the arms of a seed interleaved (`run_order`), then writes the tables (and prints the Markdown one) and the plots
     into `out`: differences against `reference` (default the first config; `pairs`: {config: its own reference}),
     verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it), positive
-    `controls` checked for detection, seeds stated for the `effect` of interest. With `results_dir`, every finished
-    run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is gone is taken from its results
-    file when that matches the arm's config, and the tables are built from the results files. Returns the manifest
-    (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
+    `controls` checked for detection, seeds stated for the `effect` of interest. With
+    `results_dir`, every finished run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is
+    gone is taken from its results file when that matches the arm's config, and the tables are built from the
+    results files. An arm whose `effective_view` equals an earlier arm's (`same_runs`) is not trained: it takes that
+    arm's run of each seed (its results file written under its own name; manifest["same_as"]: {arm: that arm}).
+    Returns the manifest (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
     names = [name for name, _ in configs]
@@ -210,21 +280,17 @@ def sweep(
         "results": {},
         "order": [],
     }
-    # Configs with the same warm start (module doc): the first of each group trains it for all.
-    # shared: config name -> (donor config name, its path, IL steps).
+    # Arms whose runs would repeat an earlier arm's take its result (same_runs), after the seed's own runs.
     paths = dict(configs)
-    donors: dict[tuple[str, int], str] = {}
-    shared: dict[str, tuple[str, str, int]] = {}
-    if share_warm_start:
-        keys = {name: warm_start_key(path, overrides) for name, path in configs}
-        for name, _ in configs:
-            if keys[name] is not None and sum(k == keys[name] for k in keys.values()) > 1:
-                donor = donors.setdefault(keys[name], name)
-                shared[name] = (donor, paths[donor], keys[name][1])
+    flats = {name: resolved_flat(path, overrides) for name, path in configs}
+    same_as = manifest["same_as"] = same_runs(flats)
+    trained_arms = [(name, path) for name, path in configs if name not in same_as]
+    shared = shared_warm_starts(trained_arms, flats) if share_warm_start else {}
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
     progress = SweepProgress(len(configs) * len(seeds))
+    finished: dict[tuple[str, int], tuple[RunResult, str | None]] = {}  # (arm, seed) -> (result, its run folder)
     for index, seed in enumerate(seeds):
-        for name, path in run_order(configs, index):
+        for name, path in [*run_order(trained_arms, index), *((name, paths[name]) for name in same_as)]:
             manifest["order"].append([name, seed])
             run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
             rel = os.path.relpath(run_dir, out)
@@ -235,28 +301,46 @@ def sweep(
             t0 = time.perf_counter()
             try:
                 sha = config_sha(path, run_overrides(run_dir, seed, overrides)) if results_dir else ""
-                if RunFolder(run_dir).has_summary():
-                    check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
-                elif not rerun and results_file and os.path.exists(results_file):
-                    check_result(results_file, sha, path)
+                if name in same_as:
+                    if (same_as[name], seed) not in finished:
+                        raise RuntimeError(f"the run of {same_as[name]} (the same effective config) did not finish")
+                    result, folder = finished[same_as[name], seed]
                 else:
-                    trained = True
-                    try:
-                        _train_run(
-                            name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun, train_command
-                        )
-                    finally:
-                        manifest["wall_time_s"][rel] = time.perf_counter() - t0
-                if RunFolder(run_dir).has_summary():
-                    manifest["runs"].setdefault(name, []).append(rel)
-                    result = RunResult.from_run(run_dir)
-                    if results_file:
-                        write_result(results_file, result, name, sha)
-                else:
-                    result = load_result(results_file)
+                    if RunFolder(run_dir).has_summary():
+                        check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
+                    elif not rerun and results_file and os.path.exists(results_file):
+                        check_result(results_file, sha, path)
+                    else:
+                        trained = True
+                        try:
+                            _train_run(
+                                name,
+                                path,
+                                seed,
+                                run_dir,
+                                out,
+                                overrides,
+                                shared.get(name),
+                                manifest,
+                                rerun,
+                                train_command,
+                            )
+                        finally:
+                            manifest["wall_time_s"][rel] = time.perf_counter() - t0
+                    folder = rel if RunFolder(run_dir).has_summary() else None
+                    result = RunResult.from_run(run_dir) if folder else load_result(results_file)
+                    finished[name, seed] = result, folder
+                if folder:
+                    manifest["runs"].setdefault(name, []).append(folder)
                 if results_file:
+                    if folder or name in same_as:  # (a result read from its own file is there already)
+                        write_result(results_file, result, name, sha)
                     manifest["results"].setdefault(name, []).append(os.path.relpath(results_file, out))
-                outcome = run_outcome(result, reused=not trained)
+                outcome = (
+                    run_outcome(result, reused=False) + f" (the run of {same_as[name]}: the same effective config)"
+                    if name in same_as
+                    else run_outcome(result, reused=not trained)
+                )
             except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
                 log.debug("%s seed %d failed", name, seed, exc_info=True)
                 manifest["failed"].append(
@@ -274,13 +358,13 @@ def sweep(
     for key in ("runs", "results"):  # in config order, whatever order they ran in
         manifest[key] = {name: sorted(manifest[key][name]) for name, _ in configs if name in manifest[key]}
     _write_manifest(out, manifest)
-    finished = manifest["results"] if results_dir else manifest["runs"]
+    tabled = manifest["results"] if results_dir else manifest["runs"]
     print(
-        f"{sum(map(len, finished.values()))} runs finished, {len(manifest['failed'])} failed, "
+        f"{sum(map(len, tabled.values()))} runs finished, {len(manifest['failed'])} failed, "
         f"{minutes(progress.elapsed())}; table, plots and runs in {out}",
         flush=True,
     )
-    if not finished:
+    if not tabled:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
     loaded = load_ablation(out)
     write_ablation_tables(out, loaded, threshold)
@@ -331,11 +415,13 @@ def run_preset(
     for condition, condition_overrides in preset.conditions or (("", ()),):
         where = os.path.join(out, condition) if condition else out
         results_dir = os.path.abspath(os.path.join(results, condition)) if results else None
+        settings = dict(preset.overrides) | dict(condition_overrides) | dict(overrides)
         if condition:
             print(f"condition {condition}: {dict(condition_overrides)}", flush=True)
         if from_results:
+            same_as = same_runs({name: resolved_flat(path, settings) for name, path in configs})
             try:
-                tables_from_results(names, seeds, results_dir, where, **comparison)
+                tables_from_results(names, seeds, results_dir, where, same_as=same_as, **comparison)
             except FileNotFoundError as e:
                 raise ConfigError("results", f"{e}; run the sweep first (without --from_results)") from None
             continue
@@ -343,7 +429,7 @@ def run_preset(
             configs,
             seeds,
             where,
-            overrides=dict(preset.overrides) | dict(condition_overrides) | dict(overrides),
+            overrides=settings,
             train_command=train_command,
             rerun=rerun,
             share_warm_start=share_warm_start,
@@ -389,6 +475,7 @@ def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) 
         controls=[c for c in manifest.get("controls", ()) if c in runs and c != pairs.get(c, reference)],
         effect=manifest.get("effect", DEFAULT_EFFECT),
         pairs=pairs,
+        same_as=manifest.get("same_as"),
     )
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
@@ -406,10 +493,12 @@ def tables_from_results(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    same_as: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The tables of a sweep rebuilt from its results files alone (no run folder, nothing trained): the results of
-    `configs` x `seeds` under `results_dir`, written into `out` with an ablation.json naming them. Returns that
-    manifest; FileNotFoundError when no results file exists."""
+    `configs` x `seeds` under `results_dir`, written into `out` with an ablation.json naming them (and the
+    comparison's settings, as `sweep` writes them). Returns that manifest; FileNotFoundError when no results file
+    exists."""
     found = results_of(results_dir, list(configs), list(seeds))
     if not found:
         raise FileNotFoundError(f"no results files of {list(configs)} under {os.path.abspath(results_dir)}")
@@ -424,6 +513,7 @@ def tables_from_results(
         "controls": list(controls),
         "effect": effect,
         "pairs": dict(pairs or {}),
+        "same_as": dict(same_as or {}),
         "results_dir": os.path.abspath(results_dir),
         "runs": {},
         "results": {name: [os.path.relpath(p, out) for p in paths] for name, paths in found.items()},

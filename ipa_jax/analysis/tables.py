@@ -230,13 +230,15 @@ def ablation_rows(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    same_as: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows) of runs given as run folders or results files (`load_result`). A per-config
     row holds n_seeds, <scalar>_mean and <scalar>_std for each of SCALARS (over seeds), threshold_reached = how many
     seeds reached `threshold` (steps_to_threshold is averaged over those only), collapsed = how many seeds collapsed
     (`RunResult.scalars`), family_<f>_success_mean / _std per task family of the final evaluation (with several
     families), and the `comparison_columns` of its final success against its reference (`reference`, or its
-    entry in `pairs`; with the positive `controls` and the `effect` of interest)."""
+    entry in `pairs`; with the positive `controls` and the `effect` of interest); a config of `same_as` ({config: the
+    config whose runs it took, the same effective config}) says so in its note."""
     loaded = {d: load_result(d) for run_dirs in runs.values() for d in run_dirs}
     config_rows, run_rows = [], []
     comparison = (
@@ -253,6 +255,10 @@ def ablation_rows(
         if runs
         else {}
     )
+    for name, twin in (same_as or {}).items():
+        if name in comparison:
+            note = comparison[name]["note"]
+            comparison[name]["note"] = f"the runs of {twin} (the same effective config)" + (f"; {note}" if note else "")
     families = sorted({f for r in loaded.values() for f in r.success_by_family()})
     for name, run_dirs in runs.items():
         per_run = [loaded[d].scalars(threshold) for d in run_dirs]
@@ -433,13 +439,21 @@ def write_tables(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    same_as: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """table.md, table.csv (per config; differences against `reference`, default the first config, or the config's
     entry in `pairs`, verdicts on `claim`, the positive `controls` checked, seeds stated for the `effect` of
-    interest) and runs.csv (per run) in `ablation_dir`, from run folders or results files; returns the per-config
-    rows."""
+    interest, `same_as` noted: `ablation_rows`) and runs.csv (per run) in `ablation_dir`, from run folders or
+    results files; returns the per-config rows."""
     config_rows, run_rows = ablation_rows(
-        runs, threshold, reference=reference, claim=claim, controls=controls, effect=effect, pairs=pairs
+        runs,
+        threshold,
+        reference=reference,
+        claim=claim,
+        controls=controls,
+        effect=effect,
+        pairs=pairs,
+        same_as=same_as,
     )
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))

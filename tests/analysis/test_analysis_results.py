@@ -194,6 +194,47 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
     assert len(trained()) == 8  # the sweeps' runs only: --from_results trains nothing
 
 
+def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
+    """control_il_filtered imitates only the demonstrations that succeed: at env.expert_error 0 every one does, so
+    its run would repeat control_il_continue_matched's. The sweep takes that run's result instead of training it
+    (its own results file, written with its own config's sha; manifest same_as), the table says so; at
+    expert_error 0.5 it trains."""
+    command, trained = stand_in
+    matched, filtered = "control_il_continue_matched", "control_il_filtered"
+    arms = [ablate.resolve_config(name, CONFIG_DIR) for name in ("credit_chunk", matched, filtered)]
+    for error, same_as in ((0.0, {filtered: matched}), (0.5, {})):
+        out, results, overrides = tmp_path / f"out{error}", tmp_path / f"results{error}", {"env.expert_error": error}
+        before = len(trained())
+        manifest = ablate.sweep(
+            arms,
+            [0, 1],
+            str(out),
+            overrides=overrides,
+            train_command=command,
+            share_warm_start=False,
+            results_dir=str(results),
+        )
+        assert manifest["same_as"] == same_as and manifest["failed"] == []
+        ran = {name for name, _ in trained()[before:]}
+        assert ran == {"credit_chunk", matched} | ({filtered} if error else set()), error
+        assert [name for name, _ in manifest["order"]][-1] == (filtered if not error else "credit_chunk")
+        for seed in (0, 1):
+            result, head = read_result(result_path(str(results), filtered, seed))
+            run_dir = os.path.join(out, "runs", filtered, f"seed_{seed}")
+            assert head == {
+                "config": filtered,
+                "config_sha": config_sha(arms[2][1], ablate.run_overrides(run_dir, seed, overrides)),
+            }
+            assert result == read_result(result_path(str(results), matched, seed))[0]
+        table = open(out / "table.md", encoding="utf-8").read()
+        assert ("the runs of control_il_continue_matched (the same effective config)" in table) == (not error)
+    # The rule itself: the filter counts only where the expert source could drop a failing demonstration.
+    flat = ablate.resolved_flat(arms[2][1], {"env.expert_error": 0.5})
+    assert "rollout.expert_successes_only" in ablate.effective_view(flat)
+    for other in ({**flat, "env.expert_error": 0.0}, {**flat, "rollout.source": "queue"}):
+        assert "rollout.expert_successes_only" not in ablate.effective_view(other)
+
+
 def test_presets_check_pairs_and_conditions():
     with pytest.raises(ValueError, match="pairs"):
         Preset(("a", "b"), (0,), pairs=(("b", "c"),))

@@ -289,8 +289,8 @@ def test_every_ablation_config_changes_one_thing():
     }
     assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
     # The claims preset: 8 seeds x 512 held-out tasks on the calculator with 2 and 3 operations, the expert perfect
-    # and wrong on half the tasks; warm starts to the imitation plateau, shared by every arm of a seed but the IL
-    # term's pair (which runs through the resampling source, whose checkpoint carries its own state).
+    # and wrong on half the tasks; warm starts to the imitation plateau, one per seed for every arm
+    # (test_every_arm_of_the_claims_preset_shares_one_warm_start).
     claims = PRESETS["claims"]
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 8)
     assert dict(claims.overrides)["train.eval_episodes"] == 512 and dict(claims.overrides)["train.il_warmup_patience"]
@@ -305,14 +305,6 @@ def test_every_ablation_config_changes_one_thing():
         "credit_token_matched_baseline": "credit_chunk_baseline",
         "il_term_off": "il_term_on",
     }
-    for _, condition in claims.conditions[-1:]:
-        settings = dict(claims.overrides) | dict(condition)
-        keys = {
-            name: ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), settings) for name in claims.configs
-        }
-        shared = {name for name, key in keys.items() if key == keys["credit_chunk"]}
-        assert set(claims.configs) - shared == {"il_term_on", "il_term_off"}
-        assert keys["credit_chunk"][0].count('"env.expert_error": 0.5') == 1
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
@@ -552,6 +544,29 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     ablate.check_finished(str(edited), warm_overrides, warm_dir, il_phase_only=True)
     with pytest.raises(ConfigError, match=r"optimizer.il_lr: .* -> 0.5"):
         ablate.check_finished(str(edited), {**warm_overrides, "optimizer.il_lr": 0.5}, warm_dir, il_phase_only=True)
+
+
+def test_every_arm_of_the_claims_preset_shares_one_warm_start():
+    """One warm start per condition and seed: under the claims preset's overrides and each condition's, every arm
+    has credit_chunk's warm_start_key (the IL term's arms included: their rollout source and resample.* settings
+    act after rl_start only). The warm start is trained by il_term_on, the first arm whose resampling source
+    checkpoints the state the other resampling arm resumes from; at expert_error 0 control_il_filtered is no run
+    of its own (the same effective config as control_il_continue_matched)."""
+    claims = PRESETS["claims"]
+    for condition, settings in claims.conditions:
+        overrides = dict(claims.overrides) | dict(settings)
+        arms = [ablate.resolve_config(name, CONFIG_DIR) for name in claims.configs]
+        flats = {name: ablate.resolved_flat(path, overrides) for name, path in arms}
+        keys = {name: ablate.il_phase_key(flat) for name, flat in flats.items()}  # warm_start_key's, loaded once
+        assert keys["credit_chunk"] is not None and set(keys.values()) == {keys["credit_chunk"]}, condition
+        error = dict(settings)["env.expert_error"]
+        assert keys["credit_chunk"][0].count(f'"env.expert_error": {error}') == 1
+        same_as = ablate.same_runs(flats)
+        assert same_as == ({} if error else {"control_il_filtered": "control_il_continue_matched"})
+        trained = [(name, path) for name, path in arms if name not in same_as]
+        shared = ablate.shared_warm_starts(trained, flats)
+        assert set(shared) == {name for name, _ in trained}
+        assert set(shared.values()) == {("il_term_on", dict(arms)["il_term_on"], 600)}
 
 
 def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):
