@@ -104,8 +104,9 @@ def comparison_columns(
     reference, claim, diff_*: its paired difference with its reference (`pairs`: {config: the config it differs from
     by one change}; the others: `reference`, default the first config) over their common seeds
     (`paired_difference`): diff_mean, diff_ci_low / _high (the t-interval over the seeds' differences),
-    diff_sd, diff_p (paired t-test), diff_p_holm (Holm-adjusted across every comparison of the table), diff_mde
-    (minimum detectable effect at 80% power), seeds_needed (for a true difference of `effect`), diff_seeds,
+    diff_sd (their std), diff_sd_floor (its task-sampling floor), diff_p (paired t-test), diff_p_holm
+    (Holm-adjusted across every comparison of the table), diff_mde (minimum detectable effect at 80% power, from
+    the sd the interval uses), seeds_needed (for a true difference of `effect`), diff_seeds,
     diff_tasks, the sign tests over (seed, task) pairs (descriptive: tasks_better / _worse / _tied, sign_p_tasks)
     and over seeds (seeds_better / _worse / _tied, sign_p_seeds), and verdict: on `claim` ("higher": the config
     beats the reference) at the Holm-adjusted p, for a config of `controls` (positive controls, built to be worse
@@ -158,9 +159,10 @@ def comparison_columns(
                 diff_ci_low=diff.low,
                 diff_ci_high=diff.high,
                 diff_sd=diff.sd,
+                diff_sd_floor=diff.sd_floor,
                 diff_p=diff.p_value,
                 diff_mde=diff.minimum_detectable_effect(),
-                seeds_needed=seeds_needed(effect, diff.sd),
+                seeds_needed=seeds_needed(effect, diff.sd_used),
                 diff_seeds=diff.seeds,
                 diff_tasks=diff.tasks,
                 **_sign_columns("tasks", diff.tasks_sign),
@@ -208,6 +210,7 @@ def _no_difference() -> dict[str, Any]:
         "diff_ci_low": math.nan,
         "diff_ci_high": math.nan,
         "diff_sd": math.nan,
+        "diff_sd_floor": math.nan,
         "diff_p": math.nan,
         "diff_mde": math.nan,
         "seeds_needed": None,
@@ -388,7 +391,9 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
         f"{level} CI (success): percentile interval of a hierarchical bootstrap (seeds, then held-out tasks "
         'within each seed), so it includes seed-to-seed training variance; "(seeds only)": no per-task '
         f"records, seeds resampled only. {level} CI (Δ): t-interval over the seeds' paired differences "
-        "(mean ± t_{0.975, n-1} sd / sqrt(n)); p (t): the paired t-test; p (Holm): adjusted across the "
+        "(mean ± t_{0.975, n-1} sd / sqrt(n), sd no smaller than the task-sampling noise of the differences; "
+        "none without any spread, p then from the sign test over seeds); p (t): the paired t-test; p (Holm): "
+        "adjusted across the "
         f"table's comparisons. Verdict: supported / contradicted when p (Holm) < {1 - DEFAULT_LEVEL:.2g} "
         "with Δ on the claimed / the other side of 0, else inconclusive; a positive control is detected "
         f"when p (Holm) < {1 - DEFAULT_LEVEL:.2g} with Δ < 0. Detectable at {power}: the true Δ a "

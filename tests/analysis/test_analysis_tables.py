@@ -95,17 +95,23 @@ def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_pa
     assert float(row["diff_mean"]) == pytest.approx(expected)
     assert float(row["diff_ci_low"]) > 0 and row["verdict"] == "supported"
     assert row["diff_seeds"] == str(SEEDS) and row["diff_tasks"] == str(TASKS)
-    # The t-test on the seeds' differences (scipy), Holm over the two comparisons (same: no difference, p = 1).
+    # The t-test on the seeds' differences (scipy) with their sd floored at the task-sampling noise
+    # sqrt(mean_s var_t(x_s,t) / T) (here above the sd of 4 seeds), Holm over the two comparisons (same: no
+    # difference anywhere, p = 1 from the sign test).
     scipy_stats = pytest.importorskip("scipy.stats")
     d = [(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(SEEDS)]
-    p_value = scipy_stats.ttest_1samp(d, 0.0).pvalue
+    floor = np.sqrt(np.mean([np.var((better[s] - ref[s]) / 2, ddof=1) / TASKS for s in range(SEEDS)]))
+    sd = max(np.std(d, ddof=1), floor)
+    assert float(row["diff_sd"]) == pytest.approx(np.std(d, ddof=1)) and floor > np.std(d, ddof=1)
+    assert float(row["diff_sd_floor"]) == pytest.approx(floor, rel=1e-12)
+    p_value = 2 * scipy_stats.t.sf(abs(np.mean(d)) * SEEDS**0.5 / sd, SEEDS - 1)
     assert float(row["diff_p"]) == pytest.approx(p_value, rel=1e-9)
     assert float(row["diff_p_holm"]) == pytest.approx(min(1.0, 2 * p_value), rel=1e-9)
     assert (float(row["diff_ci_low"]), float(row["diff_ci_high"])) == pytest.approx(
-        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=np.std(d, ddof=1) / SEEDS**0.5), rel=1e-9
+        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=sd / SEEDS**0.5), rel=1e-9
     )
-    assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(np.std(d, ddof=1), SEEDS))
-    assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, np.std(d, ddof=1))
+    assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(sd, SEEDS))
+    assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, sd)
     wins = sum(int((better[s] > ref[s]).sum()) for s in range(SEEDS))
     assert row["tasks_better"] == str(wins) and row["tasks_worse"] == "0"
     assert row["tasks_tied"] == str(SEEDS * TASKS - wins)
