@@ -233,12 +233,15 @@ def sweep(
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
     results_dir: str | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Trains every (config, seed) with `overrides` on every arm (a line per run as it starts), seed by seed with
     the arms of a seed interleaved (`run_order`), then writes the tables (and prints the Markdown one) and the plots
     into `out`: differences against `reference` (default the first config; `pairs`: {config: its own reference}),
-    verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it), positive
-    `controls` checked for detection, seeds stated for the `effect` of interest. With
+    verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it) over the
+    pre-registered `claims` (the Holm family; empty: every config but the controls), positive `controls` checked for
+    detection, `aa_controls` for an interval that covers 0, seeds stated for the `effect` of interest. With
     `results_dir`, every finished run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is
     gone is taken from its results file when that matches the arm's config, and the tables are built from the
     results files. An arm whose `effective_view` equals an earlier arm's (`same_runs`) is not trained: it takes that
@@ -269,6 +272,8 @@ def sweep(
         "reference": reference,
         "claim": claim,
         "controls": list(controls),
+        "claims": list(claims),
+        "aa_controls": list(aa_controls),
         "effect": effect,
         "pairs": pairs,
         "results_dir": results_dir,
@@ -398,18 +403,26 @@ def run_preset(
     preset's. Returns whether any run failed. ConfigError for a reference that is not one of the configs, and
     with from_results for a missing results folder or file."""
     names = [name for name, _ in configs]
-    reference = reference if reference is not None else preset.reference
+    name_of = dict(zip(preset.configs, names))  # a preset may name its configs by path
+    reference = reference if reference is not None else name_of.get(preset.reference)
     if reference is not None and reference not in names:
         raise ConfigError("reference", f"must be one of the configs ({', '.join(names)}), got {reference!r}")
     if from_results and not results:
         raise ConfigError("results", "--from_results needs the folder of the results files")
+    pairs = {name_of[config]: name_of[other] for config, other in preset.pairs}
+
+    def compared(specs: Sequence[str]) -> list[str]:  # their names, those still compared under `reference`
+        return [name_of[c] for c in specs if name_of[c] != pairs.get(name_of[c], reference or names[0])]
+
     comparison = dict(
         threshold=threshold,
         reference=reference,
         claim=claim or preset.claim,
-        controls=[c for c in preset.controls if c != dict(preset.pairs).get(c, reference or preset.configs[0])],
+        controls=compared(preset.controls),
+        claims=compared(preset.claims),
+        aa_controls=compared(preset.aa_controls),
         effect=preset.effect,
-        pairs=dict(preset.pairs),
+        pairs=pairs,
     )
     failed = False
     for condition, condition_overrides in preset.conditions or (("", ()),):
@@ -466,15 +479,21 @@ def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) 
     if reference != manifest.get("reference"):
         log.warning("%s has no finished run: differences are taken against %s", manifest.get("reference"), reference)
     pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}
+
+    def compared(key: str) -> list[str]:  # the manifest's configs of `key` with runs, compared with another config
+        return [c for c in manifest.get(key, ()) if c in runs and c != pairs.get(c, reference)]
+
     write_tables(
         out,
         runs,
         threshold,
         reference=reference,
         claim=manifest.get("claim", "higher"),
-        controls=[c for c in manifest.get("controls", ()) if c in runs and c != pairs.get(c, reference)],
+        controls=compared("controls"),
         effect=manifest.get("effect", DEFAULT_EFFECT),
         pairs=pairs,
+        claims=compared("claims"),
+        aa_controls=compared("aa_controls"),
         same_as=manifest.get("same_as"),
     )
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
@@ -493,6 +512,8 @@ def tables_from_results(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
     same_as: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The tables of a sweep rebuilt from its results files alone (no run folder, nothing trained): the results of
@@ -511,6 +532,8 @@ def tables_from_results(
         "reference": reference or configs[0],
         "claim": claim,
         "controls": list(controls),
+        "claims": list(claims),
+        "aa_controls": list(aa_controls),
         "effect": effect,
         "pairs": dict(pairs or {}),
         "same_as": dict(same_as or {}),

@@ -159,8 +159,10 @@ def test_tables_from_results_equal_tables_from_run_folders(tmp_path, stand_in):
 
 
 def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
+    """The tables of every condition rebuilt from the results files alone equal the sweep's, the claim family and
+    the A/A control included (both in the rebuilt manifest)."""
     command, trained = stand_in
-    arms = [arm_config(tmp_path, "tiny_a", 0.9), arm_config(tmp_path, "tiny_b", 0.8)]
+    arms = [arm_config(tmp_path, name, g) for name, g in (("tiny_a", 0.9), ("tiny_b", 0.8), ("tiny_c", 0.7))]
     results = tmp_path / "results"
     for condition in ("lo", "hi"):
         ablate.sweep(
@@ -170,12 +172,14 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
             train_command=command,
             share_warm_start=False,
             results_dir=str(results / condition),
+            claims=("tiny_b",),
+            aa_controls=("tiny_c",),
         )
-    preset = tmp_path / "two.py"
+    preset = tmp_path / "three.py"
     preset.write_text(
         "from ipa_jax.analysis.presets import Preset\n\n\ndef get_preset():\n"
-        f"    return Preset(configs=({arms[0][1]!r}, {arms[1][1]!r}), seeds=(0, 1), "
-        "conditions=(('lo', ()), ('hi', ())))\n"
+        f"    return Preset(configs=({arms[0][1]!r}, {arms[1][1]!r}, {arms[2][1]!r}), seeds=(0, 1), "
+        f"conditions=(('lo', ()), ('hi', ())), claims=({arms[1][1]!r},), aa_controls=({arms[2][1]!r},))\n"
     )
     out = tmp_path / "tables"
     cmd = [
@@ -191,7 +195,11 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
     for condition in ("lo", "hi"):
         rebuilt = open(out / condition / "table.md", encoding="utf-8").read()
         assert rebuilt == open(tmp_path / "sweep" / condition / "table.md", encoding="utf-8").read()
-    assert len(trained()) == 8  # the sweeps' runs only: --from_results trains nothing
+        assert "| A/A: no interval |" in rebuilt  # the stand-in gives tiny_c tiny_a's outcomes
+        assert "Claim family (Holm, m = 1): tiny_b, listed first;" in rebuilt
+        manifest = analysis.load_ablation(str(out / condition))
+        assert (manifest["claims"], manifest["aa_controls"], manifest["same_as"]) == (["tiny_b"], ["tiny_c"], {})
+    assert len(trained()) == 12  # the sweeps' runs only: --from_results trains nothing
 
 
 def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
@@ -244,6 +252,16 @@ def test_presets_check_pairs_and_conditions():
         Preset(("a",), (0,), conditions=(("x/y", ()),))
     with pytest.raises(ValueError, match="controls"):  # a control compared with itself
         Preset(("a", "b", "c"), (0,), pairs=(("c", "b"),), controls=("b", "c"), reference="b")
+    # Claims and A/A controls: configs compared with another config, each of one kind.
+    assert Preset(("a", "b", "c", "d"), (0,), claims=("b",), aa_controls=("c",), controls=("d",)).claims == ("b",)
+    with pytest.raises(ValueError, match="claims .* other than the reference"):
+        Preset(("a", "b"), (0,), claims=("a",))
+    with pytest.raises(ValueError, match="claims .* other than the reference"):
+        Preset(("a", "b"), (0,), claims=("x",))
+    with pytest.raises(ValueError, match="aa_controls .* other than the reference"):
+        Preset(("a", "b", "c"), (0,), pairs=(("c", "b"),), aa_controls=("b",), reference="b")
+    with pytest.raises(ValueError, match="must not share a config"):
+        Preset(("a", "b"), (0,), claims=("b",), aa_controls=("b",))
 
 
 def test_run_preset_rejects_a_foreign_reference_and_missing_results(tmp_path):

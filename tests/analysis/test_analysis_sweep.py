@@ -305,6 +305,10 @@ def test_every_ablation_config_changes_one_thing():
         "credit_token_matched_baseline": "credit_chunk_baseline",
         "il_term_off": "il_term_on",
     }
+    assert (claims.claims, claims.aa_controls) == (
+        ("control_il_continue_matched", "credit_token_baseline", "il_term_off"),
+        ("control_aa",),
+    )
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
