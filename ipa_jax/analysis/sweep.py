@@ -626,7 +626,8 @@ def _train_run(
         donor, donor_path, warm = warm_start
         warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
         warm_overrides = run_overrides(warm_dir, seed, overrides, steps=warm)
-        if rerun and os.path.isdir(warm_dir) and name == donor:
+        # --rerun trains it again once, before the first of its arms in this sweep (whichever runs first) uses it
+        if rerun and os.path.isdir(warm_dir) and os.path.relpath(warm_dir, out) not in manifest["warm_starts"].values():
             shutil.rmtree(warm_dir)
         if RunFolder(warm_dir).has_summary():
             check_finished(donor_path, warm_overrides, warm_dir, il_phase_only=True)

@@ -243,6 +243,31 @@ def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
         assert "rollout.expert_successes_only" not in ablate.effective_view(other)
 
 
+def test_rerun_retrains_a_shared_warm_start_before_any_of_its_arms(tmp_path, monkeypatch):
+    """With --rerun a seed's shared warm start is trained again before the first of its arms runs, whatever the
+    arms' order in that seed (`run_order` puts the donor last in seed 1): no arm resumes from the old one."""
+    folders: list[str] = []  # the run folder of every training, in order
+
+    def train(config_path, overrides, *args):
+        fake_train(config_path, overrides, *args, trained=[])
+        folders.append(os.path.relpath(overrides["train.run_dir"], tmp_path))
+
+    monkeypatch.setattr(ablate, "train_one", train)
+    arms = [arm_config(tmp_path, "tiny_a", 0.9), arm_config(tmp_path, "tiny_b", 0.8)]  # one warm start: RL-only gamma
+    ablate.sweep(arms, [0, 1], str(tmp_path), overrides={"train.il_warmup_steps": 2})
+    folders.clear()
+    ablate.sweep(arms, [0, 1], str(tmp_path), overrides={"train.il_warmup_steps": 2}, rerun=True)
+    warm = os.path.join("warm_starts", "tiny_a")
+    assert folders == [
+        os.path.join(warm, "seed_0"),
+        os.path.join("runs", "tiny_a", "seed_0"),
+        os.path.join("runs", "tiny_b", "seed_0"),
+        os.path.join(warm, "seed_1"),
+        os.path.join("runs", "tiny_b", "seed_1"),
+        os.path.join("runs", "tiny_a", "seed_1"),
+    ]
+
+
 def test_presets_check_pairs_and_conditions():
     with pytest.raises(ValueError, match="pairs"):
         Preset(("a", "b"), (0,), pairs=(("b", "c"),))
