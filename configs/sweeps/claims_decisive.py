@@ -41,7 +41,9 @@ def get_preset():
             ("credit_token_matched_baseline", "credit_chunk_baseline"),
             ("il_term_off", "il_term_on"),
         ),
+        claims=("control_il_continue_matched", "credit_token_baseline", "il_term_off"),  # the Holm family
         controls=("control_advantage_flip",),
+        aa_controls=("control_aa",),
         overrides=SETTINGS,
         conditions=(("ops3_error50", (("env.kwargs.ops", 3), ("env.expert_error", 0.5))),),
     )

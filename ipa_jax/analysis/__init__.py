@@ -45,6 +45,7 @@ from ipa_jax.analysis.stats import (
     paired_t,
     seeds_needed,
     sign_test,
+    task_sampling_se,
     verdict,
 )
 from ipa_jax.analysis.tables import (
@@ -106,6 +107,7 @@ __all__ = [
     "smooth",
     "steps_to_threshold",
     "table_markdown",
+    "task_sampling_se",
     "verdict",
     "write_csv",
     "write_plots",

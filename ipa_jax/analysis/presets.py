@@ -25,7 +25,11 @@ class Preset:
     `effect`: the effect of interest, in success rate, whose seed count the table states; `pairs`: (config, its own
     reference) for configs compared with another config than `reference`, the one they differ from by one change;
     `conditions`: (name, overrides) settings the whole sweep runs under one after the other, each its own table in
-    <out>/<name> and results in <results>/<name>)."""
+    <out>/<name> and results in <results>/<name>; `claims`: the configs whose comparison with their reference is a
+    pre-registered claim, the family Holm's correction and the verdicts' detectable effect run over (empty: every
+    config compared but the controls); `aa_controls`: A/A controls, the reference again under another name or
+    rollout seed, whose interval must cover 0). Claims, controls and A/A controls are configs other than their
+    reference, each of one kind."""
 
     configs: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -37,6 +41,8 @@ class Preset:
     effect: float = DEFAULT_EFFECT
     pairs: tuple[tuple[str, str], ...] = ()
     conditions: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    claims: tuple[str, ...] = ()
+    aa_controls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [p for p in self.pairs if p[0] not in self.configs or p[1] not in self.configs or p[0] == p[1]]
@@ -48,10 +54,16 @@ class Preset:
         if self.reference is not None and self.reference not in self.configs:
             raise ValueError(f"reference {self.reference!r} is not one of the configs {self.configs}")
         reference = self.reference or self.configs[0]
-        if any(c not in self.configs or c == dict(self.pairs).get(c, reference) for c in self.controls):
-            raise ValueError(
-                f"controls {self.controls} must be configs {self.configs} other than the reference {reference!r}"
-            )
+        for kind in ("controls", "claims", "aa_controls"):
+            names = getattr(self, kind)
+            if any(c not in self.configs or c == dict(self.pairs).get(c, reference) for c in names):
+                raise ValueError(
+                    f"{kind} {names} must be configs {self.configs} other than the reference {reference!r} (or "
+                    "their own, in pairs)"
+                )
+        kinds = [*self.controls, *self.claims, *self.aa_controls]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"controls, claims and aa_controls must not share a config, got {kinds}")
         if not 0.0 < self.effect <= 1.0:
             raise ValueError(f"effect must be a success-rate difference in (0, 1], got {self.effect}")
         if self.claim not in CLAIMS:
@@ -102,7 +114,9 @@ def listing(sweep_dir: str, config_dir: str) -> str:
         lines += [
             f"  {name:<{width}} {', '.join(preset.configs)}; seeds {','.join(map(str, preset.seeds))}; "
             f"paired with {preset.reference or preset.configs[0]}, claim {preset.claim}"
-            + (f", positive controls {', '.join(preset.controls)}" if preset.controls else ""),
+            + (f", claims {', '.join(preset.claims)}" if preset.claims else "")
+            + (f", positive controls {', '.join(preset.controls)}" if preset.controls else "")
+            + (f", A/A controls {', '.join(preset.aa_controls)}" if preset.aa_controls else ""),
             f"  {'':<{width}} {preset.description}",
         ]
     lines.append(f"configs (--configs=NAME,...; files in {os.path.relpath(config_dir)}):")

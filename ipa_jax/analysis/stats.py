@@ -17,7 +17,9 @@ A paired difference (the verdict) is a t-interval on the per-seed differences d_
 tasks both runs of seed s played. Every seed plays the same held-out tasks, so a task's difficulty is shared by all
 seeds and arms: d_s already holds each seed's task noise once, and the spread of the d_s over seeds holds both the
 training variance and that noise. (A bootstrap that resamples tasks inside each seed counts the task noise a second
-time: too wide where it dominates, too narrow where seed variance does; tests/analysis simulate both.)
+time: too wide where it dominates, too narrow where seed variance does; tests/analysis simulate both.) That spread
+is floored at the task noise each seed measures on its own (`task_sampling_se`): a few seeds can spread less than
+it by chance, down to identical differences (sd 0), which would give a zero-width interval and p = 0.
 
 Everything is float64 NumPy (Student t quantiles from the closed-form CDF of integer degrees of freedom); the
 bootstrap draws come from `numpy.random.default_rng(seed)`, so a table is the same every time it is written.
@@ -133,11 +135,13 @@ class SignTest:
 class PairedDifference:
     """arm - reference in success rate over the seeds both ran, paired by seed (on the tasks both runs played).
 
-    mean: mean_s d_s of the seeds' differences d_s; low, high: its t-interval at `level` (nan with fewer than two
-    seeds); sd: the sample std of the d_s (ddof 1; nan with one seed); p_value: the two-sided paired t-test's (nan
-    with one seed); seeds, tasks, note: as in Estimate; tasks_sign: the sign test over every (seed, task) pair of
-    per-task success rates (descriptive: it treats pairs as independent; None without per-task records);
-    seeds_sign: the sign test over the d_s."""
+    mean: mean_s d_s of the seeds' differences d_s; low, high: its t-interval at `level` with `sd_used` (nan with
+    fewer than two seeds or without any spread); sd: the sample std of the d_s (ddof 1; nan with one seed);
+    sd_floor: the task-sampling floor sqrt(mean_s se_s^2) of that sd (`task_sampling_se`; nan without per-task
+    records); p_value: the two-sided paired t-test's with `sd_used` (the sign test over the d_s when there is no
+    spread; nan with one seed); seeds, tasks, note: as in Estimate; tasks_sign: the sign test over every (seed,
+    task) pair of per-task success rates (descriptive: it treats pairs as independent; None without per-task
+    records); seeds_sign: the sign test over the d_s."""
 
     mean: float
     low: float
@@ -146,18 +150,27 @@ class PairedDifference:
     seeds: int
     tasks: int
     sd: float
+    sd_floor: float
     p_value: float
     tasks_sign: SignTest | None
     seeds_sign: SignTest
     note: str = ""
 
+    @property
+    def sd_used(self) -> float:
+        """The sd behind the interval, the p-value and the detectable effect: max(sd, sd_floor) (the floor 0 where
+        missing); nan where that is 0 or nan (no spread to scale by)."""
+        used = max(self.sd, self.sd_floor if math.isfinite(self.sd_floor) else 0.0)
+        return used if used > 0.0 else math.nan
+
     def verdict(self, claim: str) -> str:
         """`verdict(self.low, self.high, claim)`."""
         return verdict(self.low, self.high, claim)
 
-    def minimum_detectable_effect(self, power: float = DEFAULT_POWER) -> float:
-        """`minimum_detectable_effect(self.sd, self.seeds, level=self.level, power=power)`."""
-        return minimum_detectable_effect(self.sd, self.seeds, level=self.level, power=power)
+    def minimum_detectable_effect(self, power: float = DEFAULT_POWER, level: float | None = None) -> float:
+        """`minimum_detectable_effect(self.sd_used, self.seeds, level=level, power=power)`, at self.level unless
+        `level` is given (the verdict's, when a family of comparisons adjusts it)."""
+        return minimum_detectable_effect(self.sd_used, self.seeds, level=level or self.level, power=power)
 
 
 # ---------------------------------------------------------------------------------------------- primitives
@@ -217,21 +230,24 @@ def student_t_quantile(probability: float, dof: int) -> float:
 
 
 def paired_t(
-    differences: Sequence[float] | np.ndarray, level: float = DEFAULT_LEVEL
+    differences: Sequence[float] | np.ndarray, level: float = DEFAULT_LEVEL, sd_floor: float = 0.0
 ) -> tuple[float, float, float, float]:
-    """(low, high, sd, p) of n per-seed differences d: the t-interval mean(d) -+ t_{(1+level)/2, n-1} sd / sqrt(n)
-    with sd the sample std (ddof 1), and the two-sided p-value 2 (1 - F_{n-1}(|mean(d)| sqrt(n) / sd)). All nan for
-    n < 2; sd = 0 gives the zero-width interval at mean(d) and p = 1 when mean(d) = 0, else 0."""
+    """(low, high, sd, p) of n per-seed differences d: the t-interval mean(d) -+ t_{(1+level)/2, n-1} s / sqrt(n)
+    and the two-sided p-value 2 (1 - F_{n-1}(|mean(d)| sqrt(n) / s)), with s = max(sd, sd_floor), sd the sample std
+    (ddof 1, returned) and `sd_floor` a lower bound on it known from elsewhere (0: none). All nan for n < 2. When
+    s = 0 (identical differences, up to rounding, and no floor) there is no spread to scale by: no interval (nan)
+    and p from the exact sign test over d (`sign_test`: 1 when every d is 0, at best 2 / 2^n otherwise)."""
     _check_level(level)
     d = np.asarray(differences, dtype=np.float64)
     n = d.size
     if n < 2:
         return math.nan, math.nan, math.nan, math.nan
     mean, sd = float(d.mean()), float(d.std(ddof=1))
-    if sd == 0.0 or sd < 1e-12 * abs(mean):  # identical differences (up to rounding): no spread to scale by
-        return mean, mean, 0.0, 1.0 if mean == 0.0 else 0.0
-    half = student_t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
-    p_value = 2.0 * (1.0 - student_t_cdf(abs(mean) * math.sqrt(n) / sd, n - 1))
+    spread = max(0.0 if sd < 1e-12 * abs(mean) else sd, sd_floor)  # identical up to rounding: no spread of its own
+    if spread == 0.0:
+        return math.nan, math.nan, sd, sign_test(d).p_value
+    half = student_t_quantile((1.0 + level) / 2.0, n - 1) * spread / math.sqrt(n)
+    p_value = 2.0 * (1.0 - student_t_cdf(abs(mean) * math.sqrt(n) / spread, n - 1))
     return mean - half, mean + half, sd, min(1.0, p_value)
 
 
@@ -454,14 +470,32 @@ def _paired_counts(reference: TaskOutcomes, arm: TaskOutcomes) -> np.ndarray:
     )
 
 
+def task_sampling_se(counts: np.ndarray) -> float:
+    """The standard error that one seed's difference d = R_a - R_r owes to its T held-out tasks (which tasks, and
+    their samples' outcomes), from counts float64 [4, T]: reference successes s_r and samples n_r, arm successes s_a
+    and samples n_a per task (`_paired_counts`); R = sum_t s_t / sum_t n_t is a run's rate, m = sum_t n_t / T its
+    mean samples per task. The ratio of sums linearised: se^2 = sum_t u_t^2 / (T (T - 1)) with
+    u_t = (s_a,t - R_a n_a,t) / m_a - (s_r,t - R_r n_r,t) / m_r; with equal samples u_t = x_t - mean(x) for the
+    per-task differences x_t = s_a,t / n_a,t - s_r,t / n_r,t, so se^2 = var_t(x_t) / T. nan for T < 2."""
+    s_r, n_r, s_a, n_a = counts
+    tasks = s_r.size
+    if tasks < 2:
+        return math.nan
+    # u_t = (s_a,t - R_a n_a,t) / m_a - (s_r,t - R_r n_r,t) / m_r
+    u = (s_a - s_a.sum() / n_a.sum() * n_a) / n_a.mean() - (s_r - s_r.sum() / n_r.sum() * n_r) / n_r.mean()
+    return math.sqrt(float(np.sum(u * u)) / (tasks * (tasks - 1)))
+
+
 def paired_difference(
     reference: Mapping[int, TaskOutcomes], arm: Mapping[int, TaskOutcomes], *, level: float = DEFAULT_LEVEL
 ) -> PairedDifference:
     """arm - reference over the seeds both have ({seed: outcomes} each): the seeds' differences d_s = rate_arm,s -
     rate_ref,s on the tasks both runs of seed s played, their mean, t-interval, std and paired t-test (`paired_t`:
-    the interval the verdict uses), the sign test over (seed, task) pairs of per-task rates and the one over seeds.
-    Without per-task records in every run (or without a common task in some seed) each run counts as its rate
-    alone and there is no task sign test. Raises ValueError when the arms share no seed."""
+    the interval the verdict uses) with the std floored at the task-sampling noise sqrt(mean_s se_s^2)
+    (`task_sampling_se`: the d_s cannot truly spread less than their evaluation noise), the sign test over (seed,
+    task) pairs of per-task rates and the one over seeds. Without per-task records in every run (or without a
+    common task in some seed) each run counts as its rate alone, there is no floor and no task sign test. Raises
+    ValueError when the arms share no seed."""
     seeds = sorted(set(reference) & set(arm))
     if not seeds:
         raise ValueError(f"paired_difference: no seed in common (reference {sorted(reference)}, arm {sorted(arm)})")
@@ -471,7 +505,8 @@ def paired_difference(
     if not per_task:
         counts = [np.array([[reference[s].rate], [1.0], [arm[s].rate], [1.0]]) for s in seeds]
     seed_differences = np.array([_rate_difference(c.sum(axis=1)) for c in counts])
-    low, high, sd, p_value = paired_t(seed_differences, level)
+    sd_floor = math.sqrt(np.mean([task_sampling_se(c) ** 2 for c in counts])) if per_task else math.nan
+    low, high, sd, p_value = paired_t(seed_differences, level, sd_floor if math.isfinite(sd_floor) else 0.0)
     tasks_sign = sign_test(np.concatenate([c[2] / c[3] - c[0] / c[1] for c in counts])) if per_task else None
     common_tasks = min(c.shape[1] for c in counts) if per_task else 0
     notes = (
@@ -481,20 +516,25 @@ def paired_difference(
     )
     if len(seeds) == 1:
         notes.append("one seed: no interval")
+    elif sd_floor > sd:  # (False for a nan floor)
+        notes.append(f"seeds' sd {sd:.3g} below the task-sampling floor {sd_floor:.3g}: the floor is used")
+    elif math.isnan(low):
+        notes.append("no spread over seeds or tasks: no interval, p from the sign test over seeds")
     if per_task and any(
         c.shape[1] < min(len(reference[s].task_ids), len(arm[s].task_ids)) for s, c in zip(seeds, counts)
     ):
         notes.append(f"paired on the tasks both arms played ({common_tasks} in the smallest seed)")
     return PairedDifference(
-        float(seed_differences.mean()),
-        low,
-        high,
-        level,
-        len(seeds),
-        common_tasks,
-        sd,
-        p_value,
-        tasks_sign,
-        sign_test(seed_differences),
-        "; ".join(notes),
+        mean=float(seed_differences.mean()),
+        low=low,
+        high=high,
+        level=level,
+        seeds=len(seeds),
+        tasks=common_tasks,
+        sd=sd,
+        sd_floor=sd_floor,
+        p_value=p_value,
+        tasks_sign=tasks_sign,
+        seeds_sign=sign_test(seed_differences),
+        note="; ".join(notes),
     )

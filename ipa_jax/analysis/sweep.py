@@ -10,11 +10,15 @@ holds ablation.json (what ran, where, what failed), table.md, table.csv, runs.cs
 with a reference config (docs/statistics.md).
 
 Shared warm starts: configs that differ only in what the RL phase reads (RL_PHASE_KEYS: the objective, the queue,
-the RL learning rate, sampling) have the same IL warm start for a seed, so it is trained once, in
-<out>/warm_starts/<first such config>/seed_<seed> (train.steps = train.il_warmup_steps: it stops where RL would
-start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics, evaluation records). Their
+the RL learning rate, sampling, the rollout source) have the same IL warm start for a seed, so it is trained once,
+in <out>/warm_starts/<its donor>/seed_<seed> (`shared_warm_starts`; train.steps = train.il_warmup_steps: it stops
+where RL would start), and each of them resumes from a copy of it (checkpoint, tokenizer, metrics, evaluation
+records). Their
 comparison is then paired: every arm of a seed starts RL from the same policy, and every run is evaluated on the same
 held-out tasks (`ipa_jax.pipeline.evaluation.EVAL_SEED`). A run's wall_time_s is its own process's, the RL phase.
+
+Repeated runs: an arm whose config equals an earlier arm's once settings without effect are left out
+(`effective_view`, `same_runs`) is not trained; it takes that arm's run of each seed (manifest["same_as"]).
 
 Isolation: with `train_command` (the argv of the training script, e.g. `python experiments/train.py`) every run is
 a fresh process, so runs share no JAX/XLA state, a run that crashes or runs out of memory fails alone and is
@@ -48,14 +52,19 @@ from ipa_jax.pipeline.run import changes_since, describe_changes
 
 log = logging.getLogger(__name__)
 
-# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it.
+NAMING_KEYS = ("train.name", "train.run_dir")  # what a run is called and where it goes, not what it does
+
+# Resolved config keys (prefixes) the IL warm start does not read: arms that differ only in these share it. Before
+# rl_start every rollout source serves the same batches, scripted-expert episodes of the one ExpertStream
+# (`RolloutSource.next_trajectories` in ipa_jax.pipeline.online), so the source (rollout.source, its resample.*
+# settings, rollout.schedule) is an RL-phase choice too.
 RL_PHASE_KEYS = (
     "objective.",
     "queue.",
-    "optimizer.lr",
-    "rollout.source",  # every source serves the same scripted-expert episodes during the warm start
-    "rollout.schedule",
     "resample.",
+    "optimizer.lr",
+    "rollout.source",
+    "rollout.schedule",
     "rollout.temperature",
     "rollout.top_p",
     "rollout.top_k",
@@ -67,8 +76,7 @@ RL_PHASE_KEYS = (
     "train.reward_flip_fraction",
     "train.steps",
     "train.eval_every",
-    "train.name",
-    "train.run_dir",
+    *NAMING_KEYS,
 )
 WARM_START_FILES = ("checkpoints", "tokenizer", "metrics.jsonl", "trajectories", "samples", "eval_tasks")
 
@@ -95,17 +103,47 @@ def run_overrides(
     return out
 
 
-def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple[str, int] | None:
-    """(the config without its RL_PHASE_KEYS as JSON, train.il_warmup_steps), equal for configs whose warm
-    starts are the same; None without a warm start or when the config does not load (its run reports why)."""
+def resolved_flat(config_path: str, overrides: Mapping[str, Any] = ()) -> dict[str, Any] | None:
+    """The resolved config of `config_path` with `overrides` as {dotted key: value}, rollout.source resolved ("auto"
+    -> the source the run uses, `ExperimentConfig.online_source`); None when the config does not load (its run
+    reports why)."""
     try:
-        flat = flatten(validate(load_config(config_path, dict(overrides))).to_dict())
+        exp = validate(load_config(config_path, dict(overrides)))
     except Exception:  # noqa: BLE001 - the run itself fails with the config's own error message
         return None
-    warm = int(flat["train.il_warmup_steps"])
-    if warm == 0:
+    return {**flatten(exp.to_dict()), "rollout.source": exp.online_source}
+
+
+def il_phase_key(flat: Mapping[str, Any] | None) -> tuple[str, int] | None:
+    """(the `il_phase_view` of a `resolved_flat` as JSON, train.il_warmup_steps), equal for configs whose warm starts
+    are the same; None without a warm start or for a config that did not load (None)."""
+    if flat is None or not flat["train.il_warmup_steps"]:
         return None
-    return json.dumps(il_phase_view(flat), sort_keys=True, default=repr), warm
+    return json.dumps(il_phase_view(flat), sort_keys=True, default=repr), int(flat["train.il_warmup_steps"])
+
+
+def warm_start_key(config_path: str, overrides: Mapping[str, Any] = ()) -> tuple[str, int] | None:
+    """`il_phase_key` of the config at `config_path` with `overrides`."""
+    return il_phase_key(resolved_flat(config_path, overrides))
+
+
+def shared_warm_starts(
+    arms: Sequence[tuple[str, str]], flats: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, tuple[str, str, int]]:
+    """{arm: (donor, the donor's config path, IL steps)} for the arms (name, path) whose `il_phase_key` (of their
+    `resolved_flat` in `flats`) another arm shares: their warm start is trained once, by the donor, the group's
+    first arm (whatever its rollout source: every source resumes from any source's warm start)."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, _ in arms:
+        key = il_phase_key(flats[name])
+        if key is not None:
+            groups.setdefault(key, []).append(name)
+    paths = dict(arms)
+    shared = {}
+    for (_, warm), names in groups.items():
+        if len(names) > 1:
+            shared |= {name: (names[0], paths[names[0]], warm) for name in names}
+    return shared
 
 
 def il_phase_view(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,6 +153,30 @@ def il_phase_view(flat: Mapping[str, Any]) -> dict[str, Any]:
     if not flat["optimizer.il_lr"]:
         kept["optimizer.lr"] = flat["optimizer.lr"]
     return kept
+
+
+def effective_view(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a flattened resolved config (`resolved_flat`) that change what its run does: all but NAMING_KEYS,
+    and rollout.expert_successes_only only where it filters something: only the expert source reads it
+    (`ExpertSource`), and with env.expert_error 0 no demonstration fails (`expert_errs`)."""
+    filters = flat["rollout.source"] == "expert" and flat["env.expert_error"] > 0
+    dropped = {*NAMING_KEYS, *(() if filters else ("rollout.expert_successes_only",))}
+    return {k: v for k, v in flat.items() if k not in dropped}
+
+
+def same_runs(flats: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
+    """{config: the first config before it (in `flats`' order) with an equal `effective_view`} of configs given
+    as {name: `resolved_flat` or None}: such a config's run would repeat that one's, so a sweep takes its result
+    instead of training it again. A config that does not load equals none."""
+    first: dict[str, str] = {}
+    same = {}
+    for name, flat in flats.items():
+        if flat is None:
+            continue
+        view = json.dumps(effective_view(flat), sort_keys=True, default=repr)
+        if first.setdefault(view, name) != name:
+            same[name] = first[view]
+    return same
 
 
 def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
@@ -168,15 +230,20 @@ def sweep(
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
     results_dir: str | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Trains every (config, seed) with `overrides` on every arm (a line per run as it starts), seed by seed with
     the arms of a seed interleaved (`run_order`), then writes the tables (and prints the Markdown one) and the plots
     into `out`: differences against `reference` (default the first config; `pairs`: {config: its own reference}),
-    verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it), positive
-    `controls` checked for detection, seeds stated for the `effect` of interest. With `results_dir`, every finished
-    run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is gone is taken from its results
-    file when that matches the arm's config, and the tables are built from the results files. Returns the manifest
-    (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
+    verdicts on `claim` ("higher": each config beats the reference; "lower": the reference beats it) over the
+    pre-registered `claims` (the Holm family; empty: every config but the controls), positive `controls` checked for
+    detection, `aa_controls` for an interval that covers 0, seeds stated for the `effect` of interest. With
+    `results_dir`, every finished run's results file goes there (`ipa_jax.analysis.results`), a run whose folder is
+    gone is taken from its results file when that matches the arm's config, and the tables are built from the
+    results files. An arm whose `effective_view` equals an earlier arm's (`same_runs`) is not trained: it takes that
+    arm's run of each seed (its results file written under its own name; manifest["same_as"]: {arm: that arm}).
+    Returns the manifest (also <out>/ablation.json, rewritten after every run so a partial sweep is readable)."""
     if not configs or not seeds:
         raise ValueError("nothing to run: need at least one config and one seed")
     names = [name for name, _ in configs]
@@ -202,6 +269,8 @@ def sweep(
         "reference": reference,
         "claim": claim,
         "controls": list(controls),
+        "claims": list(claims),
+        "aa_controls": list(aa_controls),
         "effect": effect,
         "pairs": pairs,
         "results_dir": results_dir,
@@ -213,21 +282,17 @@ def sweep(
         "results": {},
         "order": [],
     }
-    # Configs with the same warm start (module doc): the first of each group trains it for all.
-    # shared: config name -> (donor config name, its path, IL steps).
+    # Arms whose runs would repeat an earlier arm's take its result (same_runs), after the seed's own runs.
     paths = dict(configs)
-    donors: dict[tuple[str, int], str] = {}
-    shared: dict[str, tuple[str, str, int]] = {}
-    if share_warm_start:
-        keys = {name: warm_start_key(path, overrides) for name, path in configs}
-        for name, _ in configs:
-            if keys[name] is not None and sum(k == keys[name] for k in keys.values()) > 1:
-                donor = donors.setdefault(keys[name], name)
-                shared[name] = (donor, paths[donor], keys[name][1])
+    flats = {name: resolved_flat(path, overrides) for name, path in configs}
+    same_as = manifest["same_as"] = same_runs(flats)
+    trained_arms = [(name, path) for name, path in configs if name not in same_as]
+    shared = shared_warm_starts(trained_arms, flats) if share_warm_start else {}
     # Seed-major order: after the first len(configs) runs every config has one seed, so a partial sweep compares.
     progress = SweepProgress(len(configs) * len(seeds))
+    finished: dict[tuple[str, int], tuple[RunResult, str | None]] = {}  # (arm, seed) -> (result, its run folder)
     for index, seed in enumerate(seeds):
-        for name, path in run_order(configs, index):
+        for name, path in [*run_order(trained_arms, index), *((name, paths[name]) for name in same_as)]:
             manifest["order"].append([name, seed])
             run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
             rel = os.path.relpath(run_dir, out)
@@ -238,28 +303,46 @@ def sweep(
             t0 = time.perf_counter()
             try:
                 sha = config_sha(path, run_overrides(run_dir, seed, overrides)) if results_dir else ""
-                if RunFolder(run_dir).has_summary():
-                    check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
-                elif not rerun and results_file and os.path.exists(results_file):
-                    check_result(results_file, sha, path)
+                if name in same_as:
+                    if (same_as[name], seed) not in finished:
+                        raise RuntimeError(f"the run of {same_as[name]} (the same effective config) did not finish")
+                    result, folder = finished[same_as[name], seed]
                 else:
-                    trained = True
-                    try:
-                        _train_run(
-                            name, path, seed, run_dir, out, overrides, shared.get(name), manifest, rerun, train_command
-                        )
-                    finally:
-                        manifest["wall_time_s"][rel] = time.perf_counter() - t0
-                if RunFolder(run_dir).has_summary():
-                    manifest["runs"].setdefault(name, []).append(rel)
-                    result = RunResult.from_run(run_dir)
-                    if results_file:
-                        write_result(results_file, result, name, sha)
-                else:
-                    result = load_result(results_file)
+                    if RunFolder(run_dir).has_summary():
+                        check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
+                    elif not rerun and results_file and os.path.exists(results_file):
+                        check_result(results_file, sha, path)
+                    else:
+                        trained = True
+                        try:
+                            _train_run(
+                                name,
+                                path,
+                                seed,
+                                run_dir,
+                                out,
+                                overrides,
+                                shared.get(name),
+                                manifest,
+                                rerun,
+                                train_command,
+                            )
+                        finally:
+                            manifest["wall_time_s"][rel] = time.perf_counter() - t0
+                    folder = rel if RunFolder(run_dir).has_summary() else None
+                    result = RunResult.from_run(run_dir) if folder else load_result(results_file)
+                    finished[name, seed] = result, folder
+                if folder:
+                    manifest["runs"].setdefault(name, []).append(folder)
                 if results_file:
+                    if folder or name in same_as:  # (a result read from its own file is there already)
+                        write_result(results_file, result, name, sha)
                     manifest["results"].setdefault(name, []).append(os.path.relpath(results_file, out))
-                outcome = run_outcome(result, reused=not trained)
+                outcome = (
+                    run_outcome(result, reused=False) + f" (the run of {same_as[name]}: the same effective config)"
+                    if name in same_as
+                    else run_outcome(result, reused=not trained)
+                )
             except Exception as e:  # one failed run must not lose the rest of the sweep: record it, go on
                 log.debug("%s seed %d failed", name, seed, exc_info=True)
                 manifest["failed"].append(
@@ -277,13 +360,13 @@ def sweep(
     for key in ("runs", "results"):  # in config order, whatever order they ran in
         manifest[key] = {name: sorted(manifest[key][name]) for name, _ in configs if name in manifest[key]}
     _write_manifest(out, manifest)
-    finished = manifest["results"] if results_dir else manifest["runs"]
+    tabled = manifest["results"] if results_dir else manifest["runs"]
     print(
-        f"{sum(map(len, finished.values()))} runs finished, {len(manifest['failed'])} failed, "
+        f"{sum(map(len, tabled.values()))} runs finished, {len(manifest['failed'])} failed, "
         f"{minutes(progress.elapsed())}; table, plots and runs in {out}",
         flush=True,
     )
-    if not finished:
+    if not tabled:
         raise RuntimeError(f"every run failed; see {out}/ablation.json and the ablate.log files")
     loaded = load_ablation(out)
     write_ablation_tables(out, loaded, threshold)
@@ -317,28 +400,38 @@ def run_preset(
     preset's. Returns whether any run failed. ConfigError for a reference that is not one of the configs, and
     with from_results for a missing results folder or file."""
     names = [name for name, _ in configs]
-    reference = reference if reference is not None else preset.reference
+    name_of = dict(zip(preset.configs, names))  # a preset may name its configs by path
+    reference = reference if reference is not None else name_of.get(preset.reference)
     if reference is not None and reference not in names:
         raise ConfigError("reference", f"must be one of the configs ({', '.join(names)}), got {reference!r}")
     if from_results and not results:
         raise ConfigError("results", "--from_results needs the folder of the results files")
+    pairs = {name_of[config]: name_of[other] for config, other in preset.pairs}
+
+    def compared(specs: Sequence[str]) -> list[str]:  # their names, those still compared under `reference`
+        return [name_of[c] for c in specs if name_of[c] != pairs.get(name_of[c], reference or names[0])]
+
     comparison = dict(
         threshold=threshold,
         reference=reference,
         claim=claim or preset.claim,
-        controls=[c for c in preset.controls if c != dict(preset.pairs).get(c, reference or preset.configs[0])],
+        controls=compared(preset.controls),
+        claims=compared(preset.claims),
+        aa_controls=compared(preset.aa_controls),
         effect=preset.effect,
-        pairs=dict(preset.pairs),
+        pairs=pairs,
     )
     failed = False
     for condition, condition_overrides in preset.conditions or (("", ()),):
         where = os.path.join(out, condition) if condition else out
         results_dir = os.path.abspath(os.path.join(results, condition)) if results else None
+        settings = dict(preset.overrides) | dict(condition_overrides) | dict(overrides)
         if condition:
             print(f"condition {condition}: {dict(condition_overrides)}", flush=True)
         if from_results:
+            same_as = same_runs({name: resolved_flat(path, settings) for name, path in configs})
             try:
-                tables_from_results(names, seeds, results_dir, where, **comparison)
+                tables_from_results(names, seeds, results_dir, where, same_as=same_as, **comparison)
             except FileNotFoundError as e:
                 raise ConfigError("results", f"{e}; run the sweep first (without --from_results)") from None
             continue
@@ -346,7 +439,7 @@ def run_preset(
             configs,
             seeds,
             where,
-            overrides=dict(preset.overrides) | dict(condition_overrides) | dict(overrides),
+            overrides=settings,
             train_command=train_command,
             rerun=rerun,
             share_warm_start=share_warm_start,
@@ -383,15 +476,22 @@ def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) 
     if reference != manifest.get("reference"):
         log.warning("%s has no finished run: differences are taken against %s", manifest.get("reference"), reference)
     pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}
+
+    def compared(key: str) -> list[str]:  # the manifest's configs of `key` with runs, compared with another config
+        return [c for c in manifest.get(key, ()) if c in runs and c != pairs.get(c, reference)]
+
     write_tables(
         out,
         runs,
         threshold,
         reference=reference,
         claim=manifest.get("claim", "higher"),
-        controls=[c for c in manifest.get("controls", ()) if c in runs and c != pairs.get(c, reference)],
+        controls=compared("controls"),
         effect=manifest.get("effect", DEFAULT_EFFECT),
         pairs=pairs,
+        claims=compared("claims"),
+        aa_controls=compared("aa_controls"),
+        same_as=manifest.get("same_as"),
     )
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
@@ -409,10 +509,14 @@ def tables_from_results(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
+    same_as: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The tables of a sweep rebuilt from its results files alone (no run folder, nothing trained): the results of
-    `configs` x `seeds` under `results_dir`, written into `out` with an ablation.json naming them. Returns that
-    manifest; FileNotFoundError when no results file exists."""
+    `configs` x `seeds` under `results_dir`, written into `out` with an ablation.json naming them (and the
+    comparison's settings, as `sweep` writes them). Returns that manifest; FileNotFoundError when no results file
+    exists."""
     found = results_of(results_dir, list(configs), list(seeds))
     if not found:
         raise FileNotFoundError(f"no results files of {list(configs)} under {os.path.abspath(results_dir)}")
@@ -425,8 +529,11 @@ def tables_from_results(
         "reference": reference or configs[0],
         "claim": claim,
         "controls": list(controls),
+        "claims": list(claims),
+        "aa_controls": list(aa_controls),
         "effect": effect,
         "pairs": dict(pairs or {}),
+        "same_as": dict(same_as or {}),
         "results_dir": os.path.abspath(results_dir),
         "runs": {},
         "results": {name: [os.path.relpath(p, out) for p in paths] for name, paths in found.items()},
@@ -516,7 +623,8 @@ def _train_run(
         donor, donor_path, warm = warm_start
         warm_dir = os.path.join(out, "warm_starts", donor, f"seed_{seed}")
         warm_overrides = run_overrides(warm_dir, seed, overrides, steps=warm)
-        if rerun and os.path.isdir(warm_dir) and name == donor:
+        # --rerun trains it again once, before the first of its arms in this sweep (whichever runs first) uses it
+        if rerun and os.path.isdir(warm_dir) and os.path.relpath(warm_dir, out) not in manifest["warm_starts"].values():
             shutil.rmtree(warm_dir)
         if RunFolder(warm_dir).has_summary():
             check_finished(donor_path, warm_overrides, warm_dir, il_phase_only=True)

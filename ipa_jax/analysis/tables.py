@@ -30,6 +30,7 @@ from ipa_jax.analysis.stats import (
     DEFAULT_POWER,
     DEFAULT_RESAMPLES,
     SEEDS_ONLY,
+    PairedDifference,
     SignTest,
     arm_estimate,
     holm,
@@ -40,6 +41,15 @@ from ipa_jax.analysis.stats import (
 from ipa_jax.pipeline import RunFolder
 
 CONTROL_DETECTED, CONTROL_MISSED = "control detected", "control NOT detected"  # a positive control's verdict
+AA_COVERS, AA_EXCLUDES, AA_NO_INTERVAL = (  # an A/A control's verdict
+    "A/A: interval covers 0",
+    "A/A: interval excludes 0 (noise underestimated)",
+    "A/A: no interval",
+)
+DESCRIPTIVE = "descriptive (not in the claim family)"  # the verdict of a comparison outside the Holm family
+# A row's part in the table: its comparison is a claim (Holm family), descriptive, or a control; or it is compared
+# with nothing (a reference, or no seed in common).
+CLAIM, DESCRIBED, POSITIVE_CONTROL, AA_CONTROL, NOT_COMPARED = "claim", "descriptive", "positive control", "A/A", ""
 
 
 def load_ablation(ablation_dir: str) -> dict[str, Any]:
@@ -95,23 +105,31 @@ def comparison_columns(
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
     results: Mapping[str, RunResult] | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """Per config, the statistics of its final held-out success (`RunResult.outcomes` of each run: a run folder or a
     results file, `load_result`; `results`: those already loaded, by path), paired by train seed:
 
     success_after_ci_low / _high, ci_resampled: the 95% hierarchical-bootstrap interval of the mean over seeds
     (`arm_estimate`; ci_resampled "seeds, tasks", or "seeds" for run folders without per-task records);
-    reference, claim, diff_*: its paired difference with its reference (`pairs`: {config: the config it differs from
-    by one change}; the others: `reference`, default the first config) over their common seeds
+    reference, claim, role, diff_*: its paired difference with its reference (`pairs`: {config: the config it
+    differs from by one change}; the others: `reference`, default the first config) over their common seeds
     (`paired_difference`): diff_mean, diff_ci_low / _high (the t-interval over the seeds' differences),
-    diff_sd, diff_p (paired t-test), diff_p_holm (Holm-adjusted across every comparison of the table), diff_mde
+    diff_sd (their std), diff_sd_floor (its task-sampling floor), diff_p (paired t-test), diff_p_holm
+    (Holm-adjusted across the claim family), diff_alpha (the level the next two are stated at), diff_mde
     (minimum detectable effect at 80% power), seeds_needed (for a true difference of `effect`), diff_seeds,
     diff_tasks, the sign tests over (seed, task) pairs (descriptive: tasks_better / _worse / _tied, sign_p_tasks)
-    and over seeds (seeds_better / _worse / _tied, sign_p_seeds), and verdict: on `claim` ("higher": the config
-    beats the reference) at the Holm-adjusted p, for a config of `controls` (positive controls, built to be worse
-    than the reference) whether it was detected; every verdict says when a positive control was not detected.
-    nan / None for the reference itself and for a config without a seed in common with it; note: what the
-    intervals leave out."""
+    and over seeds (seeds_better / _worse / _tied, sign_p_seeds), and verdict.
+
+    role and verdict: the claim family is `claims` (pre-registered comparisons; empty: every compared config but
+    the controls), role CLAIM, judged on `claim` ("higher": the config beats its reference) at the Holm-adjusted p,
+    their detectable effect and seeds stated at 0.05 / m for the family's m comparisons (Holm's first step); every
+    other row is judged alone, at 0.05: a config of `controls` (positive controls, built to be worse than the
+    reference) detected or not, one of `aa_controls` (A/A controls, the reference again) by whether its interval
+    covers 0, any other config DESCRIPTIVE. The claims' and the descriptive verdicts say when a positive control was
+    not detected. nan / None for the reference itself and for a config without a seed in common with it; note: what
+    the intervals leave out."""
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
     reference = next(iter(runs), None) if reference is None else reference
@@ -121,12 +139,13 @@ def comparison_columns(
     missing = {name: ref for name, ref in reference_of.items() if ref not in runs}
     if missing:
         raise ValueError(f"paired references without a finished run: {missing} (configs with runs: {', '.join(runs)})")
-    unknown = [name for name in controls if name == reference_of.get(name) or name not in runs]
-    if unknown:
-        raise ValueError(
-            f"positive controls {unknown} must be configs with runs other than their reference "
-            f"{reference!r} (configs with runs: {', '.join(runs)})"
-        )
+    for kind, names in (("positive controls", controls), ("claims", claims), ("A/A controls", aa_controls)):
+        unknown = [name for name in names if name == reference_of.get(name) or name not in runs]
+        if unknown:
+            raise ValueError(
+                f"{kind} {unknown} must be configs with runs other than their reference "
+                f"{reference!r} (configs with runs: {', '.join(runs)})"
+            )
     results = dict(results or {})
     outcomes = {}
     for name, run_dirs in runs.items():
@@ -135,6 +154,7 @@ def comparison_columns(
         if len(by_seed) != len(run_dirs):
             raise ValueError(f"{name}: two runs share a train seed ({run_dirs})")
         outcomes[name] = by_seed
+    role_of = {name: POSITIVE_CONTROL for name in controls} | {name: AA_CONTROL for name in aa_controls}
     columns, differences = {}, {}
     for name, by_seed in outcomes.items():
         ref = reference_of[name]
@@ -145,6 +165,7 @@ def comparison_columns(
             "ci_resampled": arm.resampled,
             "reference": ref,
             "claim": claim,
+            "role": NOT_COMPARED,
         }
         notes = [arm.note]
         if name == ref or not set(by_seed) & set(outcomes[ref]):
@@ -154,39 +175,58 @@ def comparison_columns(
         else:
             diff = differences[name] = paired_difference(outcomes[ref], by_seed)
             row.update(
+                role=role_of.get(name, CLAIM if name in claims or not claims else DESCRIBED),
                 diff_mean=diff.mean,
                 diff_ci_low=diff.low,
                 diff_ci_high=diff.high,
                 diff_sd=diff.sd,
+                diff_sd_floor=diff.sd_floor,
                 diff_p=diff.p_value,
-                diff_mde=diff.minimum_detectable_effect(),
-                seeds_needed=seeds_needed(effect, diff.sd),
+                diff_p_holm=math.nan,
+                diff_alpha=math.nan,
+                diff_mde=math.nan,
+                seeds_needed=None,
                 diff_seeds=diff.seeds,
                 diff_tasks=diff.tasks,
                 **_sign_columns("tasks", diff.tasks_sign),
                 **_sign_columns("seeds", diff.seeds_sign),
-                diff_p_holm=math.nan,
                 verdict="",
-            )  # both filled once every comparison is known
+            )  # the family's columns filled once every comparison is known
             notes.append(diff.note)
         parts = [part for note in notes if note for part in note.split("; ")]
         row["note"] = "; ".join(dict.fromkeys(parts))  # the arm's and the difference's notes, each said once
         columns[name] = row
-    adjusted = dict(zip(differences, holm([d.p_value for d in differences.values()])))
+    family = [name for name in differences if columns[name]["role"] == CLAIM]
+    adjusted = dict(zip(family, holm([differences[name].p_value for name in family])))
     alpha = 1.0 - DEFAULT_LEVEL
+    family_alpha = alpha / max(1, sum(math.isfinite(p) for p in adjusted.values()))
     for name, diff in differences.items():
-        columns[name]["diff_p_holm"] = adjusted[name]
-        significant = adjusted[name] < alpha
-        if name in controls:
-            columns[name]["verdict"] = CONTROL_DETECTED if significant and diff.mean < 0 else CONTROL_MISSED
-        else:
-            columns[name]["verdict"] = "inconclusive" if not significant else verdict(diff.mean, diff.mean, claim)
+        row = columns[name]
+        row["diff_alpha"] = family_alpha if name in adjusted else alpha
+        row["diff_mde"] = diff.minimum_detectable_effect(level=1.0 - row["diff_alpha"])
+        row["seeds_needed"] = seeds_needed(effect, diff.sd_used, level=1.0 - row["diff_alpha"])
+        row["diff_p_holm"] = adjusted.get(name, math.nan)
+        row["verdict"] = _verdict(row["role"], diff, adjusted.get(name, diff.p_value), claim)
     missed = [name for name in controls if columns[name]["verdict"] != CONTROL_DETECTED]
     if missed:
-        for name, row in columns.items():
-            if row["verdict"] and name not in controls:
+        for row in columns.values():
+            if row["role"] in (CLAIM, DESCRIBED):
                 row["verdict"] += f"; positive control {', '.join(missed)} not detected"
     return columns
+
+
+def _verdict(role: str, diff: PairedDifference, p_value: float, claim: str) -> str:
+    """A compared row's verdict from its `role`, its paired difference and its p-value (Holm-adjusted for a claim)."""
+    significant = p_value < 1.0 - DEFAULT_LEVEL
+    if role == CLAIM:
+        return verdict(diff.mean, diff.mean, claim) if significant else "inconclusive"
+    if role == POSITIVE_CONTROL:
+        return CONTROL_DETECTED if significant and diff.mean < 0 else CONTROL_MISSED
+    if role == AA_CONTROL:
+        if not (math.isfinite(diff.low) and math.isfinite(diff.high)):
+            return AA_NO_INTERVAL
+        return AA_COVERS if diff.low <= 0.0 <= diff.high else AA_EXCLUDES
+    return DESCRIPTIVE
 
 
 def _sign_columns(unit: str, test: SignTest | None) -> dict[str, Any]:
@@ -208,14 +248,16 @@ def _no_difference() -> dict[str, Any]:
         "diff_ci_low": math.nan,
         "diff_ci_high": math.nan,
         "diff_sd": math.nan,
+        "diff_sd_floor": math.nan,
         "diff_p": math.nan,
+        "diff_p_holm": math.nan,
+        "diff_alpha": math.nan,
         "diff_mde": math.nan,
         "seeds_needed": None,
         "diff_seeds": 0,
         "diff_tasks": 0,
         **_sign_columns("tasks", None),
         **_sign_columns("seeds", None),
-        "diff_p_holm": math.nan,
         "verdict": "",
     }
 
@@ -230,13 +272,18 @@ def ablation_rows(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
+    same_as: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows) of runs given as run folders or results files (`load_result`). A per-config
     row holds n_seeds, <scalar>_mean and <scalar>_std for each of SCALARS (over seeds), threshold_reached = how many
     seeds reached `threshold` (steps_to_threshold is averaged over those only), collapsed = how many seeds collapsed
     (`RunResult.scalars`), family_<f>_success_mean / _std per task family of the final evaluation (with several
     families), and the `comparison_columns` of its final success against its reference (`reference`, or its
-    entry in `pairs`; with the positive `controls` and the `effect` of interest)."""
+    entry in `pairs`; with the `claims` family, the positive `controls`, the `aa_controls` and the `effect` of
+    interest); a config of `same_as` ({config: the config whose runs it took, the same effective config}) says so
+    in its note."""
     loaded = {d: load_result(d) for run_dirs in runs.values() for d in run_dirs}
     config_rows, run_rows = [], []
     comparison = (
@@ -249,10 +296,16 @@ def ablation_rows(
             effect=effect,
             pairs=pairs,
             results=loaded,
+            claims=claims,
+            aa_controls=aa_controls,
         )
         if runs
         else {}
     )
+    for name, twin in (same_as or {}).items():
+        if name in comparison:
+            note = comparison[name]["note"]
+            comparison[name]["note"] = f"the runs of {twin} (the same effective config)" + (f"; {note}" if note else "")
     families = sorted({f for r in loaded.values() for f in r.success_by_family()})
     for name, run_dirs in runs.items():
         per_run = [loaded[d].scalars(threshold) for d in run_dirs]
@@ -298,8 +351,10 @@ def _p(value: float) -> str:
 def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     """The per-config rows (`ablation_rows`) as Markdown: mean ± sample std over seeds and the final success's 95%
     interval per config, then the paired differences of final success against the reference config (interval,
-    t-test p raw and Holm-adjusted, detectable effect, seeds the effect of interest needs, descriptive sign tests,
-    verdict), a line when a positive control was not detected, then notes on what the intervals cover."""
+    t-test p raw and Holm-adjusted, the level α of the detectable effect and of the seeds the effect of interest
+    needs, descriptive sign tests, verdict; the claim family's rows first, then the descriptive ones and the
+    controls), a line when a positive control was not detected or an A/A control's interval excludes 0, then notes
+    on what the intervals cover."""
     level = f"{DEFAULT_LEVEL:.0%}"
     header = [
         "config",
@@ -337,18 +392,30 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
     reference, claim, effect = rows[0]["reference"], rows[0]["claim"], rows[0]["effect"]
     sign = ">" if claim == "higher" else "<"
     power = f"{DEFAULT_POWER:.0%}"
-    compared = [r for r in rows if r["config"] != r["reference"]]
+    # The decision first (the claim family), then the rows judged alone; each kind in config order.
+    order = (CLAIM, DESCRIBED, POSITIVE_CONTROL, AA_CONTROL, NOT_COMPARED)
+    compared = sorted((r for r in rows if r["config"] != r["reference"]), key=lambda r: order.index(r["role"]))
     paired = any(r["reference"] != reference for r in compared)  # some configs differ from another reference
     versus = "its reference (vs)" if paired else reference
+    alpha = f"{1 - DEFAULT_LEVEL:.2g}"
+    family = [r["config"] for r in compared if r["role"] == CLAIM]
     lines += [
         "",
         f"Paired difference in final held-out success, config - {versus} (same seeds, same tasks); "
         f"verdict on the claim: config {sign} {versus}",
+    ]
+    if len(family) < len(compared):
+        lines += [
+            "",
+            f"Claim family (Holm, m = {len(family)}): {', '.join(family) or 'none'}, listed first; "
+            f"the other rows are judged alone, at {alpha}.",
+        ]
+    lines += [
         "",
         "| config | " + ("vs | " if paired else "") + f"seeds | tasks | Δ success | {level} CI | p (t) | p (Holm) | "
-        f"detectable at {power} | seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | tasks + / - / = | "
-        "sign test p (tasks) | verdict |",
-        "|" + "---|" * (15 if paired else 14),
+        f"α | detectable at {power} | seeds for ±{effect:g} | seeds + / - / = | sign test p (seeds) | "
+        "tasks + / - / = | sign test p (tasks) | verdict |",
+        "|" + "---|" * (16 if paired else 15),
     ]
     for r in compared:
         cells = [
@@ -360,6 +427,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
             _interval(r["diff_ci_low"], r["diff_ci_high"], "", signed=True),
             _p(r["diff_p"]),
             _p(r["diff_p_holm"]),
+            _p(r["diff_alpha"]),
             "-" if not math.isfinite(r["diff_mde"]) else f"{r['diff_mde']:.3f}",
             "-" if r["seeds_needed"] is None else str(r["seeds_needed"]),
             _counts(r, "seeds"),
@@ -377,20 +445,29 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
             f"**Positive control {', '.join(missed)} not detected**: this table cannot detect effects of "
             'that size; read its inconclusive verdicts as "too few seeds", not "no effect".',
         ]
+    noisy = [r["config"] for r in rows if r["verdict"] == AA_EXCLUDES]
+    if noisy:
+        lines += [
+            "",
+            f"**A/A control {', '.join(noisy)}: interval excludes 0**: the same config differs from itself by "
+            "more than the intervals allow; they understate the noise.",
+        ]
     lines += [
         "",
         f"{level} CI (success): percentile interval of a hierarchical bootstrap (seeds, then held-out tasks "
         'within each seed), so it includes seed-to-seed training variance; "(seeds only)": no per-task '
         f"records, seeds resampled only. {level} CI (Δ): t-interval over the seeds' paired differences "
-        "(mean ± t_{0.975, n-1} sd / sqrt(n)); p (t): the paired t-test; p (Holm): adjusted across the "
-        f"table's comparisons. Verdict: supported / contradicted when p (Holm) < {1 - DEFAULT_LEVEL:.2g} "
-        "with Δ on the claimed / the other side of 0, else inconclusive; a positive control is detected "
-        f"when p (Holm) < {1 - DEFAULT_LEVEL:.2g} with Δ < 0. Detectable at {power}: the true Δ a "
-        f"two-sided paired t-test at {1 - DEFAULT_LEVEL:.2g} over these seeds finds with {power} "
-        f"probability, given the seeds' spread; seeds for ±{effect:g}: the seeds that effect would need. "
-        "The sign tests are descriptive (the task one treats tasks within seeds as independent), not part "
-        f"of the verdict. Collapsed: seeds whose final success fell below {COLLAPSE_FRACTION:g} x their "
-        "warm start's. See docs/statistics.md.",
+        "(mean ± t_{0.975, n-1} sd / sqrt(n), sd no smaller than the task-sampling noise of the differences; "
+        "none without any spread, p then from the sign test over seeds); p (t): the paired t-test; p (Holm): "
+        f"adjusted across the claim family. Verdict: for a claim, supported / contradicted when p (Holm) < {alpha} "
+        f"with Δ on the claimed / the other side of 0, else inconclusive; outside the family: a positive "
+        f"control is detected when p (t) < {alpha} with Δ < 0, an A/A control's interval should cover 0, other "
+        f"rows are descriptive. Detectable at {power}: the true Δ a two-sided paired t-test at α over these "
+        f"seeds finds with {power} probability, given the seeds' spread; seeds for ±{effect:g}: the seeds that "
+        f"effect would need; α = {alpha} / m for the m claims (Holm's first and strictest step, Bonferroni: "
+        f"conservative), {alpha} for the other rows. The sign tests are descriptive (the task one treats tasks "
+        "within seeds as independent), not part of the verdict. Collapsed: seeds whose final success fell below "
+        f"{COLLAPSE_FRACTION:g} x their warm start's. See docs/statistics.md.",
     ]
     lines += [f"- {r['config']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines) + "\n"
@@ -433,13 +510,25 @@ def write_tables(
     controls: Sequence[str] = (),
     effect: float = DEFAULT_EFFECT,
     pairs: Mapping[str, str] | None = None,
+    claims: Sequence[str] = (),
+    aa_controls: Sequence[str] = (),
+    same_as: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """table.md, table.csv (per config; differences against `reference`, default the first config, or the config's
-    entry in `pairs`, verdicts on `claim`, the positive `controls` checked, seeds stated for the `effect` of
-    interest) and runs.csv (per run) in `ablation_dir`, from run folders or results files; returns the per-config
-    rows."""
+    entry in `pairs`, verdicts on `claim` over the `claims` family, the positive `controls` and the `aa_controls`
+    checked, seeds stated for the `effect` of interest, `same_as` noted: `ablation_rows`) and runs.csv (per run) in
+    `ablation_dir`, from run folders or results files; returns the per-config rows."""
     config_rows, run_rows = ablation_rows(
-        runs, threshold, reference=reference, claim=claim, controls=controls, effect=effect, pairs=pairs
+        runs,
+        threshold,
+        reference=reference,
+        claim=claim,
+        controls=controls,
+        effect=effect,
+        pairs=pairs,
+        claims=claims,
+        aa_controls=aa_controls,
+        same_as=same_as,
     )
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))

@@ -159,8 +159,10 @@ def test_tables_from_results_equal_tables_from_run_folders(tmp_path, stand_in):
 
 
 def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
+    """The tables of every condition rebuilt from the results files alone equal the sweep's, the claim family and
+    the A/A control included (both in the rebuilt manifest)."""
     command, trained = stand_in
-    arms = [arm_config(tmp_path, "tiny_a", 0.9), arm_config(tmp_path, "tiny_b", 0.8)]
+    arms = [arm_config(tmp_path, name, g) for name, g in (("tiny_a", 0.9), ("tiny_b", 0.8), ("tiny_c", 0.7))]
     results = tmp_path / "results"
     for condition in ("lo", "hi"):
         ablate.sweep(
@@ -170,12 +172,14 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
             train_command=command,
             share_warm_start=False,
             results_dir=str(results / condition),
+            claims=("tiny_b",),
+            aa_controls=("tiny_c",),
         )
-    preset = tmp_path / "two.py"
+    preset = tmp_path / "three.py"
     preset.write_text(
         "from ipa_jax.analysis.presets import Preset\n\n\ndef get_preset():\n"
-        f"    return Preset(configs=({arms[0][1]!r}, {arms[1][1]!r}), seeds=(0, 1), "
-        "conditions=(('lo', ()), ('hi', ())))\n"
+        f"    return Preset(configs=({arms[0][1]!r}, {arms[1][1]!r}, {arms[2][1]!r}), seeds=(0, 1), "
+        f"conditions=(('lo', ()), ('hi', ())), claims=({arms[1][1]!r},), aa_controls=({arms[2][1]!r},))\n"
     )
     out = tmp_path / "tables"
     cmd = [
@@ -191,7 +195,77 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
     for condition in ("lo", "hi"):
         rebuilt = open(out / condition / "table.md", encoding="utf-8").read()
         assert rebuilt == open(tmp_path / "sweep" / condition / "table.md", encoding="utf-8").read()
-    assert len(trained()) == 8  # the sweeps' runs only: --from_results trains nothing
+        assert "| A/A: no interval |" in rebuilt  # the stand-in gives tiny_c tiny_a's outcomes
+        assert "Claim family (Holm, m = 1): tiny_b, listed first;" in rebuilt
+        manifest = analysis.load_ablation(str(out / condition))
+        assert (manifest["claims"], manifest["aa_controls"], manifest["same_as"]) == (["tiny_b"], ["tiny_c"], {})
+    assert len(trained()) == 12  # the sweeps' runs only: --from_results trains nothing
+
+
+def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
+    """control_il_filtered imitates only the demonstrations that succeed: at env.expert_error 0 every one does, so
+    its run would repeat control_il_continue_matched's. The sweep takes that run's result instead of training it
+    (its own results file, written with its own config's sha; manifest same_as), the table says so; at
+    expert_error 0.5 it trains."""
+    command, trained = stand_in
+    matched, filtered = "control_il_continue_matched", "control_il_filtered"
+    arms = [ablate.resolve_config(name, CONFIG_DIR) for name in ("credit_chunk", matched, filtered)]
+    for error, same_as in ((0.0, {filtered: matched}), (0.5, {})):
+        out, results, overrides = tmp_path / f"out{error}", tmp_path / f"results{error}", {"env.expert_error": error}
+        before = len(trained())
+        manifest = ablate.sweep(
+            arms,
+            [0, 1],
+            str(out),
+            overrides=overrides,
+            train_command=command,
+            share_warm_start=False,
+            results_dir=str(results),
+        )
+        assert manifest["same_as"] == same_as and manifest["failed"] == []
+        ran = {name for name, _ in trained()[before:]}
+        assert ran == {"credit_chunk", matched} | ({filtered} if error else set()), error
+        assert [name for name, _ in manifest["order"]][-1] == (filtered if not error else "credit_chunk")
+        for seed in (0, 1):
+            result, head = read_result(result_path(str(results), filtered, seed))
+            run_dir = os.path.join(out, "runs", filtered, f"seed_{seed}")
+            assert head == {
+                "config": filtered,
+                "config_sha": config_sha(arms[2][1], ablate.run_overrides(run_dir, seed, overrides)),
+            }
+            assert result == read_result(result_path(str(results), matched, seed))[0]
+        table = open(out / "table.md", encoding="utf-8").read()
+        assert ("the runs of control_il_continue_matched (the same effective config)" in table) == (not error)
+    # The rule itself: the filter counts only where the expert source could drop a failing demonstration.
+    flat = ablate.resolved_flat(arms[2][1], {"env.expert_error": 0.5})
+    assert "rollout.expert_successes_only" in ablate.effective_view(flat)
+    for other in ({**flat, "env.expert_error": 0.0}, {**flat, "rollout.source": "queue"}):
+        assert "rollout.expert_successes_only" not in ablate.effective_view(other)
+
+
+def test_rerun_retrains_a_shared_warm_start_before_any_of_its_arms(tmp_path, monkeypatch):
+    """With --rerun a seed's shared warm start is trained again before the first of its arms runs, whatever the
+    arms' order in that seed (`run_order` puts the donor last in seed 1): no arm resumes from the old one."""
+    folders: list[str] = []  # the run folder of every training, in order
+
+    def train(config_path, overrides, *args):
+        fake_train(config_path, overrides, *args, trained=[])
+        folders.append(os.path.relpath(overrides["train.run_dir"], tmp_path))
+
+    monkeypatch.setattr(ablate, "train_one", train)
+    arms = [arm_config(tmp_path, "tiny_a", 0.9), arm_config(tmp_path, "tiny_b", 0.8)]  # one warm start: RL-only gamma
+    ablate.sweep(arms, [0, 1], str(tmp_path), overrides={"train.il_warmup_steps": 2})
+    folders.clear()
+    ablate.sweep(arms, [0, 1], str(tmp_path), overrides={"train.il_warmup_steps": 2}, rerun=True)
+    warm = os.path.join("warm_starts", "tiny_a")
+    assert folders == [
+        os.path.join(warm, "seed_0"),
+        os.path.join("runs", "tiny_a", "seed_0"),
+        os.path.join("runs", "tiny_b", "seed_0"),
+        os.path.join(warm, "seed_1"),
+        os.path.join("runs", "tiny_b", "seed_1"),
+        os.path.join("runs", "tiny_a", "seed_1"),
+    ]
 
 
 def test_presets_check_pairs_and_conditions():
@@ -203,6 +277,16 @@ def test_presets_check_pairs_and_conditions():
         Preset(("a",), (0,), conditions=(("x/y", ()),))
     with pytest.raises(ValueError, match="controls"):  # a control compared with itself
         Preset(("a", "b", "c"), (0,), pairs=(("c", "b"),), controls=("b", "c"), reference="b")
+    # Claims and A/A controls: configs compared with another config, each of one kind.
+    assert Preset(("a", "b", "c", "d"), (0,), claims=("b",), aa_controls=("c",), controls=("d",)).claims == ("b",)
+    with pytest.raises(ValueError, match="claims .* other than the reference"):
+        Preset(("a", "b"), (0,), claims=("a",))
+    with pytest.raises(ValueError, match="claims .* other than the reference"):
+        Preset(("a", "b"), (0,), claims=("x",))
+    with pytest.raises(ValueError, match="aa_controls .* other than the reference"):
+        Preset(("a", "b", "c"), (0,), pairs=(("c", "b"),), aa_controls=("b",), reference="b")
+    with pytest.raises(ValueError, match="must not share a config"):
+        Preset(("a", "b"), (0,), claims=("b",), aa_controls=("b",))
 
 
 def test_run_preset_rejects_a_foreign_reference_and_missing_results(tmp_path):

@@ -184,13 +184,17 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         assert diff.mean == 0.0 and math.isnan(diff.low) and math.isnan(diff.p_value) and "one seed" in diff.note
         assert diff.verdict("higher") == "inconclusive" and math.isnan(diff.minimum_detectable_effect())
         assert diff.tasks_sign.ties == 16 and diff.tasks_sign.p_value == 1.0 and diff.seeds_sign.p_value == 1.0
-        # Two seeds with the same difference: no spread, a zero-width interval at it, p = 0 (or 1 at 0).
+        # Two seeds with the same difference: no spread over seeds, but the tasks' (x = [1, 0] and [0, 1]:
+        # se^2 = var(x) / 2 = 1/4 in each seed) floors it at 0.5 (test_identical_seed_differences_... below).
         same = stats.paired_difference(
             {0: outcomes([0, 1]), 1: outcomes([1, 0])}, {0: outcomes([1, 1]), 1: outcomes([1, 1])}
         )
-        assert (same.low, same.high, same.sd, same.p_value) == (0.5, 0.5, 0.0, 0.0)
+        assert (same.mean, same.sd, same.sd_floor, same.sd_used) == (0.5, 0.0, 0.5, 0.5)
+        assert same.low < 0 < 0.5 < same.high and same.verdict("higher") == "inconclusive"
+        # Identical outcomes everywhere: no spread at all, so no interval, and p from the sign test over seeds.
         tied = stats.paired_difference({0: solved, 1: solved}, {0: solved, 1: solved})
-        assert (tied.low, tied.high, tied.p_value) == (0.0, 0.0, 1.0) and stats.seeds_needed(0.05, tied.sd) == 2
+        assert math.isnan(tied.low) and math.isnan(tied.high) and tied.p_value == 1.0 and tied.sd_floor == 0.0
+        assert "no spread over seeds or tasks" in tied.note and math.isnan(tied.minimum_detectable_effect())
         # No per-task records, one seed: no interval at all, said so; two seeds: the seeds' range.
         old = stats.arm_estimate([TaskOutcomes.from_rate(0.4)], resamples=300)
         assert old.mean == 0.4 and math.isnan(old.low) and math.isnan(old.high) and old.tasks == 0
@@ -207,6 +211,80 @@ def test_degenerate_inputs_give_clear_output_without_nan_warnings():
         disjoint = stats.paired_difference({0: outcomes([1, 0])}, {0: TaskOutcomes(("x",), np.ones(1), np.ones(1))})
         assert disjoint.tasks_sign is None and "no held-out task in common" in disjoint.note
         assert math.isnan(disjoint.low) and disjoint.mean == pytest.approx(0.5)
+
+
+def task_floor(reference: list[np.ndarray], arm: list[np.ndarray], samples: int) -> float:
+    """sqrt(mean_s var_t(x_s,t) / T), x_s,t = arm rate - reference rate of task t in seed s (equal samples)."""
+    x = [(a - r) / samples for r, a in zip(reference, arm)]
+    return math.sqrt(np.mean([np.var(xs, ddof=1) / xs.size for xs in x]))
+
+
+def test_identical_seed_differences_are_floored_at_the_task_sampling_noise():
+    """Two seeds of 128 tasks in which the arm fixes exactly one task: d_s = 1/128 in both, sd 0 over seeds. The
+    t-test then rests on the task-sampling floor sqrt(mean_s var_t(x_t) / T) (x_t: the per-task differences): its
+    interval is the t-interval with that sd, wide enough to hold 0 and the observed difference (inconclusive, where
+    a zero sd would have made it 'supported' at p = 0)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    tasks, rng = 128, np.random.default_rng(7)
+    reference = [(rng.random(tasks) < 0.5).astype(np.float64) for _ in range(2)]
+    arm = [r.copy() for r in reference]
+    for a in arm:
+        a[np.flatnonzero(a == 0)[0]] = 1.0  # its one win: a task the reference failed
+    diff = stats.paired_difference(dict(enumerate(map(outcomes, reference))), dict(enumerate(map(outcomes, arm))))
+    floor = task_floor(reference, arm, samples=1)
+    assert diff.mean == pytest.approx(1 / 128) and diff.sd == 0.0
+    assert diff.sd_floor == pytest.approx(floor, rel=1e-12) and diff.sd_used == diff.sd_floor
+    low, high = scipy_stats.t.interval(0.95, 1, loc=1 / 128, scale=floor / math.sqrt(2))
+    assert (diff.low, diff.high) == pytest.approx((low, high), rel=1e-10)
+    assert diff.p_value == pytest.approx(2 * scipy_stats.t.sf(1 / 128 * math.sqrt(2) / floor, 1), rel=1e-9)
+    assert diff.low < 0 < diff.mean < diff.high and diff.verdict("higher") == "inconclusive"
+    assert "below the task-sampling floor" in diff.note
+    assert diff.minimum_detectable_effect() == stats.minimum_detectable_effect(floor, 2)
+
+
+def test_the_floor_weights_tasks_by_their_samples():
+    """Unequal samples per task: se^2 = sum_t u_t^2 / (T (T - 1)), u_t the linearised ratio of sums, written out
+    here; with equal samples it is var_t(x_t) / T."""
+    rng = np.random.default_rng(3)
+    n_r, n_a = rng.integers(1, 5, 40).astype(np.float64), rng.integers(1, 5, 40).astype(np.float64)
+    s_r, s_a = rng.binomial(n_r.astype(int), 0.4).astype(np.float64), rng.binomial(n_a.astype(int), 0.6)
+    rate_r, rate_a = s_r.sum() / n_r.sum(), s_a.sum() / n_a.sum()
+    u = (s_a - rate_a * n_a) / n_a.mean() - (s_r - rate_r * n_r) / n_r.mean()
+    counts = np.stack([s_r, n_r, s_a, n_a])
+    assert stats.task_sampling_se(counts) == pytest.approx(math.sqrt(np.sum(u**2) / (40 * 39)), rel=1e-12)
+    equal = np.stack([s_r, 4 * np.ones(40), s_a, 4 * np.ones(40)])
+    x = (s_a - s_r) / 4
+    assert stats.task_sampling_se(equal) == pytest.approx(math.sqrt(np.var(x, ddof=1) / 40), rel=1e-12)
+    assert math.isnan(stats.task_sampling_se(counts[:, :1]))
+
+
+def test_a_seed_spread_above_the_floor_is_left_as_it_was():
+    """Seeds whose differences spread well beyond their task noise: the floor is below the sd, and the interval and
+    p are the plain paired t-test's on the seeds' differences (scipy), as without a floor."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(11)
+    reference = [(rng.random(200) < 0.4).astype(np.float64) for _ in range(5)]
+    arm = [np.where(rng.random(200) < shift, 1.0, r) for r, shift in zip(reference, (0.0, 0.1, 0.3, 0.05, 0.5))]
+    diff = stats.paired_difference(dict(enumerate(map(outcomes, reference))), dict(enumerate(map(outcomes, arm))))
+    d = np.array([a.mean() - r.mean() for r, a in zip(reference, arm)])
+    assert diff.sd_floor == pytest.approx(task_floor(reference, arm, samples=1), rel=1e-12)
+    assert diff.sd_floor < d.std(ddof=1) / 2 and diff.sd_used == diff.sd == pytest.approx(d.std(ddof=1), rel=1e-12)
+    interval = scipy_stats.t.interval(0.95, 4, loc=d.mean(), scale=d.std(ddof=1) / math.sqrt(5))
+    assert (diff.low, diff.high) == pytest.approx(interval, rel=1e-10)
+    assert diff.p_value == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue, rel=1e-9)
+    assert "floor" not in diff.note
+
+
+def test_without_records_a_zero_spread_takes_the_sign_test():
+    """Runs without per-task records have no floor: identical differences give no interval and the sign test's p
+    over seeds (2 / 2^3 for three seeds of one sign), never p = 0."""
+    reference = {s: TaskOutcomes.from_rate(0.5) for s in range(3)}
+    arm = {s: TaskOutcomes.from_rate(0.75) for s in range(3)}
+    diff = stats.paired_difference(reference, arm)
+    assert diff.mean == 0.25 and diff.sd == 0.0 and math.isnan(diff.sd_floor) and math.isnan(diff.sd_used)
+    assert math.isnan(diff.low) and math.isnan(diff.high) and diff.p_value == 2 / 2**3
+    assert diff.verdict("higher") == "inconclusive" and "p from the sign test over seeds" in diff.note
+    assert stats.paired_t([0.25, 0.25, 0.25])[3] == 0.25 and stats.paired_t([0.0, 0.0])[3] == 1.0
 
 
 def test_the_same_seed_gives_the_same_interval():
@@ -246,21 +324,21 @@ def test_holm_rejects_what_the_step_down_procedure_rejects():
     assert stats.holm([]) == [] and stats.holm([0.02]) == [0.02]
 
 
-@pytest.mark.parametrize("seeds", [3, 4, 8, 40])
-def test_minimum_detectable_effect_has_the_stated_power(seeds):
-    """At the detectable effect the paired t-test's power (scipy's noncentral t) is 80%; seeds_needed is the
-    first seed count whose detectable effect reaches the effect (a plain loop over n)."""
+@pytest.mark.parametrize("seeds, alpha", [(3, 0.05), (4, 0.05), (8, 0.05), (40, 0.05), (8, 0.05 / 3)])
+def test_minimum_detectable_effect_has_the_stated_power(seeds, alpha):
+    """At the detectable effect the paired t-test's power at two-sided `alpha` (scipy's noncentral t) is 80%;
+    seeds_needed is the first seed count whose detectable effect reaches the effect (a plain loop over n)."""
     scipy_stats = pytest.importorskip("scipy.stats")
-    sd = 0.07
-    effect = stats.minimum_detectable_effect(sd, seeds)
-    critical = scipy_stats.t.ppf(0.975, seeds - 1)
+    sd, level = 0.07, 1 - alpha
+    effect = stats.minimum_detectable_effect(sd, seeds, level=level)
+    critical = scipy_stats.t.ppf(1 - alpha / 2, seeds - 1)
     noncentrality = effect * math.sqrt(seeds) / sd
     power = scipy_stats.nct.sf(critical, seeds - 1, noncentrality) + scipy_stats.nct.cdf(
         -critical, seeds - 1, noncentrality
     )
     assert power == pytest.approx(0.8, abs=1e-5)
-    assert stats.seeds_needed(effect, sd) == seeds
-    assert stats.seeds_needed(0.05, sd) == next(
-        n for n in range(2, 100) if stats.minimum_detectable_effect(sd, n) <= 0.05
+    assert stats.seeds_needed(effect, sd, level=level) == seeds
+    assert stats.seeds_needed(0.05, sd, level=level) == next(
+        n for n in range(2, 200) if stats.minimum_detectable_effect(sd, n, level=level) <= 0.05
     )
     assert math.isnan(stats.minimum_detectable_effect(sd, 1)) and stats.seeds_needed(0.05, math.nan) is None

@@ -134,7 +134,7 @@ ABLATIONS = {
     "credit_chunk": ("common", set()),
     "credit_token": ("common", {_OBJ + "credit"}),
     "credit_trajectory": ("common", {_OBJ + "credit"}),
-    "credit_branch": ("common", {_OBJ + "credit"}),
+    "credit_branch": ("common", {_OBJ + "credit", "rollout.schedule"}),  # branching needs the async worker
     "gamma_0_8": ("common", {_OBJ + "gamma"}),
     "gamma_1_0": ("common", {_OBJ + "gamma"}),
     "is_none": ("common_negatives", {_OBJ + "is_level"}),
@@ -156,7 +156,7 @@ ABLATIONS = {
     "il_term_off": ("common", {"rollout.source"}),
     "il_term_on": ("il_term_off", {"resample.il_fallback", "resample.il_whole_episode", _OBJ + "il_weight"}),
     "grpo": ("common_negatives", {"rollout.group_size", _OBJ + "baseline"}),
-    "grpo_dynamic_sampling": ("grpo", {"queue.dynamic_sampling"}),
+    "grpo_dynamic_sampling": ("grpo", {"queue.dynamic_sampling", "rollout.schedule"}),  # the async queue's groups
     # FlashREINFORCE's objective on the negatives' base, then its own ablations.
     "flash_reinforce": ("common_negatives", {_OBJ + k for k in FLASH_FIELDS - {"baseline"}}),
     "flash_grpo": ("flash_reinforce", {"rollout.group_size", _OBJ + "baseline"}),
@@ -165,20 +165,20 @@ ABLATIONS = {
     "flash_entropy_q05": ("flash_reinforce", {_OBJ + "negative_token_fraction"}),
     "flash_lr1e4": ("flash_reinforce", {"optimizer.lr"}),
     "flash_lr4e4": ("flash_reinforce", {"optimizer.lr"}),
-    "flash_lag4": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
-    "flash_lag8": ("flash_reinforce", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "flash_lag4": ("flash_reinforce", {"queue.max_policy_lag"}),
+    "flash_lag8": ("flash_reinforce", {"queue.max_policy_lag"}),
     "flash_lag4_tr_off": ("flash_lag4", {_OBJ + "trust_region_level"}),
     "flash_lag8_tr_off": ("flash_lag8", {_OBJ + "trust_region_level"}),
-    "lag4": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
-    "lag8": ("common", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "lag4": ("common", {"queue.max_policy_lag"}),
+    "lag8": ("common", {"queue.max_policy_lag"}),
     "lag4_tr": ("lag4", {_OBJ + "trust_region_level"}),
     "lag8_tr": ("lag8", {_OBJ + "trust_region_level"}),
     # The staleness_offpolicy preset: lag x mismatch correction x old log-probs, on the negative branch's base.
-    "offpolicy_lag0": ("common_negatives", set()),
+    "offpolicy_lag0": ("common_negatives", {"queue.max_policy_lag"}),  # lag 0 (the common base: lockstep lag 1)
     "offpolicy_lag0_nomismatch": ("offpolicy_lag0", {_OBJ + "mismatch_level"}),
     "offpolicy_lag0_recompute": ("offpolicy_lag0", {_OBJ + "old_logprobs"}),
     "offpolicy_lag0_recompute_nomismatch": ("offpolicy_lag0_recompute", {_OBJ + "mismatch_level"}),
-    "offpolicy_lag4": ("offpolicy_lag0", {"queue.forced_lag", "queue.max_policy_lag"}),
+    "offpolicy_lag4": ("offpolicy_lag0", {"queue.max_policy_lag"}),
     "offpolicy_lag4_nomismatch": ("offpolicy_lag4", {_OBJ + "mismatch_level"}),
     "offpolicy_lag4_recompute": ("offpolicy_lag4", {_OBJ + "old_logprobs"}),
     "offpolicy_lag4_recompute_nomismatch": ("offpolicy_lag4_recompute", {_OBJ + "mismatch_level"}),
@@ -209,6 +209,7 @@ ABLATIONS = {
     "control_il_continue": ("common", {_OBJ + "rl_weight", _OBJ + "il_weight", "optimizer.lr"}),
     "control_no_update": ("common", {"optimizer.lr"}),
     "control_aa": ("credit_chunk", {"rollout.seed_offset"}),
+    "credit_token_other_keys": ("credit_token", {"rollout.seed_offset"}),
     "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
     "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
@@ -289,8 +290,8 @@ def test_every_ablation_config_changes_one_thing():
     }
     assert PRESETS["longhorizon_mixed"].configs == PRESETS["longhorizon"].configs
     # The claims preset: 8 seeds x 512 held-out tasks on the calculator with 2 and 3 operations, the expert perfect
-    # and wrong on half the tasks; warm starts to the imitation plateau, shared by every arm of a seed but the IL
-    # term's pair (which runs through the resampling source, whose checkpoint carries its own state).
+    # and wrong on half the tasks; warm starts to the imitation plateau, one per seed for every arm
+    # (test_every_arm_of_the_claims_preset_shares_one_warm_start).
     claims = PRESETS["claims"]
     assert (claims.reference, claims.claim, len(claims.seeds)) == ("credit_chunk", "lower", 8)
     assert dict(claims.overrides)["train.eval_episodes"] == 512 and dict(claims.overrides)["train.il_warmup_patience"]
@@ -305,14 +306,10 @@ def test_every_ablation_config_changes_one_thing():
         "credit_token_matched_baseline": "credit_chunk_baseline",
         "il_term_off": "il_term_on",
     }
-    for _, condition in claims.conditions[-1:]:
-        settings = dict(claims.overrides) | dict(condition)
-        keys = {
-            name: ablate.warm_start_key(os.path.join(CONFIG_DIR, f"{name}.py"), settings) for name in claims.configs
-        }
-        shared = {name for name, key in keys.items() if key == keys["credit_chunk"]}
-        assert set(claims.configs) - shared == {"il_term_on", "il_term_off"}
-        assert keys["credit_chunk"][0].count('"env.expert_error": 0.5') == 1
+    assert (claims.claims, claims.aa_controls) == (
+        ("control_il_continue_matched", "credit_token_baseline", "il_term_off"),
+        ("control_aa",),
+    )
     with pytest.raises(ValueError, match="reference 'lag4' is not one of the configs"):
         Preset(("credit_chunk",), (0,), reference="lag4")
     with pytest.raises(ValueError, match="claim must be one of"):
@@ -334,9 +331,9 @@ def test_every_ablation_config_changes_one_thing():
     # The values the names promise (a few; the rest follow the same pattern).
     assert _flat_resolved("credit_token")[_OBJ + "credit"] == "token"
     assert _flat_resolved("trunc_neg_off")[_OBJ + "is_clip_max"] == math.inf
-    assert _flat_resolved("lag8_tr")["queue.forced_lag"] == 8
+    assert _flat_resolved("lag8_tr")["queue.max_policy_lag"] == 8  # lockstep: every batch 8 updates old
     stale = _flat_resolved("offpolicy_lag4_recompute_nomismatch")
-    assert (stale["queue.forced_lag"], stale[_OBJ + "old_logprobs"], stale[_OBJ + "mismatch_level"]) == (
+    assert (stale["queue.max_policy_lag"], stale[_OBJ + "old_logprobs"], stale[_OBJ + "mismatch_level"]) == (
         4,
         "recompute",
         "none",
@@ -354,7 +351,7 @@ def test_every_ablation_config_changes_one_thing():
         == _flat_resolved("common_negatives")["optimizer.lr"]
         < _flat_resolved("common")["optimizer.lr"]
     )
-    assert _flat_resolved("flash_lag8_tr_off")["queue.forced_lag"] == 8
+    assert _flat_resolved("flash_lag8_tr_off")["queue.max_policy_lag"] == 8
     assert _flat_resolved("flash_entropy_q05")[_OBJ + "negative_token_fraction"] == 0.5
     assert _flat_resolved("common")[_OBJ + "baseline"] == "none"  # IPA as published
     assert _flat_resolved("is_none")[_OBJ + "baseline"] == "batch_mean"  # so the negative-branch switches act
@@ -552,6 +549,29 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     ablate.check_finished(str(edited), warm_overrides, warm_dir, il_phase_only=True)
     with pytest.raises(ConfigError, match=r"optimizer.il_lr: .* -> 0.5"):
         ablate.check_finished(str(edited), {**warm_overrides, "optimizer.il_lr": 0.5}, warm_dir, il_phase_only=True)
+
+
+def test_every_arm_of_the_claims_preset_shares_one_warm_start():
+    """One warm start per condition and seed: under the claims preset's overrides and each condition's, every arm
+    has credit_chunk's warm_start_key (the IL term's arms included: their rollout source and resample.* settings
+    act after rl_start only), trained by the first arm, credit_chunk (a resampling arm resumes from a queue arm's warm
+    start: tests/pipeline/test_pipeline_controls.py); at expert_error 0 control_il_filtered is no run of its own
+    (the same effective config as control_il_continue_matched)."""
+    claims = PRESETS["claims"]
+    for condition, settings in claims.conditions:
+        overrides = dict(claims.overrides) | dict(settings)
+        arms = [ablate.resolve_config(name, CONFIG_DIR) for name in claims.configs]
+        flats = {name: ablate.resolved_flat(path, overrides) for name, path in arms}
+        keys = {name: ablate.il_phase_key(flat) for name, flat in flats.items()}  # warm_start_key's, loaded once
+        assert keys["credit_chunk"] is not None and set(keys.values()) == {keys["credit_chunk"]}, condition
+        error = dict(settings)["env.expert_error"]
+        assert keys["credit_chunk"][0].count(f'"env.expert_error": {error}') == 1
+        same_as = ablate.same_runs(flats)
+        assert same_as == ({} if error else {"control_il_filtered": "control_il_continue_matched"})
+        trained = [(name, path) for name, path in arms if name not in same_as]
+        shared = ablate.shared_warm_starts(trained, flats)
+        assert set(shared) == {name for name, _ in trained}
+        assert set(shared.values()) == {("credit_chunk", dict(arms)["credit_chunk"], 600)}
 
 
 def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):

@@ -95,17 +95,25 @@ def test_table_has_intervals_and_paired_differences_from_the_task_records(tmp_pa
     assert float(row["diff_mean"]) == pytest.approx(expected)
     assert float(row["diff_ci_low"]) > 0 and row["verdict"] == "supported"
     assert row["diff_seeds"] == str(SEEDS) and row["diff_tasks"] == str(TASKS)
-    # The t-test on the seeds' differences (scipy), Holm over the two comparisons (same: no difference, p = 1).
+    # The t-test on the seeds' differences (scipy) with their sd floored at the task-sampling noise
+    # sqrt(mean_s var_t(x_s,t) / T) (here above the sd of 4 seeds), Holm over the two comparisons (same: no
+    # difference anywhere, p = 1 from the sign test).
     scipy_stats = pytest.importorskip("scipy.stats")
     d = [(better[s].sum() - ref[s].sum()) / (2 * TASKS) for s in range(SEEDS)]
-    p_value = scipy_stats.ttest_1samp(d, 0.0).pvalue
+    floor = np.sqrt(np.mean([np.var((better[s] - ref[s]) / 2, ddof=1) / TASKS for s in range(SEEDS)]))
+    sd = max(np.std(d, ddof=1), floor)
+    assert float(row["diff_sd"]) == pytest.approx(np.std(d, ddof=1)) and floor > np.std(d, ddof=1)
+    assert float(row["diff_sd_floor"]) == pytest.approx(floor, rel=1e-12)
+    p_value = 2 * scipy_stats.t.sf(abs(np.mean(d)) * SEEDS**0.5 / sd, SEEDS - 1)
     assert float(row["diff_p"]) == pytest.approx(p_value, rel=1e-9)
     assert float(row["diff_p_holm"]) == pytest.approx(min(1.0, 2 * p_value), rel=1e-9)
     assert (float(row["diff_ci_low"]), float(row["diff_ci_high"])) == pytest.approx(
-        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=np.std(d, ddof=1) / SEEDS**0.5), rel=1e-9
+        scipy_stats.t.interval(0.95, SEEDS - 1, loc=np.mean(d), scale=sd / SEEDS**0.5), rel=1e-9
     )
-    assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(np.std(d, ddof=1), SEEDS))
-    assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, np.std(d, ddof=1))
+    # The detectable effect and the seeds needed at the verdict's level: 0.05 / 2 for a family of two comparisons.
+    assert row["role"] == "claim" and float(row["diff_alpha"]) == pytest.approx(0.025)
+    assert float(row["diff_mde"]) == pytest.approx(analysis.minimum_detectable_effect(sd, SEEDS, level=0.975))
+    assert int(row["seeds_needed"]) == analysis.seeds_needed(0.05, sd, level=0.975)
     wins = sum(int((better[s] > ref[s]).sum()) for s in range(SEEDS))
     assert row["tasks_better"] == str(wins) and row["tasks_worse"] == "0"
     assert row["tasks_tied"] == str(SEEDS * TASKS - wins)
@@ -217,3 +225,68 @@ def test_collapsed_runs_are_counted_per_config(tmp_path):
     md = open(tmp_path / "table.md", encoding="utf-8").read()
     assert "| collapsed |" in md and "| 1/3 |" in md and "| 2/3 |" in md
     assert f"below {analysis.COLLAPSE_FRACTION:g} x their warm start's" in md
+
+
+def holm_of_three(p: list[float]) -> list[float]:
+    """Holm's adjustment of three p-values written out: 3 p_(1), then max(that, 2 p_(2)), then max(that, p_(3))."""
+    order = np.argsort(p)
+    adjusted, running = [0.0] * 3, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (3 - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def test_the_claim_family_is_the_preregistered_claims_and_controls_stand_beside_it(tmp_path):
+    """8 seeds: three pre-registered claims (Holm over those three only, their detectable effect at 0.05 / 3), a
+    descriptive arm, a positive control (detected at the unadjusted 0.05) and two A/A arms (one the reference with
+    a few outcomes moved either way, one far better: its interval excludes 0). The Markdown table lists the
+    family first."""
+    rng = np.random.default_rng(5)
+    seeds = range(8)
+    ref = {s: rng.integers(0, 3, TASKS) for s in seeds}
+
+    def fixes(share: float) -> dict[int, np.ndarray]:
+        return {s: np.minimum(ref[s] + (rng.random(TASKS) < share), 2) for s in seeds}
+
+    arms = {"ref": ref, "a": fixes(0.5), "b": fixes(0.3), "c": fixes(0.1), "d": fixes(0.2)}
+    arms["flip"] = {s: np.maximum(ref[s] - 1, 0) for s in seeds}
+    arms["aa"] = {s: np.clip(ref[s] + rng.choice([-1, 0, 0, 0, 0, 0, 1], TASKS), 0, 2) for s in seeds}
+    arms["aa_off"] = fixes(0.6)
+    runs = write_ablation(str(tmp_path), arms)
+    kinds = dict(controls=("flip",), aa_controls=("aa", "aa_off"), resamples=200)
+    rows, _ = analysis.ablation_rows(runs, 0.5, claims=("a", "b", "c"), **kinds)
+    by_name = {r["config"]: r for r in rows}
+    assert [by_name[n]["role"] for n in ("a", "b", "c", "d", "flip", "aa")] == [
+        *["claim"] * 3,
+        "descriptive",
+        "positive control",
+        "A/A",
+    ]
+    family = [by_name[n]["diff_p"] for n in ("a", "b", "c")]
+    assert [by_name[n]["diff_p_holm"] for n in ("a", "b", "c")] == pytest.approx(holm_of_three(family), rel=1e-12)
+    assert by_name["a"]["verdict"] == "supported"
+    d = by_name["d"]
+    assert math.isnan(d["diff_p_holm"]) and d["verdict"] == "descriptive (not in the claim family)"
+    assert by_name["flip"]["verdict"] == "control detected" and by_name["flip"]["diff_p"] < 0.05
+    assert by_name["aa"]["verdict"] == "A/A: interval covers 0"
+    assert by_name["aa_off"]["verdict"] == "A/A: interval excludes 0 (noise underestimated)"
+    # The detectable effect at the verdict's level: 0.05 / 3 for a claim, from the sd the interval uses (the seeds'
+    # sd or its task-sampling floor, written out here); larger than at 0.05 alone (a family of one).
+    a_diff = [(arms["a"][s] - ref[s]) / 2 for s in seeds]
+    spread = max(
+        np.std([x.mean() for x in a_diff], ddof=1), np.sqrt(np.mean([np.var(x, ddof=1) / TASKS for x in a_diff]))
+    )
+    three = analysis.minimum_detectable_effect(spread, 8, level=1 - 0.05 / 3)
+    assert by_name["a"]["diff_alpha"] == pytest.approx(0.05 / 3) and by_name["d"]["diff_alpha"] == pytest.approx(0.05)
+    assert by_name["a"]["diff_mde"] == pytest.approx(three, rel=1e-12)
+    alone, _ = analysis.ablation_rows(runs, 0.5, claims=("a",), **kinds)
+    assert next(r for r in alone if r["config"] == "a")["diff_mde"] == pytest.approx(
+        analysis.minimum_detectable_effect(spread, 8), rel=1e-12
+    )
+    assert analysis.minimum_detectable_effect(spread, 8) < three
+    md = analysis.table_markdown(rows, 0.5)
+    assert "Claim family (Holm, m = 3): a, b, c, listed first; the other rows are judged alone, at 0.05." in md
+    order = [line.split(" | ")[0][2:] for line in md.split("Claim family")[1].splitlines() if line.startswith("| ")]
+    assert order[1:] == ["a", "b", "c", "d", "flip", "aa", "aa_off"]
+    assert "**A/A control aa_off: interval excludes 0**" in md
