@@ -14,6 +14,7 @@ the command that submits it; nothing is submitted. --dry_run then runs the launc
 with the environment its cluster would give them (JAX_PLATFORMS=cpu, gloo) and exits with the worst status.
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -78,6 +79,7 @@ def main(argv):
     target = TARGETS[FLAGS.target]
     text = target.render(spec)
     out = FLAGS.out or spec.name + target.suffix
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     print(text, end="")
