@@ -47,6 +47,10 @@ setup(
             "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
             "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
             "mkdocs-material>=9.6,<10",  # the docs site (mkdocs.yml), built with --strict in CI
+            # SGLang's request structs and contract gate in the contract test (its wheel itself is installed with
+            # --no-deps by the README's test command: its dependencies are CUDA builds)
+            "msgspec>=0.18",
+            "pydantic>=2.0",
         ],
         # SGLangEngine.update_weights_from_tensors (weight sync over torch.distributed) and the dev server's weight
         # groups. On a CPU-only machine install torch's CPU build first (pip install torch --index-url

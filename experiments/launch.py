@@ -6,14 +6,15 @@
     python experiments/launch.py --config=configs/quickstart.py --target=gke --nodes=4 --image=IMAGE \
         --accelerator=tpu-v5p-slice --accelerators_per_node=4 --tpu_topology=2x2x4 \
         --config.train.run_dir=gs://BUCKET/runs/quickstart
-    python experiments/launch.py --config=configs/offline_tiny.py --target=slurm --nodes=2 --dry_run \
-        --config.train.data='("trajs.jsonl",)'     # also run the 2 processes here, on CPU
+    python experiments/launch.py --config=configs/quickstart.py --target=slurm --nodes=2 --dry_run \
+        --config.train.steps=2 ...                  # also run the 2 processes here, on CPU (docs/launch.md)
 
 The config is loaded and validated here first. Writes the launcher to --out (default <name><suffix>), prints it and
 the command that submits it; nothing is submitted. --dry_run then runs the launcher's processes on this machine
 with the environment its cluster would give them (JAX_PLATFORMS=cpu, gloo) and exits with the worst status.
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -78,6 +79,7 @@ def main(argv):
     target = TARGETS[FLAGS.target]
     text = target.render(spec)
     out = FLAGS.out or spec.name + target.suffix
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     print(text, end="")

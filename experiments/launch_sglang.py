@@ -6,8 +6,9 @@
 
 Keeps the servers in the foreground until Ctrl-C / SIGTERM (`ipa_jax.engines.sglang_launch`). With the environment
 variable named by rollout.api_key_env (SGLANG_API_KEY by default) set, the servers require that key (SGLang's
---api-key), which the trainer's client sends. Needs the `sglang` extra and a CUDA GPU; without them it exits with
-status 2 and says so (on a CPU machine use `python -m ipa_jax.engines.devserver`).
+--api-key), which the trainer's client sends; likewise rollout.admin_api_key_env (SGLANG_ADMIN_API_KEY) for
+--admin-api-key, the key of the pause and weight-update routes. Needs the `sglang` extra and a CUDA GPU; without them
+it exits with status 2 and says so (on a CPU machine use `python -m ipa_jax.engines.devserver`).
 """
 
 import os
@@ -56,7 +57,7 @@ def launch_config() -> LaunchConfig:
     else:
         urls = (f"http://{FLAGS.host}:30000",)
     routed = FLAGS.routed_experts if FLAGS.routed_experts is not None else bool(exp and exp.model.routing_replay)
-    key_env = (exp.rollout if exp else RolloutConfig()).api_key_env
+    rollout = exp.rollout if exp else RolloutConfig()
     return LaunchConfig(
         model_path=FLAGS.model_path or (exp.model.path if exp else ""),
         urls=urls,
@@ -68,7 +69,8 @@ def launch_config() -> LaunchConfig:
         context_length=FLAGS.context_length,
         skip_tokenizer_init=FLAGS.skip_tokenizer_init,
         extra_args=tuple(FLAGS.extra_args),
-        api_key=os.environ.get(key_env, ""),
+        api_key=os.environ.get(rollout.api_key_env, ""),
+        admin_api_key=os.environ.get(rollout.admin_api_key_env, ""),
     )
 
 

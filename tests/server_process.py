@@ -2,6 +2,7 @@
 `fake_server` fixture) and the real one on a checkpoint (`python -m ipa_jax.engines.devserver`), to SIGKILL, SIGSTOP
 and restart on their port."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -68,3 +69,22 @@ def cli_flags(**flags) -> list[str]:
 def devserver_argv(model_path: str, **flags) -> list[str]:
     """`python -m ipa_jax.engines.devserver --model PATH` with `flags` (`cli_flags`)."""
     return [sys.executable, "-m", "ipa_jax.engines.devserver", "--model", model_path, *cli_flags(**flags)]
+
+
+def http(
+    url: str, path: str, body=None, *, method: str | None = None, headers=None, timeout_s: float = 30.0
+) -> tuple[int, object]:
+    """One call to a server: `body` as JSON (by default POST with one, GET without) -> (status, the parsed JSON or
+    the text)."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text

@@ -12,19 +12,27 @@ servers stand in for a pool:
   POST /abort_request           {"rid": prefix} | {"abort_all": true}
   GET|POST /flush_cache         400 while requests run
   GET /get_model_info, /model_info, /health, /health_generate
+  GET /server_info, /get_server_info   {"version": --sglang-version, "tp_size": 1, "pp_size": 1, "dp_size": 1, ...}
   POST /init_weights_update_group       {"master_address", "master_port", "rank_offset", "world_size", "group_name",
                                         "backend": "gloo"}: joins the trainer's group (rank = rank_offset; tp 1)
+  POST /begin_weight_update, /end_weight_update  {"selector"?} / {}: the weight-update session (SGLang >= 0.5.21)
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache"?,
-                                        "weight_version"?}: receives the tensors broadcast from rank 0, in order
+                                        "weight_version"?}: receives the tensors broadcast from rank 0, in order;
+                                        from 0.5.21 on, refused (400) outside a session
   POST /destroy_weights_update_group    {"group_name"}
   GET|POST /get_weights_by_name         {"name", "truncate_size": 100}: the tensor's first truncate_size rows (HF
                                         layout, float32, as nested lists)
 
 Sampling keys SGLang knows but the dev server does not implement are accepted only at their default value
 (anything else is a 400 naming the key); unknown keys are a 400 in SGLang 0.5.23's schema-error shape. Like
-SGLang's `--api-key`, `api_key` makes every route but /health* answer 401 unless the request carries
-`Authorization: Bearer <key>`. Weight versions are integers in [0, 2**31 - 1]; the embedded engine refuses
-checkpoints with non-finite values (400, old weights kept).
+SGLang's `--api-key` and `--admin-api-key`, `api_key` makes every route but /health* answer 401 unless the request
+carries `Authorization: Bearer <key>`, and `admin_api_key` does so for the routes of SGLang's admin level
+(ADMIN_ROUTES), which then take that key only. Weight versions are free-form strings, as in SGLang; the embedded
+engine refuses checkpoints with non-finite values (400, old weights kept).
+
+It behaves like the SGLang release `sglang_version` (default: SGLANG_RELEASE), which /server_info reports: from 0.5.21
+on with the weight-update session. A distributed update it refuses once it could join the broadcast (a group and a
+list of tensors it can receive) still receives the tensors and discards them, so the trainer is never left waiting.
 
 The weight-group routes need an engine that takes Hugging Face tensors (EmbeddedEngine) and torch
 (`ipa_jax[weight-sync]`); they speak gloo only. Each update call's tensors are loaded as they arrive (SGLang's
@@ -32,6 +40,7 @@ The weight-group routes need an engine that takes Hugging Face tensors (Embedded
 with weight_version must complete every parameter it touches. A collective waits at most --dist-timeout seconds.
 
     python -m ipa_jax.engines.devserver --model PATH --port P [--host H] [--weight-version 0] [--api-key KEY]
+        [--admin-api-key KEY] [--sglang-version 0.5.23]
 """
 
 from __future__ import annotations
@@ -54,6 +63,13 @@ import numpy as np
 from aiohttp import web
 
 from ipa_jax.engines.base import Engine, GenerationResult, SamplingParams
+from ipa_jax.engines.sglang import (
+    ADMIN_ROUTES,
+    NO_SESSION_OPEN,
+    SESSION_ALREADY_OPEN,
+    WEIGHT_UPDATE_SESSION_RELEASE,
+    parse_release,
+)
 from ipa_jax.host_memory import keep_freed_host_memory
 
 log = logging.getLogger(__name__)
@@ -95,7 +111,9 @@ _DEFAULT_ONLY_SAMPLING_KEYS: dict[str, Any] = {
 KNOWN_SAMPLING_KEYS: tuple[str, ...] = _SUPPORTED_SAMPLING_KEYS + tuple(_DEFAULT_ONLY_SAMPLING_KEYS)
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when the request omits it.
 PAUSE_MODES = ("abort", "retract", "in_place")
-MAX_WEIGHT_VERSION = 2**31 - 1  # the learner's versions are int32 steps
+SGLANG_RELEASE = "0.5.23"  # the release whose behaviour the dev server has by default
+SESSION_SELECTORS = ("target", "draft", "all")
+OUTSIDE_SESSION = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
 
 
 class RequestError(ValueError):
@@ -186,15 +204,32 @@ def parse_sampling_params(
     return params, text_options
 
 
-def parse_weight_version(value: Any) -> int:
-    """An update's weight_version (an int, or a string of digits as SGLang's clients send it) -> int in
-    [0, MAX_WEIGHT_VERSION]; raises RequestError."""
-    digits = str(value) if _is_int(value) else value if isinstance(value, str) else ""
-    if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_WEIGHT_VERSION):
-        raise RequestError(
-            f"weight_version must be an integer in [0, {MAX_WEIGHT_VERSION}] (as a string), got {value!r}", schema=False
-        )
-    return int(digits)
+def optional_string(body: dict[str, Any], key: str) -> str | None:
+    """A field SGLang types Optional[str] (weight_version): a string or null; raises RequestError."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RequestError(f"{key}: Input should be a valid string, got {value!r}", schema=True)
+    return value
+
+
+class WeightVersions:
+    """SGLang's weight versions are free-form strings, the engine's integers: a version of decimal digits (what
+    ipa_jax sends) is that integer, any other gets one of its own above the learner's int32 steps."""
+
+    def __init__(self, initial: int):
+        self._names = {initial: str(initial)}
+        self._next_own = 2**31
+
+    def engine_version(self, name: str) -> int:
+        if name.isascii() and name.isdigit() and int(name) < 2**31:
+            version = int(name)
+        else:
+            version, self._next_own = self._next_own, self._next_own + 1
+        self._names[version] = name
+        return version
+
+    def name(self, engine_version: int) -> str:
+        return self._names.get(engine_version, str(engine_version))
 
 
 def _per_item(value: Any, n: int, name: str, *, batch: bool) -> list[Any]:
@@ -225,7 +260,9 @@ class DevServer:
         enable_return_routed_experts: bool = False,
         health_timeout_s: float = 20.0,
         api_key: str | None = None,
+        admin_api_key: str | None = None,
         dist_timeout_s: float = 300.0,
+        sglang_version: str = SGLANG_RELEASE,
     ):
         self.engine = engine
         self.host = host
@@ -236,7 +273,12 @@ class DevServer:
         self.enable_return_routed_experts = enable_return_routed_experts
         self.health_timeout_s = health_timeout_s
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.dist_timeout_s = dist_timeout_s
+        self.sglang_version = sglang_version
+        self.weight_update_sessions = parse_release(sglang_version) >= WEIGHT_UPDATE_SESSION_RELEASE
+        self.session_open = False
+        self.versions = WeightVersions(engine.weight_version)
         self._weight_groups: dict[str, Any] = {}  # group name -> torch process group
         self._incomplete: dict[str, dict[str, np.ndarray]] = {}  # group name -> tensors of unfinished parameters
         self.num_running = 0
@@ -253,15 +295,17 @@ class DevServer:
 
     # ------------------------------------------------------------------ app
     @web.middleware
-    async def _require_api_key(self, request: web.Request, handler) -> web.StreamResponse:
-        """SGLang's --api-key check: /health* stay open (probes and load balancers)."""
+    async def _require_keys(self, request: web.Request, handler) -> web.StreamResponse:
+        """SGLang's key check: /health* stay open (probes and load balancers); its admin-level routes take the admin
+        key when there is one, every other route the API key when there is one."""
+        key = self.admin_api_key if request.path in ADMIN_ROUTES and self.admin_api_key else self.api_key
         given = request.headers.get("Authorization", "")
-        if request.path.startswith("/health") or hmac.compare_digest(given, f"Bearer {self.api_key}"):
+        if request.path.startswith("/health") or key is None or hmac.compare_digest(given, f"Bearer {key}"):
             return await handler(request)
         return web.json_response({"error": "Unauthorized"}, status=401)
 
     def make_app(self) -> web.Application:
-        middlewares = [self._require_api_key] if self.api_key else []
+        middlewares = [self._require_keys] if self.api_key or self.admin_api_key else []
         app = web.Application(client_max_size=256 * 1024**2, middlewares=middlewares)
         app.router.add_route("POST", "/generate", self.handle_generate)
         app.router.add_route("PUT", "/generate", self.handle_generate)
@@ -273,10 +317,15 @@ class DevServer:
         app.router.add_post("/flush_cache", self.handle_flush_cache)
         app.router.add_get("/get_model_info", self.handle_model_info)
         app.router.add_get("/model_info", self.handle_model_info)
+        app.router.add_get("/get_server_info", self.handle_server_info)
+        app.router.add_get("/server_info", self.handle_server_info)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/health_generate", self.handle_health_generate)
         app.router.add_post("/init_weights_update_group", self.handle_init_weights_group)
         app.router.add_post("/update_weights_from_distributed", self.handle_update_weights_from_distributed)
+        if self.weight_update_sessions:
+            app.router.add_post("/begin_weight_update", self.handle_begin_weight_update)
+            app.router.add_post("/end_weight_update", self.handle_end_weight_update)
         app.router.add_post("/destroy_weights_update_group", self.handle_destroy_weights_group)
         app.router.add_get("/get_weights_by_name", self.handle_get_weights_by_name)
         app.router.add_post("/get_weights_by_name", self.handle_get_weights_by_name)
@@ -398,7 +447,7 @@ class DevServer:
                 "id": item["rid"],
                 "finish_reason": finish,
                 "prompt_tokens": len(prompt),
-                "weight_version": str(result.weight_version),
+                "weight_version": self.versions.name(result.weight_version),
                 "total_retractions": 0,
                 "completion_tokens": len(result.token_ids),
                 "cached_tokens": result.cached_tokens,
@@ -446,8 +495,8 @@ class DevServer:
             model_path = body.get("model_path")
             if not isinstance(model_path, str) or not model_path:
                 raise RequestError("model_path (a non-empty string) is required", schema=True)
-            version = body.get("weight_version")
-            new_version = self.engine.weight_version if version is None else parse_weight_version(version)
+            version = optional_string(body, "weight_version")
+            new_version = self.engine.weight_version if version is None else self.versions.engine_version(version)
             if body.get("load_format") not in (None, "auto", "safetensors"):
                 raise RequestError(
                     f"load_format {body['load_format']!r} is not supported by the dev server", schema=False
@@ -463,7 +512,9 @@ class DevServer:
             message = f"Failed to update weights: {e}.\nRolling back to original weights."
             return web.json_response({"success": False, "message": message, "num_paused_requests": 0}, status=400)
         self.model_path = model_path
-        message = f"Succeeded to update model weights. Weight version updated to {new_version}."
+        message = "Succeeded to update model weights."
+        if version is not None:
+            message += f" Weight version updated to {version}."
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     # ------------------------------------------------------------------ weight-update groups
@@ -526,38 +577,81 @@ class DevServer:
         self._weight_groups[name] = group
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
+    async def handle_begin_weight_update(self, request: web.Request) -> web.Response:
+        try:
+            selector = (await self._json_body(request)).get("selector", "all")
+            if selector not in SESSION_SELECTORS:
+                raise RequestError(f"selector must be one of {SESSION_SELECTORS}, got {selector!r}", schema=True)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        if self.session_open:
+            message = f"{SESSION_ALREADY_OPEN}; call end_weight_update() first"
+            return web.json_response({"success": False, "message": message}, status=400)
+        self.session_open = True
+        return web.json_response({"success": True, "message": "Success"})
+
+    async def handle_end_weight_update(self, request: web.Request) -> web.Response:
+        try:
+            await self._json_body(request)
+        except RequestError as e:
+            return error_response(str(e), schema=e.schema)
+        if not self.session_open:
+            message = f"{NO_SESSION_OPEN}; call begin_weight_update() first"
+            return web.json_response({"success": False, "message": message}, status=400)
+        self.session_open = False
+        return web.json_response({"success": True, "message": "Success"})
+
+    def _tensor_specs(self, body: dict[str, Any]) -> list[tuple[str, str, list[int]]]:
+        """The (name, dtype, shape) of each tensor an update call receives; raises RequestError."""
+        from ipa_jax.engines.weight_transfer import DTYPES
+
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not (
+            isinstance(names, list)
+            and isinstance(dtypes, list)
+            and isinstance(shapes, list)
+            and len(names) == len(dtypes) == len(shapes)
+            and all(isinstance(n, str) for n in names)
+            and all(isinstance(sh, list) and all(_is_int(d) and d >= 0 for d in sh) for sh in shapes)
+        ):
+            raise RequestError(
+                "names, dtypes, shapes must be lists of one length (str, str, list of ints)", schema=True
+            )
+        bad = [d for d in dtypes if d not in DTYPES]
+        if bad:
+            raise RequestError(f"dtypes {bad[:3]} not supported (only {DTYPES})", schema=False)
+        return list(zip(names, dtypes, shapes))
+
     async def handle_update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        from ipa_jax.engines.weight_transfer import DTYPES, in_daemon_thread, receive, to_numpy
+        from ipa_jax.engines.weight_transfer import in_daemon_thread, receive, to_numpy
 
         try:
             body = await self._json_body(request)
             self._check_tensor_engine()
             name, group = self._group(body)
-            names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-            if not (
-                isinstance(names, list)
-                and isinstance(dtypes, list)
-                and isinstance(shapes, list)
-                and len(names) == len(dtypes) == len(shapes)
-                and all(isinstance(n, str) for n in names)
-                and all(isinstance(sh, list) and all(_is_int(d) and d >= 0 for d in sh) for sh in shapes)
-            ):
-                raise RequestError(
-                    "names, dtypes, shapes must be lists of one length (str, str, list of ints)", schema=True
-                )
-            bad = [d for d in dtypes if d not in DTYPES]
-            if bad:
-                raise RequestError(f"dtypes {bad[:3]} not supported (only {DTYPES})", schema=False)
-            version = body.get("weight_version")
-            version = None if version is None else parse_weight_version(version)
-        except RequestError as e:
+            specs = self._tensor_specs(body)
+        except RequestError as e:  # nothing it could join: the trainer's broadcast fails on its group's timeout
             return error_response(str(e), schema=e.schema)
+        try:
+            version = optional_string(body, "weight_version")
+            refusal = None
+            if self.weight_update_sessions and not self.session_open:
+                refusal = web.json_response({"success": False, "message": OUTSIDE_SESSION}, status=400)
+        except RequestError as e:
+            refusal = error_response(str(e), schema=e.schema)
+        if refusal is not None:  # SGLang refuses before the broadcast; receiving first frees the trainer at once
+            try:
+                await in_daemon_thread(receive, group, specs)
+            except Exception as e:  # noqa: BLE001 - the refusal is the answer
+                log.warning("receiving a refused update: %s", e)
+            return refusal
         if body.get("abort_all_requests", False):
             await self.engine.abort(None)
         try:
-            received = await in_daemon_thread(receive, group, list(zip(names, dtypes, shapes)))
+            received = await in_daemon_thread(receive, group, specs)
             tensors = {**self._incomplete.pop(name, {}), **{k: to_numpy(t) for k, t in received.items()}}
-            self._incomplete[name] = await self.engine.update_weights_from_hf_tensors(tensors, version)
+            engine_version = None if version is None else self.versions.engine_version(version)
+            self._incomplete[name] = await self.engine.update_weights_from_hf_tensors(tensors, engine_version)
         except Exception as e:  # noqa: BLE001 - reported to the caller
             log.warning("update_weights_from_distributed failed: %s", e)
             message = f"Failed to update parameter online: {e}"
@@ -654,9 +748,22 @@ class DevServer:
                 "tokenizer_path": getattr(self.tokenizer, "name_or_path", None),
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": str(self.engine.weight_version),
+                "weight_version": self.versions.name(self.engine.weight_version),
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
+            }
+        )
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        """The part of SGLang's server info (its ServerArgs, `version`) that clients read: one process, no
+        parallelism."""
+        return web.json_response(
+            {
+                "version": self.sglang_version,
+                "model_path": self.model_path,
+                "tp_size": 1,
+                "pp_size": 1,
+                "dp_size": 1,
             }
         )
 
@@ -765,6 +872,14 @@ def _read_eos_token_ids(model_path: str) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def _sglang_version(value: str) -> str:
+    try:
+        parse_release(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -787,6 +902,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-return-routed-experts", action="store_true")
     parser.add_argument("--api-key", default="", help="require `Authorization: Bearer KEY` (SGLang's --api-key)")
+    parser.add_argument(
+        "--admin-api-key",
+        default="",
+        help="the key of the routes of SGLang's admin level: pause, weight updates, ... (SGLang's --admin-api-key)",
+    )
+    parser.add_argument(
+        "--sglang-version",
+        default=SGLANG_RELEASE,
+        type=_sglang_version,
+        help="the SGLang release to behave like (the weight-update session from 0.5.21 on)",
+    )
     parser.add_argument(
         "--dist-timeout",
         type=float,
@@ -830,6 +956,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         eos_token_ids=_read_eos_token_ids(args.model),
         enable_return_routed_experts=args.enable_return_routed_experts,
         api_key=args.api_key or None,
+        admin_api_key=args.admin_api_key or None,
+        sglang_version=args.sglang_version,
         dist_timeout_s=args.dist_timeout,
     )
 

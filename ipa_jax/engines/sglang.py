@@ -11,7 +11,7 @@
 * Weight sync: hold new submissions (retries included) -> with `partial="finish"`, wait until none of this client's
   requests is on a server (they finish on the old weights) -> per server `/pause_generation` (in-flight requests
   come back aborted: with "abort_resume" this client's own) -> `/update_weights_from_disk {model_path,
-  weight_version}` -> version read back from `/get_model_info` -> `/continue_generation` (for every server that
+  weight_version}` -> version read back from `/model_info` -> `/continue_generation` (for every server that
   acknowledged the pause, in a finally path: a cancelled sync leaves no server paused). A server failing any step is
   marked down and skipped; the sync succeeds once `min_sync_servers` servers serve the new version, else it retries
   with backoff within `outage_budget_s` and then raises `PoolUnavailable`. Aborted partial generations are
@@ -23,11 +23,15 @@
   `weight_sync="distributed"`, taken to host arrays in `weight_dtype` and sent without a disk as below (the
   host copy is kept until the next push: a server that comes back is resynced from it).
 * Disk-free weight sync (`update_weights_from_tensors`): the same steps with the load replaced by SGLang's
-  distributed update: `/init_weights_update_group` (this client is rank 0 of a named torch.distributed group, kept
-  until the servers change), per bucket `/update_weights_from_distributed` while the bucket is broadcast, the
-  version on the last bucket only; a server failing mid-transfer is marked down and the transfer restarts on the
-  others (ipa_jax/engines/weight_transfer.py).
-* `api_key`: sent as `Authorization: Bearer <key>` on every call (SGLang's and the dev server's `--api-key`).
+  distributed update: each server's `/server_info` (its SGLang release, tp/pp/dp sizes: pp and dp must be 1),
+  `/init_weights_update_group` (this client is rank 0 of a named torch.distributed group, kept until the servers
+  change), on servers of SGLang >= 0.5.21 `/begin_weight_update`, per bucket `/update_weights_from_distributed` while
+  the bucket is broadcast (the version on the last bucket only), then `/end_weight_update` (also after a failed
+  transfer); a server failing mid-transfer is marked down and the transfer restarts on the others
+  (ipa_jax/engines/weight_transfer.py). The disk path needs no session (0.5.23's scheduler checks none).
+* `api_key`: sent as `Authorization: Bearer <key>` (SGLang's and the dev server's `--api-key`); `admin_api_key`
+  (`--admin-api-key`), when given, instead on the routes SGLang serves at its admin level (ADMIN_ROUTES: pause,
+  continue, abort and the weight updates), which then take only that key.
 """
 
 from __future__ import annotations
@@ -83,6 +87,31 @@ WEIGHT_SYNCS = ("disk", "distributed")
 # The sampling keys this client sends; every one is in SGLang's SamplingParams (0.5.5 .. 0.5.23 schema).
 SENT_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop", "no_stop_trim")
 
+# From this SGLang release on, /update_weights_from_distributed is refused outside a weight-update session
+# (/begin_weight_update ... /end_weight_update; docs/sglang.md, SGLang versions).
+WEIGHT_UPDATE_SESSION_RELEASE = (0, 5, 21)
+# SGLang's answers (its scheduler's weight updater) to a begin while a session is open (one left by a client that
+# stopped mid-sync: ended, then begun again) and to an end without one (a server restarted since: nothing to end).
+SESSION_ALREADY_OPEN = "a weight-update session is already open"
+NO_SESSION_OPEN = "no weight-update session is open"
+# The routes this client and the dev server use that SGLang tags @auth_level(ADMIN_OPTIONAL): with --admin-api-key
+# they take that key only (even where --api-key is set too); the others take --api-key.
+ADMIN_ROUTES = frozenset(
+    {
+        "/abort_request",
+        "/begin_weight_update",
+        "/continue_generation",
+        "/destroy_weights_update_group",
+        "/end_weight_update",
+        "/flush_cache",
+        "/get_weights_by_name",
+        "/init_weights_update_group",
+        "/pause_generation",
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+    }
+)
+
 
 class SGLangHTTPError(EngineError):
     """An SGLang server answered with an HTTP error (or an unusable body)."""
@@ -101,6 +130,41 @@ def parse_weight_version(value: Any, url: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise SGLangHTTPError(url, None, f"weight_version {value!r} is not an integer") from None
+
+
+def parse_release(version: str) -> tuple[int, int, int]:
+    """An SGLang version string ("0.5.23", "0.5.5.post3", "0.5.21rc1") -> (major, minor, patch); ValueError
+    otherwise."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    if match is None:
+        raise ValueError(f"not an SGLang version: {version!r}")
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """What a distributed weight update needs to know of a server: its SGLang release and parallel sizes."""
+
+    release: tuple[int, int, int]
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+
+    @property
+    def needs_session(self) -> bool:
+        return self.release >= WEIGHT_UPDATE_SESSION_RELEASE
+
+    def distributed_update_problem(self) -> str | None:
+        """Why SGLang's distributed update cannot reach this server, or None."""
+        fix = "start it with --pp-size 1 --dp-size 1, or use weight_sync='disk'"
+        if self.pp_size != 1:
+            return (
+                f"pp_size={self.pp_size}: every pipeline stage would join the weight-update group as rank_offset + "
+                f"its tp_rank, so the stages' ranks collide; {fix}"
+            )
+        if self.dp_size != 1:  # SGLang's TokenizerManager asserts it (an HTTP 500)
+            return f"dp_size={self.dp_size}: SGLang's distributed weight update needs dp_size 1; {fix}"
+        return None
 
 
 def to_sglang_sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
@@ -157,6 +221,7 @@ class _Server:
     down: bool = False
     served: int = 0
     probe_task: asyncio.Task | None = None
+    session_open: bool = False  # a weight-update session was begun and not (yet known to be) ended
 
 
 @dataclasses.dataclass
@@ -204,6 +269,7 @@ class _FromTensors:
 @dataclasses.dataclass
 class _WeightGroup:
     urls: tuple[str, ...]  # its members, in rank order
+    infos: tuple[ServerInfo, ...]  # theirs, read when the group was made
     name: str
     sender: WeightSender
 
@@ -222,6 +288,21 @@ def _local_address(url: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))  # no packet is sent: only the route is looked up
         return s.getsockname()[0]
+
+
+def _failures(servers: list[_Server], results: list[Any], what: str) -> dict[_Server, BaseException]:
+    """The servers whose gathered call failed (an exception, or an answer without success) -> why."""
+    return {
+        s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"{what} failed: {r}")
+        for s, r in zip(servers, results)
+        if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))
+    }
+
+
+def _check_success(url: str, out: Any) -> None:
+    """SGLang's update and session calls answer {"success": bool, "message": ...}."""
+    if not (isinstance(out, dict) and out.get("success", False)):
+        raise SGLangHTTPError(url, 200, f"failed: {out}")
 
 
 def _close_sender(joining: asyncio.Future) -> None:
@@ -245,6 +326,7 @@ class SGLangEngine(Engine):
         urls: Sequence[str],
         *,
         api_key: str | None = None,
+        admin_api_key: str | None = None,
         request_timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         control_timeout_s: float = 120.0,
@@ -309,7 +391,7 @@ class SGLangEngine(Engine):
         self.probe_interval_s = probe_interval_s
         self.min_sync_servers = min_sync_servers
         self.outage_budget_s = outage_budget_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._api_key, self._admin_api_key = api_key, admin_api_key
         self.max_resubmits = max_resubmits
         self.max_sticky_sessions = max_sticky_sessions
         self.routed_experts_layout = routed_experts_layout
@@ -367,7 +449,6 @@ class SGLangEngine(Engine):
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=self.connect_timeout_s),
                 connector=aiohttp.TCPConnector(limit=0),
-                headers=self._headers,
             )
             self._gate = asyncio.Event()
             self._gate.set()
@@ -376,6 +457,12 @@ class SGLangEngine(Engine):
             self._sync_lock = asyncio.Lock()
         return self._session
 
+    def _auth(self, path: str) -> dict[str, str] | None:
+        """The Authorization header of a call to `path`: SGLang asks routes of its admin level for the admin key
+        when it has one, the others for the API key."""
+        key = self._admin_api_key if path in ADMIN_ROUTES and self._admin_api_key else self._api_key
+        return {"Authorization": f"Bearer {key}"} if key else None
+
     async def _control(
         self, server: _Server, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None
     ) -> Any:
@@ -383,7 +470,7 @@ class SGLangEngine(Engine):
         url = server.url + path
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:
-            async with self._http().request(method, url, json=body, timeout=timeout) as resp:
+            async with self._http().request(method, url, json=body, headers=self._auth(path), timeout=timeout) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise SGLangHTTPError(url, resp.status, _error_message(text))
@@ -450,6 +537,8 @@ class SGLangEngine(Engine):
         await self._read_version(server)  # alive? (before the lock: a hung server must not hold up a sync)
         assert self._sync_lock is not None
         async with self._sync_lock:  # no sync in between: it must not miss one again
+            if server.session_open:  # left by a transfer it failed: its weights are to be finished or replaced
+                await self._end_session(server)
             if self._weight_source is not None and await self._read_version(server) != self._weight_version:
                 took: list[_Server] = []
                 await self._load([server], self._weight_source, self._weight_version, took)
@@ -503,7 +592,7 @@ class SGLangEngine(Engine):
             self._posting += 1
             self._none_posting.clear()
             try:
-                async with session.post(url, json=payload) as resp:
+                async with session.post(url, json=payload, headers=self._auth("/generate")) as resp:
                     text = await resp.text()
                     if resp.status >= 500:
                         raise _Transient(f"HTTP {resp.status}: {_error_message(text)}")
@@ -683,14 +772,19 @@ class SGLangEngine(Engine):
                 log.warning("abort_request failed: %s", r)
 
     # ------------------------------------------------------------------ weights and pausing
-    async def _read_version(self, server: _Server) -> int:
-        """Weight version from /get_model_info (all SGLang versions), /model_info as the fallback route."""
+    async def _get_info(self, server: _Server, path: str) -> Any:
+        """GET `path` (/model_info or /server_info, SGLang >= 0.5.6), else its older name /get_<...> (still served,
+        deprecated, by 0.5.23)."""
         try:
-            info = await self._control(server, "GET", "/get_model_info")
+            return await self._control(server, "GET", path)
         except SGLangHTTPError as e:
             if e.status != 404:
                 raise
-            info = await self._control(server, "GET", "/model_info")
+            return await self._control(server, "GET", "/get_" + path.removeprefix("/"))
+
+    async def _read_version(self, server: _Server) -> int:
+        """Weight version from the server's model info."""
+        info = await self._get_info(server, "/model_info")
         if not isinstance(info, dict) or "weight_version" not in info:
             raise SGLangHTTPError(server.url, 200, f"model info lacks weight_version: {str(info)[:200]}")
         return parse_weight_version(info["weight_version"], server.url)
@@ -871,8 +965,7 @@ class SGLangEngine(Engine):
         out = await self._control(
             server, "POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}
         )
-        if not isinstance(out, dict) or not out.get("success", False):
-            raise SGLangHTTPError(server.url + "/update_weights_from_disk", 200, f"update failed: {out}")
+        _check_success(server.url + "/update_weights_from_disk", out)
         await self._check_version(server, version)
 
     # ------------------------------------------------------------------ distributed weight updates
@@ -906,10 +999,28 @@ class SGLangEngine(Engine):
         return [], rejections
 
     async def _broadcast(self, servers: list[_Server], source: _FromTensors, version: int) -> None:
+        """`source` to `servers` over their weight-update group, inside a weight-update session on the servers whose
+        release needs one. Raises _TransferFailed naming the servers whose calls failed. The sessions are ended
+        whatever happens on every server that answers (one that did not keeps its session: `_bring_back` ends it)."""
+        group = await self._group_for(servers)
+        in_session = [s for s, info in zip(servers, group.infos) if info.needs_session]
+        try:
+            await self._on_all(in_session, self._begin_session)
+            await self._send_buckets(group, servers, source, version)
+        except _TransferFailed as failure:
+            unanswered = {s for s, e in failure.errors.items() if _unreachable(e)}
+            try:
+                ending = [s for s in in_session if s.session_open and s not in unanswered]
+                await asyncio.shield(self._on_all(ending, self._end_session))
+            except _TransferFailed as e:
+                log.warning("ending weight-update sessions after a failed transfer: %s", e)
+            raise
+        await self._on_all(in_session, self._end_session)
+
+    async def _send_buckets(self, group: _WeightGroup, servers: list[_Server], source: _FromTensors, version: int):
         """Every bucket of `source`: /update_weights_from_distributed on each server while the bucket is broadcast.
         Only the last call carries weight_version and flush_cache: a server reports the new version only once it
         holds every bucket. Raises _TransferFailed naming the servers whose calls failed."""
-        group = await self._group_for(servers)
         pending = None
         for bucket in itertools.chain(buckets(source.tensors(), source.bucket_bytes, source.dtype), [None]):
             if pending is not None:
@@ -933,17 +1044,45 @@ class SGLangEngine(Engine):
                     raise
                 if send_error is not None:  # free our side of the group: ranks still receiving fail at once
                     await in_daemon_thread(group.sender.close)
-                results = await asyncio.gather(*calls, return_exceptions=True)
-                errors = {
-                    s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"update failed: {r}")
-                    for s, r in zip(servers, results)
-                    if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))
-                }
+                errors = _failures(servers, await asyncio.gather(*calls, return_exceptions=True), "update")
                 if send_error is not None and not errors:
                     errors = {s: SGLangHTTPError(s.url, None, f"broadcast failed: {send_error}") for s in servers}
                 if errors:
                     raise _TransferFailed(errors)
             pending = bucket
+
+    async def _on_all(self, servers: list[_Server], call: Callable[[_Server], Awaitable[Any]]) -> None:
+        """`call` on every server at once; raises _TransferFailed naming the servers it failed on."""
+        results = await asyncio.gather(*(call(s) for s in servers), return_exceptions=True)
+        errors = {s: r for s, r in zip(servers, results) if isinstance(r, BaseException)}
+        if errors:
+            raise _TransferFailed(errors)
+
+    async def _begin_session(self, server: _Server) -> None:
+        """/begin_weight_update; a session left open (by a client stopped during a sync) is ended first."""
+        server.session_open = True  # also if the answer is lost: ending a session that is not open is harmless
+        try:
+            out = await self._control(server, "POST", "/begin_weight_update", {"selector": "all"})
+        except SGLangHTTPError as e:
+            if e.status != 400 or SESSION_ALREADY_OPEN not in e.message:
+                raise
+            log.warning("%s had a weight-update session open (a client stopped during a sync?): ending it", server.url)
+            await self._end_session(server)
+            server.session_open = True
+            out = await self._control(server, "POST", "/begin_weight_update", {"selector": "all"})
+        _check_success(server.url + "/begin_weight_update", out)
+
+    async def _end_session(self, server: _Server) -> None:
+        """/end_weight_update (it also finishes the loaded weights, e.g. quantised ones); none being open (the
+        server restarted since) is no error."""
+        try:
+            _check_success(
+                server.url + "/end_weight_update", await self._control(server, "POST", "/end_weight_update", {})
+            )
+        except SGLangHTTPError as e:
+            if e.status != 400 or NO_SESSION_OPEN not in e.message:
+                raise
+        server.session_open = False
 
     async def _group_for(self, servers: list[_Server]) -> _WeightGroup:
         """The weight-update group of exactly `servers` (this client as rank 0): kept between syncs, made anew when
@@ -952,13 +1091,20 @@ class SGLangEngine(Engine):
         if self._group is not None and self._group.urls == urls:
             return self._group
         await self._drop_group()
-        sizes = [await self._tp_size(s) for s in servers]
+        results = await asyncio.gather(*(self._server_info(s) for s in servers), return_exceptions=True)
+        errors = {s: r for s, r in zip(servers, results) if isinstance(r, BaseException)}
+        for s, info in zip(servers, results):
+            if isinstance(info, ServerInfo) and (problem := info.distributed_update_problem()):
+                errors[s] = SGLangHTTPError(s.url, 200, problem)
+        if errors:
+            raise _TransferFailed(errors)
+        infos = tuple(results)
         backend = self.weight_sync_backend or default_backend()
         address = self.weight_sync_address or _local_address(servers[0].url)
         store = host_store(address, self.control_timeout_s)
         name = f"ipa_jax_weights_{uuid.uuid4().hex[:12]}"
-        world = 1 + sum(sizes)
-        offsets = [1 + sum(sizes[:i]) for i in range(len(servers))]
+        world = 1 + sum(info.tp_size for info in infos)
+        offsets = [1 + sum(info.tp_size for info in infos[:i]) for i in range(len(servers))]
         joining = in_daemon_thread(
             lambda: WeightSender(
                 backend=backend, store=store, world_size=world, group_name=name, timeout_s=self.control_timeout_s
@@ -980,12 +1126,7 @@ class SGLangEngine(Engine):
             )
             for s, offset in zip(servers, offsets)
         ]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        errors = {
-            s: r if isinstance(r, BaseException) else SGLangHTTPError(s.url, 200, f"init failed: {r}")
-            for s, r in zip(servers, results)
-            if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success", False))
-        }
+        errors = _failures(servers, await asyncio.gather(*calls, return_exceptions=True), "init")
         if errors:  # the rendezvous cannot complete: the trainer's side gives up after control_timeout_s
             joining.add_done_callback(_close_sender)
             raise _TransferFailed(errors)
@@ -993,18 +1134,24 @@ class SGLangEngine(Engine):
             sender = await joining
         except Exception as e:  # noqa: BLE001 - a server said it joined, the rendezvous says otherwise
             raise _TransferFailed({s: SGLangHTTPError(s.url, None, f"group init failed: {e}") for s in servers}) from e
-        self._group = _WeightGroup(urls, name, sender)
+        self._group = _WeightGroup(urls, infos, name, sender)
         return self._group
 
-    async def _tp_size(self, server: _Server) -> int:
-        """The server's tensor-parallel ranks (its ServerArgs in /get_server_info; 1 where the route is absent)."""
+    async def _server_info(self, server: _Server) -> ServerInfo:
+        """The server's SGLang release and parallel sizes, from its server info (its ServerArgs and `version`)."""
+        info = await self._get_info(server, "/server_info")
+        url = server.url + "/server_info"
+        if not isinstance(info, dict):
+            raise SGLangHTTPError(url, 200, f"server info is not an object: {str(info)[:200]}")
         try:
-            info = await self._control(server, "GET", "/get_server_info")
-        except SGLangHTTPError as e:
-            if e.status != 404:
-                raise _TransferFailed({server: e}) from e
-            return 1
-        return int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
+            release = parse_release(info.get("version"))
+        except ValueError as e:
+            raise SGLangHTTPError(url, 200, f"`version`: {e}") from None
+        sizes = {key: info.get(key, 1) for key in ("tp_size", "pp_size", "dp_size")}
+        for key, size in sizes.items():
+            if not (isinstance(size, int) and size >= 1):
+                raise SGLangHTTPError(url, 200, f"`{key}` must be an integer >= 1, got {size!r}")
+        return ServerInfo(release, **sizes)
 
     async def _drop_group(self) -> None:
         """Leaves the weight-update group (this side first: ranks blocked in it fail at once) and asks its servers

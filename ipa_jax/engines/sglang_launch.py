@@ -3,7 +3,8 @@
 One `python -m sglang.launch_server` per URL (host:port), each on its own GPUs (`--base-gpu-id`), with the flags
 the trainer relies on: `--weight-version` (versions read back after every weight sync),
 `--enable-return-routed-experts` (MoE routing replay; SGLang >= 0.5.7), `--mem-fraction-static`, `--api-key` (every
-route but /health* then needs `Authorization: Bearer <key>`; printed commands show it as ***). Readiness is
+route but /health* then needs `Authorization: Bearer <key>`), `--admin-api-key` (the key of the admin-level routes:
+pause, weight updates, ...); printed commands show keys as ***. Readiness is
 `GET /health_generate` (a real one-token generation) on every server. Needs the `sglang` extra and a CUDA GPU;
 `missing_requirements` says what is missing (on a CPU machine use `python -m ipa_jax.engines.devserver`).
 """
@@ -39,6 +40,7 @@ class LaunchConfig:
     skip_tokenizer_init: bool = False  # token ids only (the client sends ids; stop strings then do not work)
     extra_args: tuple[str, ...] = ()
     api_key: str = ""  # SGLang's --api-key; "" = none
+    admin_api_key: str = ""  # SGLang's --admin-api-key; "" = none
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -95,13 +97,18 @@ def build_commands(cfg: LaunchConfig, python: str = sys.executable) -> list[list
             cmd += ["--context-length", str(cfg.context_length)]
         if cfg.api_key:
             cmd += ["--api-key", cfg.api_key]
+        if cfg.admin_api_key:
+            cmd += ["--admin-api-key", cfg.admin_api_key]
         commands.append(cmd + list(cfg.extra_args))
     return commands
 
 
+KEY_FLAGS = ("--api-key", "--admin-api-key")
+
+
 def shown(cmd: Sequence[str]) -> str:
-    """A command as printed: the API key masked."""
-    return " ".join("***" if i and cmd[i - 1] == "--api-key" else arg for i, arg in enumerate(cmd))
+    """A command as printed: the API keys masked."""
+    return " ".join("***" if i and cmd[i - 1] in KEY_FLAGS else arg for i, arg in enumerate(cmd))
 
 
 def missing_requirements() -> str | None:

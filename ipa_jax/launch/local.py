@@ -32,11 +32,17 @@ class LocalProcess:
     log_path: str
 
 
+# How long the other processes may take to exit by themselves once one failed: an error every process meets (a bad
+# config, bad data) stops each of them with its own message; a process left waiting in a collective is killed.
+STOP_GRACE_S = 10.0
+
+
 def run_local(spec: LaunchSpec, target: str, log_dir: str, timeout_s: float = 600.0) -> list[LocalProcess]:
     """Renders `spec` for `target` (so it must be valid there), then runs its `spec.num_processes` processes here:
     `spec.train_argv()` in `spec.workdir` with JAX_PLATFORMS=cpu. Each process's output goes to
-    <log_dir>/process_<i>.log. When one process fails (or `timeout_s` passes) the others are stopped: they would
-    wait in a collective. Returns each process's exit status (-9: stopped)."""
+    <log_dir>/process_<i>.log. When one process fails, the others get STOP_GRACE_S to exit by themselves and are
+    then stopped (they would wait in a collective), as they are when `timeout_s` passes. Returns each process's
+    exit status (-9: stopped)."""
     if target not in TARGETS:
         raise ValueError(f"launch target must be one of {sorted(TARGETS)}, got {target!r}")
     TARGETS[target].render(spec)
@@ -60,9 +66,9 @@ def run_local(spec: LaunchSpec, target: str, log_dir: str, timeout_s: float = 60
             )
     deadline = time.monotonic() + timeout_s
     try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
             time.sleep(0.2)
     finally:
         for p in procs:

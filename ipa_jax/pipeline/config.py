@@ -273,6 +273,8 @@ class RolloutConfig:
       stops (with a checkpoint).
     api_key_env: environment variable holding the servers' API key (SGLang's --api-key), sent as a bearer token; unset
       or empty = no key. The key itself stays out of the config and the run folder.
+    admin_api_key_env: the same for SGLang's --admin-api-key, sent instead of the API key on the routes of SGLang's
+      admin level (pause, continue, abort, weight updates), which take only that key when the servers have one.
     keep_weight_folders: sglang: the newest weights/v* folders kept in the run folder (older ones are deleted).
     weight_dtype: sglang: the dtype of the weights a sync sends the servers (bfloat16: what they serve, half the
       bytes of float32; float32 for servers that run in it).
@@ -319,6 +321,7 @@ class RolloutConfig:
     min_sync_servers: int = 1
     outage_budget_s: float = 600.0
     api_key_env: str = "SGLANG_API_KEY"
+    admin_api_key_env: str = "SGLANG_ADMIN_API_KEY"
     keep_weight_folders: int = 2
     weight_dtype: str = "bfloat16"
     weight_sync: str = "disk"
@@ -398,9 +401,11 @@ class RolloutConfig:
         )
 
     def sglang_client_options(self) -> dict[str, Any]:
-        """SGLangEngine's keyword arguments: timeouts, retries, and the API key read from api_key_env."""
+        """SGLangEngine's keyword arguments: timeouts, retries, and the API keys read from api_key_env and
+        admin_api_key_env."""
         return dict(
             api_key=os.environ.get(self.api_key_env) or None,
+            admin_api_key=os.environ.get(self.admin_api_key_env) or None,
             request_timeout_s=self.request_timeout_s,
             control_timeout_s=self.control_timeout_s,
             max_attempts=self.max_attempts,

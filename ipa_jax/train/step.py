@@ -540,6 +540,9 @@ def place_state(state: TrainState, mesh: Mesh) -> TrainState:
         s = getattr(x, "sharding", None)
         if isinstance(s, NamedSharding) and s.mesh == mesh:
             return x
+        if mesh.is_multi_process:  # device_put's array spans other processes' devices: Orbax cannot save it
+            value = np.asarray(x)
+            return jax.make_array_from_callback(value.shape, replicated, lambda index: value[index])
         return jax.device_put(x, replicated)
 
     return jax.tree.map(place, state)

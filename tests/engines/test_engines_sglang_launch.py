@@ -95,7 +95,7 @@ def test_script_dry_run_reads_the_config():
         text=True,
         cwd=ROOT,
         timeout=120,
-        env={**os.environ, "SGLANG_API_KEY": "s3cret"},
+        env={**os.environ, "SGLANG_API_KEY": "s3cret", "SGLANG_ADMIN_API_KEY": "adm1n"},
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -103,4 +103,5 @@ def test_script_dry_run_reads_the_config():
     assert all("-m sglang.launch_server --model-path /ckpt" in line for line in lines)
     assert "--port 31000" in lines[0] and "--port 31001" in lines[1] and "--base-gpu-id 1" in lines[1]
     assert all("--enable-return-routed-experts" in line for line in lines)
-    assert all("--api-key ***" in line for line in lines) and "s3cret" not in out.stdout  # from rollout.api_key_env
+    assert all("--api-key *** --admin-api-key ***" in line for line in lines)  # from rollout.(admin_)api_key_env
+    assert "s3cret" not in out.stdout and "adm1n" not in out.stdout

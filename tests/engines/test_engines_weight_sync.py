@@ -1,22 +1,24 @@
 """Weight sync without a checkpoint: SGLang's distributed update (a named gloo group, bucketed broadcasts) from
 SGLangEngine to dev servers running the embedded engine in their own processes, over real HTTP; values are read
-back with /get_weights_by_name and compared with the arrays sent, cast as sent."""
+back with /get_weights_by_name and compared with the arrays sent, cast as sent. The pool mixes releases: the first
+server behaves like SGLang 0.5.23 (updates only inside a weight-update session), the second like 0.5.20 (no
+session)."""
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
+import uuid
 
 import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from server_process import ServerProcess, devserver_argv
+from server_process import ServerProcess, devserver_argv, http
 from tiny_models import tiny_qwen3_config
 
 from ipa_jax.engines import EngineError, SamplingParams, SGLangEngine
-from ipa_jax.engines.weight_transfer import buckets, to_numpy, to_torch
+from ipa_jax.engines.devserver import OUTSIDE_SESSION
+from ipa_jax.engines.sglang import NO_SESSION_OPEN
+from ipa_jax.engines.weight_transfer import WeightSender, buckets, host_store, in_daemon_thread, to_numpy, to_torch
 from ipa_jax.models import init_model, save_pretrained
 from ipa_jax.models.hf_io import hf_tensors, iter_hf_tensors, merge_hf_tensors
 
@@ -32,17 +34,6 @@ FAST = dict(
     control_timeout_s=CONTROL_TIMEOUT_S,
     outage_budget_s=60.0,
 )
-
-
-def http(url: str, path: str, body=None, timeout_s: float = 30.0):
-    req = urllib.request.Request(
-        url + path,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        text = resp.read()
-        return json.loads(text) if text else None
 
 
 def bf16(x) -> np.ndarray:
@@ -112,31 +103,33 @@ def _with_params(model, state):
 class DevServerProcess(ServerProcess):
     """The dev server on a tiny checkpoint in its own process (SIGKILL, restart), its weights read over HTTP."""
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, **flags):
         super().__init__(
-            devserver_argv(model_path, max_len=32, max_batch=2, batch_buckets=2, dist_timeout=CONTROL_TIMEOUT_S),
+            devserver_argv(
+                model_path, max_len=32, max_batch=2, batch_buckets=2, dist_timeout=CONTROL_TIMEOUT_S, **flags
+            ),
             start_timeout_s=120.0,
         )
 
-    def version(self) -> int:
-        return int(http(self.url, "/get_model_info")["weight_version"])
+    def version(self) -> str:
+        return http(self.url, "/model_info")[1]["weight_version"]
 
     def weights(self, name: str) -> np.ndarray:
-        return np.array(http(self.url, "/get_weights_by_name", {"name": name, "truncate_size": 10_000}))
+        return np.array(http(self.url, "/get_weights_by_name", {"name": name, "truncate_size": 10_000})[1])
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("weight_sync") / "v0")
     save_pretrained(init_model(CONFIG, seed=0), path)
-    started = [DevServerProcess(path), DevServerProcess(path)]
+    started = [DevServerProcess(path), DevServerProcess(path, sglang_version="0.5.20")]
     yield started
     for s in started:
         s.kill()
 
 
 def assert_serves(server: DevServerProcess, tensors: dict[str, np.ndarray], version: int) -> None:
-    assert server.version() == version
+    assert server.version() == str(version)
     for name, value in tensors.items():
         np.testing.assert_array_equal(server.weights(name), bf16(value), err_msg=f"{server.url} {name}")
 
@@ -193,7 +186,7 @@ def test_distributed_sync_then_a_server_killed_mid_transfer(servers):
             assert_serves(first, v2_tensors, 3)
 
             await asyncio.to_thread(victim.start)
-            assert victim.version() == 0
+            assert victim.version() == "0"
             while eng.servers[1].down:
                 await asyncio.sleep(0.1)
             assert_serves(victim, v2_tensors, 3)
@@ -240,6 +233,81 @@ def test_a_server_hung_mid_transfer_costs_one_control_timeout(servers):
     run(go())
 
 
+def test_an_update_outside_a_session_is_refused_as_sglang_does_without_holding_up_the_broadcast(servers):
+    """The 0.5.23 dev server refuses an update outside a weight-update session with SGLang's answer, but receives
+    the broadcast first: the trainer's rank 0 completes it (it would otherwise wait out its group's timeout and
+    fail). Inside a session the same update is taken, with a free-form version. The 0.5.20 one has no session."""
+    current, legacy = servers
+    assert [http(s.url, "/server_info")[1]["version"] for s in servers] == ["0.5.23", "0.5.20"]
+    assert http(legacy.url, "/begin_weight_update", {})[0] == 404
+    name = "model.norm.weight"
+    value = np.linspace(-1, 1, CONFIG.hidden_size, dtype=np.float32)
+    bucket = next(buckets([(name, value)], 1 << 20, "bfloat16"))
+    version = current.version()
+
+    async def go():
+        store = host_store("127.0.0.1", CONTROL_TIMEOUT_S)
+        group = f"raw_{uuid.uuid4().hex[:8]}"
+        joining = in_daemon_thread(
+            lambda: WeightSender(
+                backend="gloo", store=store, world_size=2, group_name=group, timeout_s=CONTROL_TIMEOUT_S
+            )
+        )
+        init = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1, "world_size": 2}
+        init.update(group_name=group, backend="gloo")
+        assert (await asyncio.to_thread(http, current.url, "/init_weights_update_group", init))[0] == 200
+        sender = await joining
+        try:
+            body = {**bucket.request(group), "weight_version": "v1.2"}
+            for session in (False, True):
+                if session:
+                    assert http(current.url, "/begin_weight_update", {"selector": "all"})[0] == 200
+                answer = asyncio.ensure_future(
+                    asyncio.to_thread(http, current.url, "/update_weights_from_distributed", body)
+                )
+                await in_daemon_thread(sender.broadcast, bucket)  # raises when no rank received it
+                status, out = await answer
+                if not session:
+                    assert (status, out) == (400, {"success": False, "message": OUTSIDE_SESSION})
+                    assert current.version() == version
+            assert status == 200 and out["success"] and http(current.url, "/end_weight_update", {})[0] == 200
+            assert current.version() == "v1.2"
+            np.testing.assert_array_equal(current.weights(name), bf16(value))
+        finally:
+            sender.close()
+            http(current.url, "/destroy_weights_update_group", {"group_name": group})
+
+    run(go(), timeout_s=60)
+
+
+def test_a_session_left_open_is_ended_and_a_refused_update_ends_its_own(servers):
+    """A session left open on a server (a client stopped during a sync) is ended before the client opens its own;
+    an update the server refuses (non-finite values) fails the sync at once and ends the session it opened; the
+    server is continued and keeps the pool's version."""
+    current = servers[0]
+    assert http(current.url, "/begin_weight_update", {})[0] == 200  # what a client stopped mid-sync leaves
+    good = hf_tensors(init_model(CONFIG, seed=6))
+    bad = {**good, "model.norm.weight": np.full_like(good["model.norm.weight"], np.nan)}
+    no_session = (400, {"success": False, "message": f"{NO_SESSION_OPEN}; call begin_weight_update() first"})
+
+    async def go():
+        eng = SGLangEngine([current.url], **FAST)
+        try:
+            await eng.update_weights_from_tensors(good, 21)
+            assert http(current.url, "/end_weight_update", {}) == no_session
+            with pytest.raises(EngineError, match="non-finite"):
+                await eng.update_weights_from_tensors(bad, 22)
+            assert http(current.url, "/end_weight_update", {}) == no_session
+            assert eng.weight_version == 21 and eng.servers[0].down
+            while eng.servers[0].down:  # the probe continues it
+                await asyncio.sleep(0.1)
+            assert_serves(current, good, 21)
+        finally:
+            await eng.close()
+
+    run(go())
+
+
 def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
     """A dev server whose engine cannot load tensors answers the group's init with a 400: the sync raises at once
     (waiting would not help) and the server is marked down; its probe resumes it (it is not left paused)."""
@@ -251,12 +319,12 @@ def test_servers_that_cannot_take_tensors_fail_the_sync_at_once(fake_server):
             with pytest.raises(EngineError, match="cannot load tensors"):
                 await eng.update_weights_from_tensors({"model.norm.weight": np.ones(4, np.float32)}, 1)
             assert eng.weight_version == 0 and eng.servers[0].down
-            assert http(server.url, "/get_model_info")["weight_version"] == "0"
+            assert http(server.url, "/model_info")[1]["weight_version"] == "0"
             while eng.servers[0].down:
                 await asyncio.sleep(0.1)
             assert http(
                 server.url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, timeout_s=5
-            )["output_ids"]  # continued, not left paused
+            )[1]["output_ids"]  # continued, not left paused
         finally:
             await eng.close()
 

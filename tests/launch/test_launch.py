@@ -195,11 +195,12 @@ def test_job_name():
         LaunchSpec(config="c.py", name=job_name(text))  # accepted
 
 
-def _trajectories(n: int) -> list[Trajectory]:
-    """Valid trajectories of the tiny model's vocabulary: a 3-token prompt, then policy chunks of 4 tokens."""
+def _trajectories(n: int, first_token: int = 0) -> list[Trajectory]:
+    """Trajectories of 128 token ids from `first_token` on (the tiny model's vocabulary at 0): a 3-token prompt, then
+    policy chunks of 4 tokens."""
     out = []
     for i in range(n):
-        tokens = (7 * i + 5 * np.arange(15)) % 128
+        tokens = first_token + (7 * i + 5 * np.arange(15)) % 128
         action = (np.arange(15) >= 3) & ((np.arange(15) - 3) % 6 < 4)
         out.append(
             Trajectory(
@@ -217,10 +218,11 @@ def _trajectories(n: int) -> list[Trajectory]:
     return out
 
 
-def _tiny_job(tmp_path, **kwargs) -> LaunchSpec:
-    """2 processes training the tiny offline config for 2 steps into <tmp_path>/run, one CPU device each."""
+def _tiny_job(tmp_path, first_token: int = 0, **kwargs) -> LaunchSpec:
+    """2 processes training the tiny offline config for 2 steps into <tmp_path>/run, one CPU device each, on
+    `_trajectories(8, first_token)`."""
     data = tmp_path / "data.jsonl"
-    write_jsonl(data, _trajectories(8))
+    write_jsonl(data, _trajectories(8, first_token))
     overrides = (
         f"--config.train.data=('{data}',)",
         f"--config.train.run_dir={tmp_path / 'run'}",
@@ -272,6 +274,31 @@ def test_the_ray_script_runs_one_training_process_per_bundle(tmp_path):
     assert tasks == [("node_address", 0), ("train", 0), ("train", 1)]
     assert job.stdout.count("run folder:") == 1  # both processes print to the job's output; only process 0 reports
     _assert_one_job(tmp_path / "run", [job.stdout, ""])
+
+
+def _stopped_job(tmp_path, spec: LaunchSpec) -> list[tuple[int, list[str]]]:
+    """The job run locally: (exit status, log lines) of each process."""
+    results = run_local(spec, "slurm", str(tmp_path / "logs"), timeout_s=300)
+    return [(r.returncode, open(r.log_path, encoding="utf-8").read().splitlines()) for r in results]
+
+
+def test_a_two_process_run_stops_on_a_config_error_in_each_process_with_one_line(tmp_path):
+    """Every process meets the error and exits with the config's status and its one-line message (the dry run
+    gives them time to: none is killed for its peer's failure)."""
+    stopped = _stopped_job(tmp_path, _tiny_job(tmp_path, overrides=("--config.train.steps=-1",)))
+    assert stopped == [(2, ["error: config key 'train.steps': must be >= 1, got -1"])] * 2
+
+
+@pytest.mark.slow
+def test_a_two_process_run_stops_on_bad_data_in_each_process_with_one_line(tmp_path):
+    """Trajectories outside the model's vocabulary stop the run before its first step: each process saves its part
+    of the step-0 checkpoint (replicated scalars made on one process's device included) and exits with status 1
+    and one `stopped:` line, no traceback."""
+    stopped = _stopped_job(tmp_path, _tiny_job(tmp_path, first_token=128))
+    for status, lines in stopped:
+        assert status == 1 and not any("Traceback" in line for line in lines), lines[-30:]
+        assert lines[-1].startswith("stopped: ") and "outside the vocabulary of size 128" in lines[-1], lines[-30:]
+    assert (tmp_path / "run" / "checkpoints" / "0").is_dir()
 
 
 def test_the_ray_script_fails_with_its_first_failed_process(tmp_path):
