@@ -76,8 +76,8 @@ class TrainConfig:
       episodes (mean il_greedy_match over il_warmup_window batches); RL then still runs steps - il_warmup_steps.
     il_warmup_window: batches averaged for il_warmup_target and il_warmup_patience.
     il_warmup_patience: > 0: end the warm start at the imitation plateau, once the mean il_greedy_match over
-      il_warmup_window batches has not risen PLATEAU_MIN_GAIN above its best for this many steps (the target,
-      when set too, ends it if reached first).
+      il_warmup_window batches has not risen PLATEAU_MIN_GAIN above its best for this many steps, counted once the
+      mean has reached PLATEAU_MIN_GAIN (the target, when set too, ends it if reached first).
     data: offline Trajectory JSONL files (globs allowed); empty = online rollouts.
     buckets: padded sequence lengths (a small set bounds recompilation); a longer trajectory is dropped.
     packing: pack several trajectories into each row of the bucket length (first-fit decreasing; attention and
@@ -217,7 +217,9 @@ PLATEAU_MIN_GAIN = 0.01  # a rise of the windowed greedy match smaller than this
 @dataclass
 class Plateau:
     """The imitation plateau: windowed means of il_greedy_match that have not risen PLATEAU_MIN_GAIN above their
-    best for `patience` steps in a row (0 = never)."""
+    best for `patience` steps in a row (0 = never), counted from the first mean of at least PLATEAU_MIN_GAIN: a
+    policy that matches no whole episode yet has reached no level (a multi-call task's match stays at 0 for the
+    first ~100-300 steps while the format and the copying are learned)."""
 
     patience: int
     best: float = -math.inf
@@ -227,6 +229,8 @@ class Plateau:
 
     def add(self, mean: float) -> bool:
         """Counts one windowed mean; True exactly when it completes `patience` steps without a rise."""
+        if self.best == -math.inf and mean < PLATEAU_MIN_GAIN:  # still at zero: no level reached yet
+            return False
         risen = mean > self.best + PLATEAU_MIN_GAIN
         if risen:  # a slow creep counts once it adds up to the gain
             self.best = mean

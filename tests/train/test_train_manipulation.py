@@ -65,6 +65,9 @@ def test_plateau_counts_steps_without_a_rise():
     creep = Plateau(patience=3)
     assert [creep.add(0.5 + 0.004 * i) for i in range(6)] == [False] * 6
     assert not any(Plateau(patience=0).add(0.5) for _ in range(10))  # 0 = off
+    # A match still at zero reaches no level: the count starts with the first mean of at least the gain.
+    rising = Plateau(patience=3)
+    assert [rising.add(m) for m in [0.0] * 8 + [gain / 2] * 3 + [2 * gain] * 4] == [False] * 14 + [True]
 
 
 def test_warm_start_ends_at_its_plateau_and_rl_logs_credit_weights(tmp_path):
@@ -97,6 +100,8 @@ def test_warm_start_ends_at_its_plateau_and_rl_logs_credit_weights(tmp_path):
     best, flat, ended = -np.inf, 0, None
     for step in range(window, len(match) + 1):
         mean = np.mean(match[step - window : step])
+        if best == -np.inf and mean < PLATEAU_MIN_GAIN:
+            continue  # no level reached yet
         flat = 0 if mean > best + PLATEAU_MIN_GAIN else flat + 1
         best = mean if flat == 0 else best
         if flat == patience:
