@@ -86,6 +86,7 @@ _SUPPORTED_SAMPLING_KEYS = (
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "no_stop_trim",
+    "sampling_seed",
 )
 # Keys SGLang knows that the dev server accepts only at SGLang's default (0.5.5 SamplingParams + 0.5.23 schema).
 _DEFAULT_ONLY_SAMPLING_KEYS: dict[str, Any] = {
@@ -103,7 +104,6 @@ _DEFAULT_ONLY_SAMPLING_KEYS: dict[str, Any] = {
     "custom_params": None,
     "stream_interval": None,
     "logit_bias": None,
-    "sampling_seed": None,
     "beam_width": None,
     "watermark": None,
     "choice": None,
@@ -166,6 +166,9 @@ def parse_sampling_params(
     for key in ("temperature", "top_p"):
         if key in raw and not _is_number(raw[key]):
             raise RequestError(f"sampling_params.{key} must be a number, got {raw[key]!r}", schema=True)
+    seed = raw.get("sampling_seed")
+    if seed is not None and not _is_int(seed):
+        raise RequestError(f"sampling_params.sampling_seed must be an integer, got {seed!r}", schema=True)
     if "top_k" in raw and not _is_int(raw["top_k"]):
         raise RequestError(f"sampling_params.top_k must be an integer, got {raw['top_k']!r}", schema=True)
     top_k = raw.get("top_k", -1)
@@ -193,6 +196,7 @@ def parse_sampling_params(
             stop_token_ids=tuple(dict.fromkeys(all_stop_ids)),
             stop=tuple(stop),
             return_routed_experts=return_routed_experts,
+            sampling_seed=seed,
         )
     except ValueError as e:
         raise RequestError(str(e), schema=False) from e

@@ -85,7 +85,16 @@ log = logging.getLogger(__name__)
 WEIGHT_SYNCS = ("disk", "distributed")
 
 # The sampling keys this client sends; every one is in SGLang's SamplingParams (0.5.5 .. 0.5.23 schema).
-SENT_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop", "no_stop_trim")
+SENT_SAMPLING_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_token_ids",
+    "stop",
+    "no_stop_trim",
+    "sampling_seed",
+)
 
 # From this SGLang release on, /update_weights_from_distributed is refused outside a weight-update session
 # (/begin_weight_update ... /end_weight_update; docs/sglang.md, SGLang versions).
@@ -180,6 +189,8 @@ def to_sglang_sampling_params(params: SamplingParams, max_new_tokens: int) -> di
         sp["stop_token_ids"] = list(params.stop_token_ids)
     if params.stop:
         sp["stop"] = list(params.stop)
+    if params.sampling_seed is not None:  # lockstep rollouts (SGLang samples with it on --sampling-backend pytorch)
+        sp["sampling_seed"] = int(params.sampling_seed)
     return sp
 
 

@@ -92,6 +92,37 @@ def test_sglang_client_on_two_embedded_dev_servers(ckpts, direct):
             s.shutdown()
 
 
+def test_seeded_requests_sample_alike_through_the_sglang_client(ckpts):
+    """A sampling_seed travels in sampling_params (SGLang's key): over HTTP, on either of two servers, a seeded request
+    samples the tokens the engine gives it directly, alone or beside the others; another seed samples others."""
+    seeded = [SamplingParams(20, temperature=1.0, sampling_seed=seed) for seed in (5, 6, 7)]
+    servers = [
+        DevServer(EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW), model_path=ckpts[0]).serve_in_thread()
+        for _ in range(2)
+    ]
+
+    async def go():
+        direct = EmbeddedEngine(from_pretrained(ckpts[0]), **ENGINE_KW)
+        eng = SGLangEngine([s.url for s in servers], backoff_s=0.05)
+        try:
+            want = await direct.generate(PROMPTS, seeded)
+            together = await eng.generate(PROMPTS, seeded)
+            alone = [(await eng.generate([p], [params]))[0] for p, params in zip(PROMPTS, seeded)]
+            other = await eng.generate(PROMPTS, [SamplingParams(20, temperature=1.0, sampling_seed=8)] * 3)
+            return want, together, alone, other
+        finally:
+            await eng.close()
+            await direct.close()
+
+    try:
+        want, together, alone, other = asyncio.run(asyncio.wait_for(go(), 120))
+    finally:
+        for s in servers:
+            s.shutdown()
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone] == [r.token_ids for r in want]
+    assert all(o.token_ids != w.token_ids for o, w in zip(other, want))
+
+
 def test_sglang_client_counts_the_servers_cached_tokens(ckpts, direct):
     """A second turn sent over HTTP finds its first turn's row in the embedded engine behind the dev server: the
     server reports the reused tokens as meta_info.cached_tokens, the client as each result's cached_tokens and in
