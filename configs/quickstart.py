@@ -5,7 +5,7 @@
 A small tokenizer is built and saved to <run_dir>/tokenizer; a short imitation warm start on scripted expert
 episodes teaches the tool-call format and part of the copying (it ends on train.il_warmup_target, at most
 train.il_warmup_steps); held-out success is measured right after it;
-then 120 IPA updates on the policy's own rollouts (embedded engine, trajectory queue) and a final evaluation.
+then 120 IPA updates on the policy's own rollouts (embedded engine, lockstep rollouts) and a final evaluation.
 The summary (success before -> after, tool calls, steps, time, run folder) is printed and written to
 runs/quickstart/summary.json.
 """
@@ -68,6 +68,10 @@ def get_config():
 
     c.queue.max_size = 32
     c.queue.max_policy_lag = 2
+    # Lockstep rollouts: the batch of RL step t from the weights of step t - 2, its episodes with seeds of (seed, step,
+    # episode): the same command gives the same run on any load, and its RL phase took 0.68x async's time here
+    # (async drops the episodes that come back too stale; docs/off_policy.md, bench_schedule.py).
+    c.rollout.schedule = "lockstep"
 
     c.train.name = "quickstart"
     # The warm start stops while the copying skills are half learned, leaving RL room: once greedy decoding would

@@ -1,6 +1,6 @@
 """The tiny online setting the pipeline tests share: the quickstart's config with a 2-layer, hidden-32 MoE, batch 8
-over the 8 fake CPU devices, short turns and 4 held-out episodes (so compiled steps and engines are reused); and
-the rows the offline runs (configs/offline_tiny.py) train on."""
+over the 8 fake CPU devices, asynchronous rollouts, short turns and 4 held-out episodes (so compiled steps and
+engines are reused); and the rows the offline runs (configs/offline_tiny.py) train on."""
 
 import os
 
@@ -28,6 +28,7 @@ TINY = {
     "train.batch_size": 8,
     "train.eval_episodes": 4,
     "queue.max_size": 8,
+    "rollout.schedule": "async",  # the rollout worker and queue (the lockstep tests set their own)
     "logging.tensorboard": False,
 }
 
