@@ -45,7 +45,7 @@ from ipa_jax.analysis.curves import RunResult
 from ipa_jax.analysis.presets import Preset
 from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
 from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
-from ipa_jax.analysis.tables import ablation_reference, load_ablation, write_plots, write_tables
+from ipa_jax.analysis.tables import load_ablation, manifest_comparison, write_plots, write_tables
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run, validate
 from ipa_jax.pipeline.config import flatten
 from ipa_jax.pipeline.run import changes_since, describe_changes
@@ -472,27 +472,10 @@ def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) 
     """table.md, table.csv and runs.csv of an ablation folder's manifest (`load_ablation`): from its results files
     when it has them, else its run folders; prints table.md."""
     runs = manifest.get("results") or manifest["runs"]
-    reference = ablation_reference(manifest)
-    if reference != manifest.get("reference"):
+    comparison = manifest_comparison(manifest)
+    if (reference := comparison["reference"]) != manifest.get("reference"):
         log.warning("%s has no finished run: differences are taken against %s", manifest.get("reference"), reference)
-    pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}
-
-    def compared(key: str) -> list[str]:  # the manifest's configs of `key` with runs, compared with another config
-        return [c for c in manifest.get(key, ()) if c in runs and c != pairs.get(c, reference)]
-
-    write_tables(
-        out,
-        runs,
-        threshold,
-        reference=reference,
-        claim=manifest.get("claim", "higher"),
-        controls=compared("controls"),
-        effect=manifest.get("effect", DEFAULT_EFFECT),
-        pairs=pairs,
-        claims=compared("claims"),
-        aa_controls=compared("aa_controls"),
-        same_as=manifest.get("same_as"),
-    )
+    write_tables(out, runs, threshold, **comparison)
     with open(os.path.join(out, "table.md"), encoding="utf-8") as f:
         print(f.read(), flush=True)  # before the plots: a plotting failure loses nothing
 

@@ -79,6 +79,30 @@ def ablation_reference(manifest: dict[str, Any]) -> str:
     return reference if reference in runs else next(iter(runs))
 
 
+def manifest_comparison(manifest: dict[str, Any], reference: str = "", claim: str = "") -> dict[str, Any]:
+    """The comparison an ablation folder's manifest (`load_ablation`) records, as keywords of `ablation_rows` and
+    `write_tables`: its reference (`ablation_reference`; `reference` overrides it), claim (`claim` overrides it),
+    effect of interest, pairs, and the claims, positive controls and A/A controls among its configs with finished
+    runs that are compared with another config; same_as (arms that took another arm's runs)."""
+    runs = manifest.get("results") or manifest["runs"]
+    reference = reference or ablation_reference(manifest)
+    pairs = {k: v for k, v in (manifest.get("pairs") or {}).items() if k in runs and v in runs}
+
+    def compared(key: str) -> list[str]:
+        return [c for c in manifest.get(key, ()) if c in runs and c != pairs.get(c, reference)]
+
+    return dict(
+        reference=reference,
+        claim=claim or manifest.get("claim", "higher"),
+        controls=compared("controls"),
+        effect=manifest.get("effect", DEFAULT_EFFECT),
+        pairs=pairs,
+        claims=compared("claims"),
+        aa_controls=compared("aa_controls"),
+        same_as=manifest.get("same_as"),
+    )
+
+
 def newest_ablation(root: str = os.path.join("runs", "ablations")) -> str:
     """The ablation folder under `root` (searched recursively) whose ablation.json changed last."""
     paths = glob.glob(os.path.join(root, "**", "ablation.json"), recursive=True)

@@ -555,7 +555,7 @@ def test_every_arm_of_the_claims_preset_shares_one_warm_start():
     """One warm start per condition and seed: under the claims preset's overrides and each condition's, every arm
     has credit_chunk's warm_start_key (the IL term's arms included: their rollout source and resample.* settings
     act after rl_start only), trained by the first arm, credit_chunk (a resampling arm resumes from a queue arm's warm
-    start: tests/pipeline/test_pipeline_controls.py); at expert_error 0 control_il_filtered is no run of its own
+    start: tests/pipeline/test_pipeline_online.py); at expert_error 0 control_il_filtered is no run of its own
     (the same effective config as control_il_continue_matched)."""
     claims = PRESETS["claims"]
     for condition, settings in claims.conditions:

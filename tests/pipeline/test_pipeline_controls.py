@@ -12,10 +12,10 @@ import pytest
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
-from ipa_jax.analysis.sweep import seed_from_warm_start, warm_start_key
+from ipa_jax.analysis.sweep import warm_start_key
 from ipa_jax.chat import ChatFormat
 from ipa_jax.objectives.credit import credit_returns
-from ipa_jax.pipeline import RunFolder, load_config, run, validate
+from ipa_jax.pipeline import RunFolder, load_config, validate
 from ipa_jax.pipeline.build import build_mesh, build_state
 from ipa_jax.pipeline.config import ConfigError
 from ipa_jax.pipeline.online import ExpertSource, OnlineSource, expert_trajectory
@@ -83,19 +83,6 @@ def test_expert_source_feeds_fresh_expert_episodes_after_the_warm_start(tmp_path
     for traj in warm + rl:  # pure imitation rows of distinct training tasks
         assert traj.info["expert"] and traj.expert_mask.any() and not traj.action_mask.any() and traj.reward == 1.0
     assert len({t.info["task_id"] for t in warm + rl}) == 8
-
-
-def test_a_resampling_arm_resumes_from_a_queue_arms_warm_start(tmp_path, tokenizer_dir):
-    """A sweep's shared warm start is trained by its first arm: a resampling arm (il_term_*) then resumes from a
-    queue arm's checkpoint, which holds no resampler state (none ran before RL), and trains its RL steps."""
-    common = {"model.tokenizer": tokenizer_dir, "train.il_warmup_steps": 1, "train.il_warmup_target": 0.0}
-    warm_dir, arm_dir = tmp_path / "warm", tmp_path / "arm"
-    run(tiny_config(warm_dir, **common, **{"train.steps": 1}))
-    seed_from_warm_start(str(warm_dir), str(arm_dir))
-    resampling = {"rollout.source": "resample", "resample.mode": "none", "resample.tasks_per_round": 8}
-    run(tiny_config(arm_dir, **common, **resampling, **{"train.steps": 2}))
-    rows = [r for r in RunFolder(str(arm_dir)).read_metrics() if "loss" in r]
-    assert [r["step"] for r in rows] == [1, 2] and any(k.startswith("source/resample_") for k in rows[-1])
 
 
 def test_expert_source_needs_an_imitation_term(tmp_path):

@@ -17,6 +17,7 @@ from server_process import ServerProcess, devserver_argv
 from tiny_pipeline import REPO, tiny_config
 from transformers import AutoTokenizer
 
+from ipa_jax.analysis.sweep import seed_from_warm_start
 from ipa_jax.chat import ChatFormat, template
 from ipa_jax.envs import make_env
 from ipa_jax.models import save_pretrained
@@ -277,6 +278,19 @@ def test_resampling_source_feeds_the_learner(tmp_path, tokenizer_dir):
         assert sampled[task_id]["successes"] == [sum(t.reward >= 1.0 for t in trajs)]
     assert [row["tasks"] for row in report["anchors"]] == [len(by_task)]
     assert len(report["tasks"]) == 5  # resample.num_tasks: the pool of training tasks cycled over
+
+
+def test_a_resampling_arm_resumes_from_a_queue_arms_warm_start(tmp_path, tokenizer_dir):
+    """A sweep's shared warm start is trained by its first arm: a resampling arm (il_term_*) then resumes from a
+    queue arm's checkpoint, which holds no resampler state (none ran before RL), and trains its RL steps."""
+    common = {"model.tokenizer": tokenizer_dir, "train.il_warmup_steps": 1, "train.il_warmup_target": 0.0}
+    warm_dir, arm_dir = tmp_path / "warm", tmp_path / "arm"
+    run(tiny_config(warm_dir, **common, **{"train.steps": 1}))
+    seed_from_warm_start(str(warm_dir), str(arm_dir))
+    resampling = {"rollout.source": "resample", "resample.mode": "none", "resample.tasks_per_round": 8}
+    run(tiny_config(arm_dir, **common, **resampling, **{"train.steps": 2}))
+    rows = [r for r in RunFolder(str(arm_dir)).read_metrics() if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2] and any(k.startswith("source/resample_") for k in rows[-1])
 
 
 def test_ipa_roll_preset_trains_online_on_forced_lag_and_logs_both_ratios(tmp_path, tokenizer_dir):
