@@ -4,8 +4,9 @@ every arm of a seed starts RL from one warm start, on the same tasks with the sa
 beats imitation continued with IPA's settings (control_il_continue_matched against credit_chunk); chunk credit
 beats token credit with a batch-mean baseline subtracted after discounting (credit_token_baseline against
 credit_chunk_baseline; the matched-discount arm beside it); the hybrid IL term helps (il_term_off against
-il_term_on). Beside them: token credit without a baseline, an A/A rerun with other episode keys and a positive
-control (the advantage's sign flipped). Warm starts to the imitation plateau (at most 600 steps), then 80 RL steps."""
+il_term_on). Beside them: token credit without a baseline, also with other episode keys than credit_chunk's (what
+common random numbers save: docs/statistics.md), an A/A rerun with other episode keys and a positive control (the
+advantage's sign flipped). Warm starts to the imitation plateau (at most 600 steps), then 80 RL steps."""
 
 from ipa_jax.analysis.presets import Preset
 
@@ -30,6 +31,7 @@ def get_preset():
             "il_term_on",
             "il_term_off",
             "credit_token",
+            "credit_token_other_keys",
             "control_aa",
             "control_advantage_flip",
         ),
