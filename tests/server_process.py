@@ -72,11 +72,18 @@ def devserver_argv(model_path: str, **flags) -> list[str]:
 
 
 def http(
-    url: str, path: str, body=None, *, method: str | None = None, headers=None, timeout_s: float = 30.0
+    url: str,
+    path: str,
+    body=None,
+    *,
+    raw: bytes | None = None,
+    method: str | None = None,
+    headers=None,
+    timeout_s: float = 30.0,
 ) -> tuple[int, object]:
-    """One call to a server: `body` as JSON (by default POST with one, GET without) -> (status, the parsed JSON or
-    the text)."""
-    data = None if body is None else json.dumps(body).encode()
+    """One call to a server: `body` as JSON, or `raw` bytes as they are (by default POST with one, GET without) ->
+    (status, the parsed JSON or the text)."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json", **(headers or {})}
     req = urllib.request.Request(url + path, data=data, headers=headers, method=method)
     try:

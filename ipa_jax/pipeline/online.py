@@ -279,6 +279,14 @@ class RolloutSource:
     def summary_stats(self) -> dict[str, float]:
         return self.final_stats or self.rollout_stats()
 
+    def _busy_times(self) -> dict[str, float]:
+        """Wall time with at least one episode generating / in its environment, and generating during steps."""
+        return {
+            "time_generation_s": self.clock.busy_s("generation"),
+            "time_tools_s": self.clock.busy_s("tools"),
+            "time_generation_during_steps_s": self.clock.busy_s("generation", "learner_step"),
+        }
+
     # ---- hooks --------------------------------------------------------------------------------------
     def after_update(self, step: int, rl_start: int, model) -> None:
         """The learner reached `step`; `model` (None: no sync due) holds its weights, addressable here."""
@@ -485,12 +493,7 @@ class QueueSource(RolloutSource):
             )
             out["queue_admitted_fraction"] = w["admitted"] / max(w["admitted"] + w["dropped"], 1)
             out.update(self._branch_stats(w))
-            # Wall time with at least one episode generating / in its environment, and generating during steps.
-            out.update(
-                time_generation_s=self.clock.busy_s("generation"),
-                time_tools_s=self.clock.busy_s("tools"),
-                time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"),
-            )
+            out.update(self._busy_times())
         return out
 
     def _stop_rollouts(self) -> None:
@@ -668,9 +671,7 @@ class LockstepSource(RolloutSource):
             generated_tokens_per_s=self.counts["generated_tokens"] / elapsed if elapsed else 0.0,
             rollout_episodes=float(finished),
             rollout_success_rate=self.counts["successes"] / max(finished, 1),
-            time_generation_s=self.clock.busy_s("generation"),
-            time_tools_s=self.clock.busy_s("tools"),
-            time_generation_during_steps_s=self.clock.busy_s("generation", "learner_step"),
+            **self._busy_times(),
         )
         return out
 

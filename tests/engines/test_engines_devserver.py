@@ -2,8 +2,6 @@
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 
 import aiohttp
 import numpy as np
@@ -16,22 +14,7 @@ from engine_fakes import (
     token_logprob,
     write_fake_weights,
 )
-
-
-def http(url: str, path: str, body=None, *, method: str | None = None, raw: bytes | None = None):
-    """-> (status, parsed JSON or text)."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"))
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+from server_process import http
 
 
 @pytest.fixture(scope="module")

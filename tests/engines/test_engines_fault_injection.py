@@ -4,7 +4,6 @@ wait is bounded by the client's configured timeouts; the pipeline-level faults a
 tests/pipeline/test_pipeline_fault_injection.py."""
 
 import asyncio
-import json
 import os
 import time
 import urllib.error
@@ -13,6 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 from engine_fakes import expected_tokens, write_fake_weights
+from server_process import http
 
 from ipa_jax.engines import SamplingParams, SGLangEngine, SGLangHTTPError
 from ipa_jax.engines.sglang import PoolUnavailable
@@ -31,21 +31,6 @@ FAST = dict(
 
 def run(coro, timeout_s: float = 60.0):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
-
-
-def http(url: str, path: str, body=None, *, raw: bytes | None = None, headers=None, timeout_s: float = 5.0):
-    """-> (status, parsed JSON or text)."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
 
 
 def served_version(server, api_key: str | None = None) -> int:
