@@ -542,6 +542,7 @@ class LockstepSource(RolloutSource):
         self.served_step: int | None = None
         self.counts = collections.Counter()
         self.last_error: BaseException | None = None
+        self.last_prefix: PrefixCounts | None = None  # the prefix-cache counts of the play consumed last
 
     # ---- scheduling ----------------------------------------------------------------------------------
     def _is_batch_step(self, step: int) -> bool:
@@ -569,11 +570,17 @@ class LockstepSource(RolloutSource):
         self._last = self.thread.submit(self._after(self._last, in_lockstep(self.engines.rollout, plays)))
         return self._last
 
-    @staticmethod
-    async def _after(previous: concurrent.futures.Future | None, play):
+    async def _after(self, previous: concurrent.futures.Future | None, play) -> tuple[list, PrefixCounts | None]:
+        """`play`'s outcomes once `previous` has ended, and the rollout engine's prefix-cache counts of `play` alone
+        (plays run one at a time: taken at its start and end, they are the same in every run)."""
         if previous is not None:  # its outcome is its own consumer's: here only its end matters
             await asyncio.wait([asyncio.wrap_future(previous)])
-        return await play
+        before = self.engines.rollout.prefix_counts()
+        outcomes = await play
+        after = self.engines.rollout.prefix_counts()
+        if before is None:
+            return outcomes, None
+        return outcomes, PrefixCounts(after.prefilled - before.prefilled, after.reused - before.reused)
 
     async def _episode(self, step: int, index: int, task: Task, engine: Engine) -> Trajectory | None:
         return await run_episode(
@@ -590,7 +597,8 @@ class LockstepSource(RolloutSource):
     def _outcomes(self, future: concurrent.futures.Future) -> list[Trajectory]:
         """The played episodes of `future` (waited for); failed and aborted ones counted and left out."""
         out = []
-        for outcome in future.result():
+        outcomes, self.last_prefix = future.result()
+        for outcome in outcomes:
             if isinstance(outcome, Trajectory):
                 out.append(outcome)
                 self.counts["finished"] += 1
@@ -659,7 +667,9 @@ class LockstepSource(RolloutSource):
             rollout_failed=float(self.counts["failed"]),
             rollout_success_rate=self.counts["successes"] / max(finished, 1),
         )
-        out.update(self.engines.prefix_metrics())
+        if self.last_prefix is not None:  # of the batch consumed last (the engine's own counter runs in the background)
+            reused = self.last_prefix.reused
+            out["prefix_reused_fraction"] = reused / max(self.last_prefix.prefilled + reused, 1)
         return out
 
     def rollout_stats(self) -> dict[str, float]:
@@ -680,7 +690,7 @@ class LockstepSource(RolloutSource):
         left: list[Trajectory] = []
         for future in self.playing.values():
             if future.done() and not future.cancelled():
-                left += [t for t in future.result() if isinstance(t, Trajectory)]
+                left += [t for t in future.result()[0] if isinstance(t, Trajectory)]
             else:
                 future.cancel()
         self.final_stats = self.rollout_stats()
