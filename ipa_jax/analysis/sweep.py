@@ -74,6 +74,7 @@ RL_PHASE_KEYS = (
     "rollout.seed_offset",
     "rollout.expert_successes_only",
     "train.reward_flip_fraction",
+    "train.max_consecutive_zero_grad",  # counts RL updates only
     "train.steps",
     "train.eval_every",
     *NAMING_KEYS,
