@@ -260,7 +260,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if "episodes_per_s" in s:
         lines.append(
             f"rollouts: {s['episodes_per_s']:.2f} episodes/s, {s['generated_tokens_per_s']:.0f} tokens/s; "
-            f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for the queue"
+            f"learner idle {100 * s['learner_idle_fraction']:.0f}% waiting for rollouts"
         )
     if "time_generation_s" in s:
         during = s["time_generation_during_steps_s"] / max(s["time_learner_step_s"], 1e-9)
