@@ -581,10 +581,11 @@ class Learner:
                         break
                 if self._streak_stop:
                     raise TrainingStopped(self._streak_stop)
-                # Multi-host: every process stops at the same boundary (a signal may reach only one of them).
-                self.stop_requested = agreed_stop(self.stop_requested)
-                if self.stop_requested:
-                    raise KeyboardInterrupt(self.stop_requested)
+                # Multi-host: every process stops at the same boundary (a signal may reach only one of them). A
+                # request that arrives during the exchange stays for the next boundary.
+                if agreed := agreed_stop(self.stop_requested):
+                    self.stop_requested = agreed
+                    raise KeyboardInterrupt(agreed)
                 # Checkpoints only between batches (the source position is exact there).
                 if every and step // every > last_saved // every:
                     self.save_checkpoint()

@@ -179,6 +179,27 @@ def test_epochs_and_minibatches(tmp_path):
     assert Checkpointer(str(tmp_path / "run" / "checkpoints"), exp.checkpoint).all_steps() == [4]  # at exit
 
 
+def test_a_stop_requested_during_the_processes_exchange_stops_at_the_next_boundary(tmp_path, monkeypatch):
+    """A signal handled while the processes agree on stopping (`agreed_stop`, a collective) asks after this process
+    sent its answer: the others said no, and the request must stay for the next batch boundary, not be lost."""
+    data = _write_data(tmp_path / "data.jsonl")
+    exp = make_exp(f"train.data=('{data}',)", "train.batch_size=8", "train.steps=4", "logging.tensorboard=False")
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=str(tmp_path / "run"), mesh=_mesh2())
+    asked = []
+
+    def exchange(reason):  # the first exchange: SIGTERM arrives once this process's answer (None) is sent
+        asked.append(reason)
+        if len(asked) == 1:
+            learner.request_stop("received SIGTERM")
+            return None
+        return reason
+
+    monkeypatch.setattr("ipa_jax.train.learner.agreed_stop", exchange)
+    with pytest.raises(KeyboardInterrupt, match="received SIGTERM"):
+        learner.run()
+    assert asked == [None, "received SIGTERM"] and int(learner.state.step) == 2
+
+
 def test_jsonl_source_resumes_at_its_position(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", synthetic_trajectories(3, seed=1))
     write_jsonl(tmp_path / "b.jsonl", synthetic_trajectories(2, seed=2))
