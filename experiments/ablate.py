@@ -5,11 +5,13 @@
     python experiments/ablate.py --configs=credit_chunk,configs/ablations/credit_token.py --seeds=0,1 \\
         --set=train.steps=60 --set=train.il_warmup_steps=40 --out=runs/ablations/mine
     python experiments/ablate.py --preset=claims --from_results         # the tables from results/claims/ alone
+    python experiments/ablate.py --preset=claims --from_results --effect=0.03   # seeds needed for ±3 points
 
 Presets: configs/sweeps/; configs: names in configs/ablations/ or paths. A line per finished run, then the table
 (paired differences, verdicts); results files (small, committable) go to --results. Logic: `analysis.sweep.run_preset`.
 """
 
+import dataclasses
 import logging
 import os
 import sys
@@ -43,6 +45,7 @@ flags.DEFINE_string(
 flags.DEFINE_enum(
     "claim", None, list(CLAIMS), "Direction of (config - reference) judged; default the preset's, else higher."
 )
+flags.DEFINE_float("effect", None, "Effect of interest (success) for the 'seeds for ±E' column; default the preset's.")
 flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to threshold' column.")
 flags.DEFINE_enum("isolation", "subprocess", ["subprocess", "inprocess"], "One process per run, or all in this one.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
@@ -71,6 +74,11 @@ def main(argv):
         configs = [resolve_config(c, CONFIG_DIR) for c in preset.configs]
     except ValueError as e:
         raise app.UsageError(f"--{'preset' if FLAGS.preset else 'configs'}: {e}") from None
+    if FLAGS.effect is not None:
+        try:
+            preset = dataclasses.replace(preset, effect=FLAGS.effect)
+        except ValueError as e:
+            raise app.UsageError(f"--effect: {e}") from None
     overrides = dict(split_override(s) for s in FLAGS.set)
     overrides |= {key: FLAGS[f].value for f, key in SHORTHANDS if FLAGS[f].value is not None}
     quiet_library_logs()

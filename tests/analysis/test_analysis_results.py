@@ -200,6 +200,11 @@ def test_ablate_from_results_rebuilds_each_condition(tmp_path, stand_in):
         manifest = analysis.load_ablation(str(out / condition))
         assert (manifest["claims"], manifest["aa_controls"], manifest["same_as"]) == (["tiny_b"], ["tiny_c"], {})
     assert len(trained()) == 12  # the sweeps' runs only: --from_results trains nothing
+    # --effect restates the seeds needed for another effect of interest (a pilot's sizing), the rest unchanged
+    proc = subprocess.run([*cmd, "--effect=0.03"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resized = open(out / "lo" / "table.md", encoding="utf-8").read()
+    assert "| seeds for ±0.03 |" in resized and "seeds for ±0.05" not in resized
 
 
 def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
