@@ -81,7 +81,8 @@ class ObjectiveConfig:
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
     il_aggregation: how the imitation term averages: "token_mean" (over expert tokens) or "sample_mean" (over
-      imitated sequences, each its token mean: the RL term's sample_mean).
+      imitated sequences, each its token mean: the RL term's sample_mean). The RL phase's: the IL warm start
+      always averages over expert tokens (pipeline.build.warm_start_objective).
     entropy_weight: the weight of the entropy bonus -Agg(H) over action tokens (> 0 raises entropy); 0 = off.
     kl_weight: the weight of the KL loss term Agg(k) against the frozen reference policy (model.reference); 0 = off.
     kl_estimator: the KL loss term's per-token estimator: "k1", "k2" or "k3" (Schulman's; objectives/kl.py).

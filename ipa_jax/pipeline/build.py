@@ -150,10 +150,23 @@ def build_steps(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> tuple[T
     step = TrainStep(state, mesh, step_options(exp), schedule, DEFAULT_RULES)
     warmup = None
     if exp.train.il_warmup_steps > 0:
-        # the warm start imitates only: no RL term, no KL term or penalty (the reference may be its end: rl_start)
-        il_only = dataclasses.replace(exp.objective, rl_weight=0.0, il_weight=1.0, kl_weight=0.0, kl_penalty=0.0)
-        warmup = TrainStep(state, mesh, step_options(exp, il_only), schedule, DEFAULT_RULES)
+        warmup = TrainStep(state, mesh, step_options(exp, warm_start_objective(exp.objective)), schedule, DEFAULT_RULES)
     return step, warmup
+
+
+def warm_start_objective(objective: ObjectiveConfig) -> ObjectiveConfig:
+    """The IL warm start's objective: the imitation term alone, averaged over expert tokens, whatever the RL phase's
+    objective says (no RL term, no KL term or penalty, whose reference may be the warm start's end: rl_start; no
+    entropy bonus; il_aggregation is the RL phase's), so configs that differ in objective.* share a warm start."""
+    return dataclasses.replace(
+        objective,
+        rl_weight=0.0,
+        il_weight=1.0,
+        il_aggregation="token_mean",
+        entropy_weight=0.0,
+        kl_weight=0.0,
+        kl_penalty=0.0,
+    )
 
 
 def build_learner(

@@ -26,6 +26,7 @@ from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
 from ipa_jax.analysis.presets import Preset, load_preset, preset_files, resolve_preset
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, validate
+from ipa_jax.pipeline.build import warm_start_objective
 from ipa_jax.pipeline.config import flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -572,6 +573,15 @@ def test_every_arm_of_the_claims_preset_shares_one_warm_start():
         shared = ablate.shared_warm_starts(trained, flats)
         assert set(shared) == {name for name, _ in trained}
         assert set(shared.values()) == {("credit_chunk", dict(arms)["credit_chunk"], 600)}
+        # ... and each arm alone would train the same warm start: the fields its IL-only loss reads are the same
+        # (control_il_continue_matched's sample-mean imitation is its RL phase's; the rest is weighted 0)
+        read = ("rl_weight", "il_weight", "il_aggregation", "entropy_weight", "kl_weight", "kl_penalty")
+        warm = {
+            name: [getattr(warm_start_objective(validate(load_config(path, overrides)).objective), f) for f in read]
+            for name, path in arms
+        }
+        assert warm["credit_chunk"] == [0.0, 1.0, "token_mean", 0.0, 0.0, 0.0]
+        assert all(fields == warm["credit_chunk"] for fields in warm.values()), condition
 
 
 def test_warm_start_key_groups_configs_that_differ_only_in_the_rl_phase(tmp_path):
