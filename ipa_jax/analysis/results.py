@@ -21,8 +21,10 @@ from typing import Any
 from ipa_jax.analysis.curves import RunResult
 
 RESULTS_SUFFIX = ".jsonl"
-# Keys that name where a run went, not what it did: left out of the fingerprint.
-UNFINGERPRINTED = ("train.run_dir",)
+# Keys that cannot change what a finished run computed, left out of the fingerprint: where the run went, and the
+# guards that only end a run early (a results file is written by a run that finished, so it computed the same under
+# any value of them that did not stop it).
+UNFINGERPRINTED = ("train.run_dir", "train.max_consecutive_skipped", "train.max_consecutive_zero_grad")
 
 
 def result_path(results_dir: str, config: str, seed: int) -> str:
@@ -30,7 +32,7 @@ def result_path(results_dir: str, config: str, seed: int) -> str:
 
 
 def config_sha(config_path: str, overrides: Mapping[str, Any] = ()) -> str:
-    """A fingerprint of the resolved config of `config_path` with `overrides` (train.run_dir left out)."""
+    """A fingerprint of the resolved config of `config_path` with `overrides` (UNFINGERPRINTED left out)."""
     # imported here: validating a config imports JAX, which reading results (a notebook) must not pay for
     from ipa_jax.pipeline.config import flatten, load_config, validate
 

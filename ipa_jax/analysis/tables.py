@@ -100,6 +100,7 @@ def manifest_comparison(manifest: dict[str, Any], reference: str = "", claim: st
         claims=compared("claims"),
         aa_controls=compared("aa_controls"),
         same_as=manifest.get("same_as"),
+        planned_seeds=manifest.get("seeds", ()),
     )
 
 
@@ -299,6 +300,7 @@ def ablation_rows(
     claims: Sequence[str] = (),
     aa_controls: Sequence[str] = (),
     same_as: Mapping[str, str] | None = None,
+    planned_seeds: Sequence[int] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-config rows, per-run rows) of runs given as run folders or results files (`load_result`). A per-config
     row holds n_seeds, <scalar>_mean and <scalar>_std for each of SCALARS (over seeds), threshold_reached = how many
@@ -307,7 +309,7 @@ def ablation_rows(
     families), and the `comparison_columns` of its final success against its reference (`reference`, or its
     entry in `pairs`; with the `claims` family, the positive `controls`, the `aa_controls` and the `effect` of
     interest); a config of `same_as` ({config: the config whose runs it took, the same effective config}) says so
-    in its note."""
+    in its note, and so does a config without the result of some of the `planned_seeds` (missing_seeds: those)."""
     loaded = {d: load_result(d) for run_dirs in runs.values() for d in run_dirs}
     config_rows, run_rows = [], []
     comparison = (
@@ -328,14 +330,15 @@ def ablation_rows(
     )
     for name, twin in (same_as or {}).items():
         if name in comparison:
-            note = comparison[name]["note"]
-            comparison[name]["note"] = f"the runs of {twin} (the same effective config)" + (f"; {note}" if note else "")
+            _prefix_note(comparison[name], f"the runs of {twin} (the same effective config)")
     families = sorted({f for r in loaded.values() for f in r.success_by_family()})
     for name, run_dirs in runs.items():
         per_run = [loaded[d].scalars(threshold) for d in run_dirs]
         for d, scalars in zip(run_dirs, per_run):
             run_rows.append({"config": name, "run_dir": d, **scalars})
-        row: dict[str, Any] = {"config": name, "n_seeds": len(per_run)}
+        ran = {loaded[d].seed for d in run_dirs}
+        lost = [seed for seed in planned_seeds if seed not in ran]
+        row: dict[str, Any] = {"config": name, "n_seeds": len(per_run), "missing_seeds": " ".join(map(str, lost))}
         for key in SCALARS:
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in per_run])
         row["threshold_reached"] = sum(math.isfinite(s["steps_to_threshold"]) for s in per_run)
@@ -343,8 +346,18 @@ def ablation_rows(
         for family in families if len(families) > 1 else ():
             rates = [loaded[d].success_by_family().get(family, math.nan) for d in run_dirs]
             row[f"family_{family}_success_mean"], row[f"family_{family}_success_std"] = _mean_std(rates)
+        if lost:  # never a silent survivor table: a seed lost to its arm's own failure would flatter the arm
+            _prefix_note(
+                comparison[name],
+                f"no result of seed{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} (failed or not run): "
+                f"its numbers are over the other {len(per_run)} of {len(planned_seeds)} seeds",
+            )
         config_rows.append({**row, **comparison[name], "effect": effect})
     return config_rows, run_rows
+
+
+def _prefix_note(row: dict[str, Any], text: str) -> None:
+    row["note"] = f"{text}; {row['note']}" if row["note"] else text
 
 
 def _fmt(mean: float, std: float, digits: int) -> str:
@@ -400,7 +413,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], threshold: float) -> str:
         )
         cells = [
             r["config"],
-            str(r["n_seeds"]),
+            str(r["n_seeds"]) + (f" (missing {r['missing_seeds']})" if r["missing_seeds"] else ""),
             _fmt(r["success_before_mean"], r["success_before_std"], 3),
             _fmt(r["success_after_mean"], r["success_after_std"], 3),
             _interval(r["success_after_ci_low"], r["success_after_ci_high"], r["ci_resampled"]),
@@ -537,11 +550,13 @@ def write_tables(
     claims: Sequence[str] = (),
     aa_controls: Sequence[str] = (),
     same_as: Mapping[str, str] | None = None,
+    planned_seeds: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     """table.md, table.csv (per config; differences against `reference`, default the first config, or the config's
     entry in `pairs`, verdicts on `claim` over the `claims` family, the positive `controls` and the `aa_controls`
-    checked, seeds stated for the `effect` of interest, `same_as` noted: `ablation_rows`) and runs.csv (per run) in
-    `ablation_dir`, from run folders or results files; returns the per-config rows."""
+    checked, seeds stated for the `effect` of interest, `same_as` and seeds missing of `planned_seeds` noted:
+    `ablation_rows`) and runs.csv (per run) in `ablation_dir`, from run folders or results files; returns the
+    per-config rows."""
     config_rows, run_rows = ablation_rows(
         runs,
         threshold,
@@ -553,6 +568,7 @@ def write_tables(
         claims=claims,
         aa_controls=aa_controls,
         same_as=same_as,
+        planned_seeds=planned_seeds,
     )
     with open(os.path.join(ablation_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(table_markdown(config_rows, threshold))

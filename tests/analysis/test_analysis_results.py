@@ -80,6 +80,20 @@ def stand_in(monkeypatch):
     return None, lambda: list(trained)
 
 
+def test_the_fingerprint_ignores_where_a_run_went_and_the_guards_that_only_stop_it():
+    path = os.path.join(CONFIG_DIR, "credit_chunk.py")
+    sha = config_sha(path, {"train.seed": 0, "train.run_dir": "a"})
+    # A finished run computed the same under any guard value that did not stop it: its results file still applies.
+    for unchanged in (
+        {"train.run_dir": "b"},
+        {"train.max_consecutive_zero_grad": 3},
+        {"train.max_consecutive_skipped": 0},
+    ):
+        assert config_sha(path, {"train.seed": 0, "train.run_dir": "a", **unchanged}) == sha, unchanged
+    for changed in ({"train.seed": 1}, {"objective.gamma": 0.5}, {"train.steps": 441}):
+        assert config_sha(path, {"train.seed": 0, "train.run_dir": "a", **changed}) != sha, changed
+
+
 def test_run_order_puts_every_arm_in_every_position():
     arms = [(f"arm{i}", f"p{i}") for i in range(3)]
     orders = [[n for n, _ in ablate.run_order(arms, seed)] for seed in range(6)]
@@ -115,8 +129,18 @@ def test_sweep_interleaves_resumes_and_rebuilds_tables_from_results(tmp_path, st
     again = ablate.sweep(arms, [0, 1], out, **kwargs)
     assert len(trained()) == 4 and again["runs"] == {} and again["failed"] == []
     assert open(os.path.join(out, "table.md"), encoding="utf-8").read() == table
-    # Stopped mid-sweep (a run's results missing): the rerun trains that run only.
+    # Stopped mid-sweep (a run's results missing): its table says which seed the row lacks...
     os.remove(result_path(results, "tiny_b", 1))
+    partial = str(tmp_path / "partial")
+    ablate.tables_from_results(["tiny_a", "tiny_b"], [0, 1], results, partial, claim="lower", threshold=0.2)
+    row = next(
+        line for line in open(os.path.join(partial, "table.md"), encoding="utf-8") if line.startswith("| tiny_b")
+    )
+    assert row.split(" | ")[1] == "1 (missing 1)"
+    assert "- tiny_b: no result of seed 1 (failed or not run): its numbers are over the other 1 of 2 seeds" in (
+        open(os.path.join(partial, "table.md"), encoding="utf-8").read()
+    )
+    # ... and the rerun trains that run only.
     ablate.sweep(arms, [0, 1], out, **kwargs)
     assert trained()[4:] == [("tiny_b", 1)]
     # A results file of another config is never tabled under the arm's name: the run is recorded as failed.

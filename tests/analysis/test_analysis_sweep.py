@@ -211,7 +211,7 @@ ABLATIONS = {
     "control_no_update": ("common", {"optimizer.lr"}),
     "control_aa": ("credit_chunk", {"rollout.seed_offset"}),
     "credit_token_other_keys": ("credit_token", {"rollout.seed_offset"}),
-    "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign", "train.max_consecutive_zero_grad"}),
+    "control_advantage_flip": ("credit_chunk", {_OBJ + "advantage_sign"}),
     "control_reward_flip": ("credit_chunk", {"train.reward_flip_fraction"}),
     "credit_token_matched": ("common", {_OBJ + "credit", _OBJ + "gamma"}),
     # IL continuation at IPA's lr and aggregation (its data is the one difference), and filtered imitation.
