@@ -43,7 +43,15 @@ from typing import Any
 
 from ipa_jax.analysis.curves import RunResult
 from ipa_jax.analysis.presets import Preset
-from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
+from ipa_jax.analysis.results import (
+    UNFINGERPRINTED,
+    config_sha,
+    load_result,
+    read_result,
+    result_path,
+    results_of,
+    write_result,
+)
 from ipa_jax.analysis.stats import CLAIMS, DEFAULT_EFFECT
 from ipa_jax.analysis.tables import load_ablation, manifest_comparison, write_plots, write_tables
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, run, validate
@@ -571,10 +579,10 @@ class SweepProgress:
 def check_finished(config_path: str, overrides: Mapping[str, Any], run_dir: str, il_phase_only: bool = False) -> None:
     """Raises ConfigError when the finished run in `run_dir` was trained with another config than `config_path`
     with `overrides` (a config file edited since, or another file of the same name): reusing it would put a
-    different experiment in the table under this name. `il_phase_only`: a warm start, compared on the keys its
-    IL phase read (il_phase_view)."""
+    different experiment in the table under this name (keys that cannot change what it computed, UNFINGERPRINTED,
+    aside). `il_phase_only`: a warm start, compared on the keys its IL phase read (il_phase_view)."""
     exp = validate(load_config(config_path, dict(overrides)))
-    changes = changes_since(exp, RunFolder(run_dir))
+    changes = {k: v for k, v in changes_since(exp, RunFolder(run_dir)).items() if k not in UNFINGERPRINTED}
     if il_phase_only:
         read = il_phase_view(flatten(exp.to_dict()))
         changes = {k: v for k, v in changes.items() if k in read}

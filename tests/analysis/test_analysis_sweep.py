@@ -548,6 +548,10 @@ def test_ablate_reuses_finished_runs_and_records_failures(tiny_sweep, tmp_path, 
     warm_dir = os.path.join(out, "warm_starts", "tiny_chunk", "seed_0")
     warm_overrides = ablate.run_overrides(warm_dir, 0, overrides, steps=2)
     ablate.check_finished(str(edited), warm_overrides, warm_dir, il_phase_only=True)
+    # A finished run is reused whatever a guard says that did not stop it.
+    run_dir = os.path.join(out, "runs", "tiny_token", "seed_0")
+    guard = {"train.max_consecutive_zero_grad": 0, "train.max_consecutive_skipped": 0}
+    ablate.check_finished(configs[1][1], {**ablate.run_overrides(run_dir, 0, overrides), **guard}, run_dir)
     with pytest.raises(ConfigError, match=r"optimizer.il_lr: .* -> 0.5"):
         ablate.check_finished(str(edited), {**warm_overrides, "optimizer.il_lr": 0.5}, warm_dir, il_phase_only=True)
 
