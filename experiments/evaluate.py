@@ -10,7 +10,7 @@ HF folder needs --config (environment, its kwargs, rollout budgets). The tasks a
 evaluations play, so at --k = the config's train.eval_samples (1 by default) and the default temperature success is
 comparable with the run's eval/success (`ipa_jax.pipeline.evaluation`). Prints a table and writes the JSON report
 (per-task and per-episode outcomes) to --out (default <run>/eval/step_<8 digits>_k<k>_t<T>.json for a run folder,
-else ./evaluation.json).
+else runs/evaluation.json).
 """
 
 from absl import app, flags
@@ -46,7 +46,7 @@ flags.DEFINE_float(
 flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split (eval: the held-out tasks runs evaluate on).")
 flags.DEFINE_list("sglang_urls", [], "SGLang servers already serving the policy; default: the embedded engine.")
 flags.DEFINE_string(
-    "out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else ./evaluation.json."
+    "out", None, "JSON report; default <run>/eval/step_<8 digits>_k<k>_t<T>.json, else runs/evaluation.json."
 )
 flags.DEFINE_integer("seed", 0, "Sampling seed of the embedded engine (the tasks do not depend on it).")
 FLAGS = flags.FLAGS

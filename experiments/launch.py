@@ -9,7 +9,8 @@
     python experiments/launch.py --config=configs/quickstart.py --target=slurm --nodes=2 --dry_run \
         --config.train.steps=2 ...                  # also run the 2 processes here, on CPU (docs/launch.md)
 
-The config is loaded and validated here first. Writes the launcher to --out (default <name><suffix>), prints it and
+The config is loaded and validated here first. Writes the launcher to --out (default runs/launch/<name><suffix>),
+prints it and
 the command that submits it; nothing is submitted. --dry_run then runs the launcher's processes on this machine
 with the environment its cluster would give them (JAX_PLATFORMS=cpu, gloo) and exits with the worst status.
 """
@@ -43,11 +44,12 @@ flags.DEFINE_string("account", "", "Slurm account.")
 flags.DEFINE_string("time", "24:00:00", "Slurm time limit.")
 flags.DEFINE_string("image", "", "GKE container image holding the repository and its environment.")
 flags.DEFINE_integer("max_restarts", 0, "GKE: JobSet restarts after a failure (each resumes from the checkpoint).")
-flags.DEFINE_string("out", None, "Where to write the launcher (default <name><suffix> in the current directory).")
+flags.DEFINE_string("out", None, "Where to write the launcher (default runs/launch/<name><suffix>).")
 flags.DEFINE_bool("dry_run", False, "Also run the job's processes on this machine (CPU, gloo).")
-flags.DEFINE_string("dry_run_logs", "launch_dry_run", "Folder of the dry run's per-process logs.")
+flags.DEFINE_string("dry_run_logs", None, "Folder of the dry run's per-process logs (default runs/launch/<name>_logs).")
 flags.DEFINE_float("dry_run_timeout_s", 600.0, "Stop the dry run's processes after this long.")
 FLAGS = flags.FLAGS
+LAUNCH_DIR = os.path.join("runs", "launch")  # with every other output, under the ignored runs/
 
 
 @exit_on_config_error
@@ -78,14 +80,15 @@ def main(argv):
     )
     target = TARGETS[FLAGS.target]
     text = target.render(spec)
-    out = FLAGS.out or spec.name + target.suffix
+    out = FLAGS.out or os.path.join(LAUNCH_DIR, spec.name + target.suffix)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     print(text, end="")
     print(f"# wrote {out}; submit with: {target.submit.format(path=out)}", flush=True)
     if FLAGS.dry_run:
-        results = run_local(spec, FLAGS.target, FLAGS.dry_run_logs, FLAGS.dry_run_timeout_s)
+        logs = FLAGS.dry_run_logs or os.path.join(LAUNCH_DIR, spec.name + "_logs")
+        results = run_local(spec, FLAGS.target, logs, FLAGS.dry_run_timeout_s)
         for r in results:
             print(f"# dry run: process {r.process_id} of {len(results)} exited with {r.returncode} (log: {r.log_path})")
         sys.exit(max(abs(r.returncode) for r in results))

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED = 0  # the held-out task set is the same for every run (comparable across seeds and configs)
 SUCCESS_REWARD = 1.0  # an episode succeeds iff its reward reaches this
-DEFAULT_REPORT = "evaluation.json"  # where the report of an HF folder's evaluation goes
+DEFAULT_REPORT = os.path.join("runs", "evaluation.json")  # an HF folder's evaluation, with the other outputs
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -322,3 +322,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
+
+
+def test_the_cli_writes_its_launcher_under_runs(tmp_path):
+    """experiments/launch.py run from a checkout leaves nothing outside the ignored runs/ folder."""
+    config = os.path.join(REPO, "configs", "quickstart.py")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "experiments", "launch.py"), f"--config={config}", "--target=slurm"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "submit with: sbatch runs/launch/quickstart.sbatch" in proc.stdout
+    assert os.listdir(tmp_path) == ["runs"] and os.listdir(tmp_path / "runs" / "launch") == ["quickstart.sbatch"]

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_pipeline import REPO, tiny_config
+from tiny_pipeline import QUICKSTART, REPO, tiny_config
 from transformers import AutoTokenizer
 
 from ipa_jax.chat import ChatFormat
@@ -221,6 +221,22 @@ def test_cli_on_a_run_folder_prints_the_table_and_writes_the_report(trained_run)
     with open(path) as f:
         out = json.load(f)
     assert out["step"] == 1 and out["k"] == 2 and out["episodes"] == 8 and len(out["per_task"]) == 4
+
+
+def test_cli_on_an_hf_folder_writes_its_report_under_runs(trained_run, tmp_path):
+    hf_dir = RunFolder(trained_run).hf_dir
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, f"--policy={hf_dir}", f"--config={QUICKSTART}", "--episodes=2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Nothing outside the ignored runs/ folder of where it ran.
+    assert os.listdir(tmp_path) == ["runs"] and os.listdir(tmp_path / "runs") == ["evaluation.json"]
+    with open(tmp_path / "runs" / "evaluation.json") as f:
+        assert json.load(f)["policy"] == hf_dir
 
 
 def test_cli_usage_errors():
