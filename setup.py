@@ -2,12 +2,16 @@
 
 from setuptools import find_packages, setup
 
+# The documentation site (mkdocs.yml), built with --strict in CI: `pip install -e '.[docs]'` needs nothing else.
+DOCS = ["mkdocs-material>=9.6,<10", "mkdocs-include-markdown-plugin>=7,<8"]
+
 setup(
     name="ipa_jax",
     version="0.1.0",
     description="Chunk-level RL (IPA) and FlashREINFORCE for multi-turn tool-using LLM agents, in JAX.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.11",
     packages=find_packages(include=["ipa_jax", "ipa_jax.*"]),
     install_requires=[
@@ -46,7 +50,7 @@ setup(
             "wandb>=0.31",  # the offline W&B logging test
             "reasoning-gym>=0.1.25,<0.2",  # the reasoning_gym environment's tests
             "tokamax>=0.0.12",  # the tokamax MoE path's tests (its XLA implementation on CPU)
-            "mkdocs-material>=9.6,<10",  # the docs site (mkdocs.yml), built with --strict in CI
+            *DOCS,
             # SGLang's request structs and contract gate in the contract test (its wheel itself is installed with
             # --no-deps by the README's test command: its dependencies are CUDA builds)
             "msgspec>=0.18",
@@ -55,6 +59,7 @@ setup(
         # SGLangEngine.update_weights_from_tensors (weight sync over torch.distributed) and the dev server's weight
         # groups. On a CPU-only machine install torch's CPU build first (pip install torch --index-url
         # https://download.pytorch.org/whl/cpu): the default wheel pulls in CUDA libraries.
+        "docs": DOCS,
         "weight-sync": ["torch>=2.6"],
         # Loading the exported hf/ folder in transformers (the rest it needs is in install_requires). Pinned to the
         # CPU build on this project's machines: PyPI's Linux wheel is the CUDA build, so install with
