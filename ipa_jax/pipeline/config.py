@@ -768,8 +768,10 @@ _EXTRA_HELP = {
 
 def describe_config(config: ConfigDict | None = None) -> list[tuple[str, str, str, str]]:
     """(dotted key, type, value, help) of every config key, in section order: the values of `config` (default: the
-    base config's). model.arch fields are HF config.json fields; env.kwargs keys are free-form."""
+    base config's); an objective field left unset shows the value its preset gives it, marked "(preset)".
+    model.arch fields are HF config.json fields; env.kwargs keys are free-form."""
     config = config if config is not None else base_config()
+    preset = OBJECTIVE_PRESETS.get(config.objective.preset)  # None: an unknown preset, which validation names
     rows = []
     for section, cls in SECTIONS.items():
         helps = field_help(cls)
@@ -785,9 +787,12 @@ def describe_config(config: ConfigDict | None = None) -> list[tuple[str, str, st
                 continue
             typ = node.get_type(key) if key in node else type(value)
             text = _EXTRA_HELP.get(dotted) or helps.get(key, "")
+            shown = repr(value)
             if section == "objective" and key != "preset":
-                text += " (None = the preset's value)"
-            rows.append((dotted, getattr(typ, "__name__", str(typ)), repr(value), text))
+                text += " (unset: the preset's value)"
+                if value is None and preset is not None:
+                    shown = f"{getattr(preset, key)!r} (preset)"
+            rows.append((dotted, getattr(typ, "__name__", str(typ)), shown, text))
     return rows
 
 

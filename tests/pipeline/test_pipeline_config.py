@@ -303,6 +303,19 @@ def test_every_config_key_has_help_and_one_default():
     assert "640" in next(line for line in text.splitlines() if line.startswith("model.arch.vocab_size"))
 
 
+def test_config_help_shows_each_objective_key_as_the_preset_sets_it():
+    def shown(config, key):
+        line = next(line for line in format_config_help(config).splitlines() if line.startswith(key + " "))
+        return line.split()[2:4]
+
+    for preset in ("grpo", "flash_reinforce", "ipa"):  # presets that differ in each of these keys
+        config = load_config(TINY, {"objective.preset": preset})
+        for name in ("baseline", "surrogate", "credit", "trust_region_level"):
+            assert shown(config, f"objective.{name}") == [repr(getattr(OBJECTIVE_PRESETS[preset], name)), "(preset)"]
+    # Set explicitly: the value itself, no marker.
+    assert shown(load_config(TINY, {"objective.preset": "grpo", "objective.gamma": 0.5}), "objective.gamma")[0] == "0.5"
+
+
 def test_config_help_flag_lists_keys(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "experiments", "train.py"), f"--config={TINY}", "--config_help"],
