@@ -1,6 +1,7 @@
 """Run a set of ablation configs over several seeds, then write a comparison table and plots into one folder.
 
     python experiments/ablate.py --list                                  # the configs and presets
+    python experiments/ablate.py --preset=smoke                          # the machinery in minutes
     python experiments/ablate.py --preset=small                          # -> runs/ablations/small/
     python experiments/ablate.py --configs=credit_chunk,configs/ablations/credit_token.py --seeds=0,1 \\
         --set=train.steps=60 --set=train.il_warmup_steps=40 --out=runs/ablations/mine
@@ -50,7 +51,9 @@ flags.DEFINE_float("threshold", 0.5, "Held-out success for the 'steps to thresho
 flags.DEFINE_enum("isolation", "subprocess", ["subprocess", "inprocess"], "One process per run, or all in this one.")
 flags.DEFINE_bool("rerun", False, "Delete and retrain runs that already finished in --out.")
 flags.DEFINE_bool("share_warm_start", True, "Train the IL warm start once per seed for arms differing in RL only.")
-flags.DEFINE_string("results", None, "Results files folder; default results/<preset> with --preset, '' = none.")
+flags.DEFINE_string(
+    "results", None, "Results files folder; default results/<preset> with a preset that keeps them, '' = none."
+)
 flags.DEFINE_bool("from_results", False, "Train nothing: rebuild the tables from --results into --out.")
 flags.DEFINE_bool("list", False, "List the ablation configs and presets, then exit.")
 FLAGS = flags.FLAGS
@@ -83,7 +86,8 @@ def main(argv):
     overrides |= {key: FLAGS[f].value for f, key in SHORTHANDS if FLAGS[f].value is not None}
     quiet_library_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    results = FLAGS.results if FLAGS.results is not None else (os.path.join("results", name) if FLAGS.preset else "")
+    kept = FLAGS.preset and preset.keep_results
+    results = FLAGS.results if FLAGS.results is not None else (os.path.join("results", name) if kept else "")
     if run_preset(
         preset,
         configs,

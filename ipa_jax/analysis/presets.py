@@ -28,8 +28,9 @@ class Preset:
     <out>/<name> and results in <results>/<name>; `claims`: the configs whose comparison with their reference is a
     pre-registered claim, the family Holm's correction and the verdicts' detectable effect run over (empty: every
     config compared but the controls); `aa_controls`: A/A controls, the reference again under another name or
-    rollout seed, whose interval must cover 0). Claims, controls and A/A controls are configs other than their
-    reference, each of one kind."""
+    rollout seed, whose interval must cover 0; `keep_results`: False for a preset whose runs are not worth keeping,
+    e.g. a smoke test: no results files unless --results names a folder). Claims, controls and A/A controls are
+    configs other than their reference, each of one kind."""
 
     configs: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -43,6 +44,7 @@ class Preset:
     conditions: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     claims: tuple[str, ...] = ()
     aa_controls: tuple[str, ...] = ()
+    keep_results: bool = True
 
     def __post_init__(self) -> None:
         bad = [p for p in self.pairs if p[0] not in self.configs or p[1] not in self.configs or p[0] == p[1]]
