@@ -84,6 +84,10 @@ def get_config():
     c.train.il_warmup_target = 0.2
     c.train.batch_size = 16
     c.train.eval_episodes = 128
+    # The curve in between: every 20 RL steps on the first 32 of those tasks (~5 s each; evaluations leave the run's
+    # training as it is); after the warm start and at the end, all 128.
+    c.train.eval_every = 20
+    c.train.eval_every_episodes = 32
     # Episodes fit 320 or 448 (rollout.max_context). 640 and 768 serve packed rows that hold the 167-token system
     # prompt and tool schema once (--config.train.packing=True --config.train.share_prefix=True: 4-5 episodes to a
     # row, the learner's steps ~1.4x faster here, docs/performance.md). Off: the same loss to float32 rounding is

@@ -287,7 +287,7 @@ def test_ablations_notebook_reads_results_files_alone(tmp_path, tokenizer, monke
     results = str(tmp_path / "results")
     for name, seed in written:
         run = analysis.RunResult.from_run(str(tmp_path / "runs_out" / "runs" / name / f"seed_{seed}"))
-        write_result(result_path(results, name, seed), run, name, "sha")
+        write_result(result_path(results, name, seed), run, name, {})
     out = str(tmp_path / "tables")
     tables_from_results(["cfg_low", "cfg_high"], [0, 1], results, out)
     nb = execute("ablations.ipynb", {"ABLATION_DIR": out}, monkeypatch)

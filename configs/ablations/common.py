@@ -19,6 +19,7 @@ def get_config():
     c = load_config(Path(__file__).parent.parent / "quickstart.py")
     c.train.name = "ablation_base"
     c.train.eval_every = 40  # held-out success at the end of the warm start, then every 40 RL steps
+    c.train.eval_every_episodes = 0  # on all of train.eval_episodes: the tables' curves (AUC) read them
     # The warm start and RL budget the ablation tables were measured with (the quickstart now stops imitating
     # earlier, at 20%, and runs 120 RL steps): to 35% greedy match, then 80 RL steps.
     c.train.il_warmup_target = 0.35

@@ -31,7 +31,16 @@ from ipa_jax.analysis.curves import (
     steps_to_threshold,
 )
 from ipa_jax.analysis.episodes import Segment, episode_segments, load_run_tokenizer, render_episode_html
-from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, results_of, write_result
+from ipa_jax.analysis.results import (
+    config_sha,
+    load_result,
+    read_result,
+    resolved_config,
+    result_changes,
+    result_path,
+    results_of,
+    write_result,
+)
 from ipa_jax.analysis.stats import (
     Estimate,
     PairedDifference,
@@ -70,9 +79,11 @@ __all__ = [
     "RUN_CURVES",
     "SCALARS",
     "RunResult",
+    "result_changes",
     "config_sha",
     "load_result",
     "read_result",
+    "resolved_config",
     "result_path",
     "results_of",
     "write_result",

@@ -45,9 +45,11 @@ from ipa_jax.analysis.curves import RunResult
 from ipa_jax.analysis.presets import Preset
 from ipa_jax.analysis.results import (
     UNFINGERPRINTED,
-    config_sha,
+    fingerprint,
     load_result,
     read_result,
+    resolved_config,
+    result_changes,
     result_path,
     results_of,
     write_result,
@@ -311,7 +313,7 @@ def sweep(
             trained = False
             t0 = time.perf_counter()
             try:
-                sha = config_sha(path, run_overrides(run_dir, seed, overrides)) if results_dir else ""
+                resolved = resolved_config(path, run_overrides(run_dir, seed, overrides)) if results_dir else {}
                 if name in same_as:
                     if (same_as[name], seed) not in finished:
                         raise RuntimeError(f"the run of {same_as[name]} (the same effective config) did not finish")
@@ -320,7 +322,7 @@ def sweep(
                     if RunFolder(run_dir).has_summary():
                         check_finished(path, run_overrides(run_dir, seed, overrides), run_dir)
                     elif not rerun and results_file and os.path.exists(results_file):
-                        check_result(results_file, sha, path)
+                        check_result(results_file, resolved, path)
                     else:
                         trained = True
                         try:
@@ -345,7 +347,7 @@ def sweep(
                     manifest["runs"].setdefault(name, []).append(folder)
                 if results_file:
                     if folder or name in same_as:  # (a result read from its own file is there already)
-                        write_result(results_file, result, name, sha)
+                        write_result(results_file, result, name, resolved)
                     manifest["results"].setdefault(name, []).append(os.path.relpath(results_file, out))
                 outcome = (
                     run_outcome(result, reused=False) + f" (the run of {same_as[name]}: the same effective config)"
@@ -466,15 +468,27 @@ def run_order(configs: Sequence[tuple[str, str]], index: int) -> list[tuple[str,
     return [*configs[k:], *configs[:k]]
 
 
-def check_result(results_file: str, sha: str, config_path: str) -> None:
-    """Raises ConfigError when a results file was written by another config than the arm's (`config_sha`)."""
+def check_result(results_file: str, resolved: Mapping[str, Any], config_path: str) -> None:
+    """Raises ConfigError when a results file was written by another config than the arm's `resolved` one
+    (`result_changes`: keys added since at their defaults aside), naming the keys that differ."""
     _, head = read_result(results_file)
-    if head["config_sha"] != sha:
-        raise ConfigError(
-            "",
-            f"{results_file} was written by a different config than {config_path} (config_sha {head['config_sha']} "
-            f"!= {sha}); retrain it with --rerun or remove the file",
-        )
+    if head["config_sha"] == fingerprint(resolved):
+        return
+    stored = head["config_resolved"]
+    changes = result_changes(stored, resolved) if stored is not None else None
+    if changes == {}:
+        log.info("%s: the arm's config, with the keys added since at their defaults", results_file)
+        return
+    key, differs = (
+        ("", f"config_sha {head['config_sha']} != {fingerprint(resolved)}")
+        if changes is None
+        else (next(iter(changes)), ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+    )
+    raise ConfigError(
+        key,
+        f"{results_file} was written by a different config than {config_path} ({differs}); retrain it with "
+        "--rerun or remove the file",
+    )
 
 
 def write_ablation_tables(out: str, manifest: dict[str, Any], threshold: float) -> None:

@@ -301,17 +301,17 @@ class RolloutSource:
         version, lagged = self.history[0]
         self.engines.push(lagged, version)
 
-    def evaluate(self, model, step: int) -> dict[str, float]:
+    def evaluate(self, model, step: int, episodes: int | None = None) -> dict[str, float]:
         """Held-out episodes with the weights of `step` (`model`, when the control engine needs them pushed),
-        train.eval_samples per task: success, reward, tool calls, turns (and samples/, and the per-task outcomes in
-        eval_tasks/)."""
+        train.eval_samples per task of the first `episodes` held-out tasks (None: all): success, reward, tool
+        calls, turns (and samples/, and the per-task outcomes in eval_tasks/)."""
         if model is not None:
             self.engines.serve_for_evaluation(model, step)
         report = self.engines.run(
             evaluate_policy(
                 self.engines.control,
                 self.chat,
-                self.eval_tasks,
+                self.eval_tasks[:episodes],
                 self.eval_agent,
                 lambda task: self.env_factory(),
                 k=self.exp.train.eval_samples,
@@ -808,11 +808,11 @@ class OnlineSource:
             self.synced = True
         from_process_0(lambda: self.local.after_update(step, rl_start, model))
 
-    def evaluate(self, state: TrainState) -> dict[str, float]:
+    def evaluate(self, state: TrainState, episodes: int | None = None) -> dict[str, float]:
         """Held-out episodes with the current weights (`RolloutSource.evaluate`)."""
         step = int(jax.device_get(state.step))
         model = gather_model(state.model(), self.push_dtype) if self.evaluates_current else None
-        return from_process_0(lambda: self.local.evaluate(model, step))
+        return from_process_0(lambda: self.local.evaluate(model, step, episodes))
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def summary_stats(self) -> dict[str, float]:

@@ -69,6 +69,9 @@ class TrainConfig:
     eval_every: RL steps between held-out evaluations, counted from the warm start's end; 0 = only at the
       start, at the end of the warm start and at the end.
     eval_episodes: held-out tasks per evaluation.
+    eval_every_episodes: held-out tasks of the evaluations every train.eval_every RL steps (the first ones of the
+      train.eval_episodes: a subset of the same tasks), for a denser, cheaper curve; the evaluations at the start,
+      at the warm start's end and at the end play all train.eval_episodes. 0 = all of them every time.
     eval_samples: episodes per held-out task in each evaluation (success = their mean, pass@1 with less noise); > 1
       samples at rollout.eval_temperature, or at rollout.temperature when that is 0 (greedy samples are identical).
     il_warmup_steps: at most this many IL-only updates on scripted expert episodes first (the warm start).
@@ -112,6 +115,7 @@ class TrainConfig:
     run_dir: str = ""
     eval_every: int = 0
     eval_episodes: int = 32
+    eval_every_episodes: int = 0
     eval_samples: int = 1
     il_warmup_steps: int = 0
     il_warmup_target: float = 0.0
@@ -148,6 +152,11 @@ class TrainConfig:
             )
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
+        if not 0 <= self.eval_every_episodes <= self.eval_episodes:
+            raise ValueError(
+                f"train.eval_every_episodes: must be in [0, train.eval_episodes={self.eval_episodes}] "
+                f"(0 = all of them), got {self.eval_every_episodes}"
+            )
         for name in ("max_consecutive_skipped", "max_consecutive_zero_grad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}: must be >= 0 (0 = never stop), got {getattr(self, name)}")
@@ -257,8 +266,9 @@ class Learner:
     train.il_warmup_steps steps, fewer when the warm start reaches train.il_warmup_target; `rl_start`).
     after_update(state) (weight sync) runs once before the first step (after any restore) and after every update;
     the state's buffers are donated to the next step, so the hook must copy what it keeps.
-    eval_fn(state) -> {name: value} runs before training, after the IL warm start, every train.eval_every steps
-    after it and at the end; results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
+    eval_fn(state, episodes) -> {name: value} runs before training, after the IL warm start, every
+    train.eval_every steps after it (on train.eval_every_episodes tasks, when set) and at the end (episodes None:
+    all of the held-out tasks); results go to metrics.jsonl as eval/<name> and to `eval_history` (checkpointed).
     flops_per_token(seq_len) gives the model's training FLOPs per token (for MFU); peak_flops is per device.
     `extra` is arbitrary JSON state saved in checkpoints and restored (e.g. resampling statistics).
     reference_at_rl_start: the reference policy (state.ref_params; objective.kl_weight / kl_penalty) becomes a copy
@@ -277,7 +287,7 @@ class Learner:
     checkpointer: Checkpointer | None = None
     vocab_size: int | None = None
     warmup_step_fn: TrainStep | None = None
-    eval_fn: Callable[[TrainState], dict[str, float]] | None = None
+    eval_fn: Callable[[TrainState, int | None], dict[str, float]] | None = None
     after_update: Callable[[TrainState], None] | None = None
     flops_per_token: Callable[[int], float] | None = None
     peak_flops: float = 0.0
@@ -455,11 +465,11 @@ class Learner:
             return self.warmup_step_fn
         return self.step_fn
 
-    def _evaluate(self, step: int) -> None:
+    def _evaluate(self, step: int, episodes: int | None = None) -> None:
         if self.eval_fn is None or any(e["step"] == step for e in self.eval_history):
             return
         with self.clock.active("evaluation"):
-            results = {k: float(v) for k, v in self.eval_fn(self.state).items()}
+            results = {k: float(v) for k, v in self.eval_fn(self.state, episodes).items()}
         self.eval_history.append({"step": step, **results})
         if self.metrics_log is not None:
             self.metrics_log.write(step, {f"eval/{k}": v for k, v in results.items()})
@@ -529,7 +539,9 @@ class Learner:
             self.metrics_log.start(self.resumed_from)
         step = last_saved = int(jax.device_get(self.state.step))
         every = self.checkpointer.config.every if self.checkpointer is not None else 0
-        self._progress = Progress(cfg.steps, step, self.logging_config.console_every)
+        self._progress = Progress(
+            cfg.steps, step, self.logging_config.console_every, rl_steps=cfg.steps - cfg.il_warmup_steps
+        )
         save_at_exit = False
         try:
             if self.after_update is not None:  # engines start from the learner's (possibly restored) weights
@@ -575,8 +587,10 @@ class Learner:
                         with self.clock.active("weight_sync"):
                             self.after_update(self.state)
                     since_rl = step - self.rl_start
-                    if since_rl == 0 or (cfg.eval_every and since_rl > 0 and since_rl % cfg.eval_every == 0):
+                    if since_rl == 0:
                         self._evaluate(step)
+                    elif cfg.eval_every and since_rl > 0 and since_rl % cfg.eval_every == 0 and step < total:
+                        self._evaluate(step, cfg.eval_every_episodes or None)  # (the last step's is the final)
                     if step >= total:
                         break
                 if self._streak_stop:

@@ -5,7 +5,9 @@ as done in full, so the bar jumps there rather than the total shrinking), the ph
 the phase's own signal (greedy match of expert episodes during the warm start, the batch reward during RL), the
 latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
 other reason) once there are any, under dynamic sampling the groups kept of those drawn for the batch, and the time
-left from the rate of the last steps. Evaluations and events (the warm start ending, a resume) get a line of their
+left from the rate of the last steps of the phase: during the warm start, the most its imitation steps can still take
+(RL steps cost otherwise: they wait for rollouts, so their time is not guessed from the warm start's), then the RL
+phase's from its own steps. Evaluations and events (the warm start ending, a resume) get a line of their
 own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import collections
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import jax
@@ -46,18 +49,29 @@ class RecentRate:
 
 
 class Progress:
-    """Console progress of one learner run from step `initial` towards `total` planned steps. `step(done=...)`
-    says how many planned steps are done when that differs from the step (after a warm start that ended early)."""
+    """Console progress of one learner run from step `initial` towards `total` planned steps, the last `rl_steps`
+    of them RL (the rest a warm start). `step(done=...)` says how many planned steps are done when that differs from
+    the step (after a warm start that ended early). `clock`: seconds, for the elapsed time and the rates."""
 
     ETA_WINDOW = 20  # steps
 
-    def __init__(self, total: int, initial: int, every: int, stream: TextIO | None = None):
+    def __init__(
+        self,
+        total: int,
+        initial: int,
+        every: int,
+        stream: TextIO | None = None,
+        rl_steps: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.stream = stream or sys.stderr
         self.enabled = jax.process_index() == 0
-        self.total, self.every = total, every
+        self.total, self.every, self.rl_steps = total, every, rl_steps
         self.success: float | None = None  # the latest held-out success
-        self._start_time = time.perf_counter()
+        self._clock = clock
+        self._start_time = clock()
         self._rate = RecentRate(self.ETA_WINDOW, initial, self._start_time)
+        self._last_mark, self._in_warm_start = (initial, self._start_time), None
         self._terminal = self.enabled and self.stream.isatty()
         self._bar = None  # created at the first step, so that constructing a Progress draws nothing
 
@@ -67,9 +81,18 @@ class Progress:
         if not self.enabled:
             return
         done = step if done is None else done
-        now = time.perf_counter()
+        now = self._clock()
+        if self._in_warm_start and not warm_start:  # RL's rate is its own: from the warm start's last step on
+            self._rate = RecentRate(self.ETA_WINDOW, *self._last_mark)
+        self._in_warm_start, self._last_mark = warm_start, (step, now)
         self._rate.add(step, now)
-        eta = self._rate.eta(self.total - done)
+        if warm_start:
+            eta = self._rate.eta(self.total - self.rl_steps - done)
+            then = f" to RL (then {self.rl_steps} RL steps)" if self.rl_steps else ""
+            left = "" if eta is None else f"ETA <= {format_duration(eta)}{then}"
+        else:
+            eta = self._rate.eta(self.total - done)
+            left = "" if eta is None else f"ETA {format_duration(eta)}"
         fields = {"loss": metrics.get("loss")}
         if warm_start:
             fields["greedy"] = metrics.get("il_greedy_match")
@@ -92,7 +115,6 @@ class Progress:
             shown["groups kept"] = f"{kept:.0f}/{drawn:.0f}{bound}"
         phase = "IL warm start" if warm_start else "RL"
         pairs = "  ".join(f"{k} {v}" for k, v in shown.items())
-        left = "" if eta is None else f"ETA {format_duration(eta)}"
         if self._terminal and self._bar is None:
             from tqdm import tqdm
 

@@ -21,7 +21,15 @@ from ipa_jax import analysis
 from ipa_jax.analysis import sweep as ablate
 from ipa_jax.analysis.curves import RunResult
 from ipa_jax.analysis.presets import Preset
-from ipa_jax.analysis.results import config_sha, load_result, read_result, result_path, write_result
+from ipa_jax.analysis.results import (
+    config_sha,
+    load_result,
+    read_result,
+    resolved_config,
+    result_changes,
+    result_path,
+    write_result,
+)
 from ipa_jax.pipeline import ConfigError, RunFolder, load_config, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -94,6 +102,16 @@ def test_the_fingerprint_ignores_where_a_run_went_and_the_guards_that_only_stop_
         assert config_sha(path, {"train.seed": 0, "train.run_dir": "a", **changed}) != sha, changed
 
 
+def test_a_key_added_since_a_results_file_counts_only_off_its_default():
+    current = resolved_config(os.path.join(CONFIG_DIR, "credit_chunk.py"), {"train.seed": 0})
+    older = {k: v for k, v in current.items() if k != "train.eval_every_episodes"}  # written before the key existed
+    assert current["train.eval_every_episodes"] == 0 and result_changes(older, current) == {}
+    assert result_changes(older, {**current, "train.eval_every_episodes": 8}) == {"train.eval_every_episodes": (0, 8)}
+    assert result_changes(current, {**current, "objective.gamma": 0.5}) == {"objective.gamma": (0.95, 0.5)}
+    with pytest.raises(ConfigError, match="train.no_such_key"):  # a key removed since
+        result_changes({**current, "train.no_such_key": 1}, current)
+
+
 def test_run_order_puts_every_arm_in_every_position():
     arms = [(f"arm{i}", f"p{i}") for i in range(3)]
     orders = [[n for n, _ in ablate.run_order(arms, seed)] for seed in range(6)]
@@ -118,7 +136,14 @@ def test_sweep_interleaves_resumes_and_rebuilds_tables_from_results(tmp_path, st
             run_dir = os.path.join(out, "runs", name, f"seed_{seed}")
             result, head = read_result(result_path(results, name, seed))
             assert result == RunResult.from_run(run_dir)  # the file holds what the folder does
-            assert head == {"config": name, "config_sha": config_sha(path, ablate.run_overrides(run_dir, seed))}
+            resolved = resolved_config(path, ablate.run_overrides(run_dir, seed))
+            assert head["config"] == name and head["config_sha"] == config_sha(
+                path, ablate.run_overrides(run_dir, seed)
+            )
+            assert (
+                head["config_resolved"] == resolved
+                and resolved["objective.gamma"] == {"tiny_a": 0.9, "tiny_b": 0.8}[name]
+            )
     table = open(os.path.join(out, "table.md"), encoding="utf-8").read()
     assert "Final held-out success per task family" in table and "| config | add | mul |" in table
     # Rerun: every run is finished, nothing trains.
@@ -143,19 +168,19 @@ def test_sweep_interleaves_resumes_and_rebuilds_tables_from_results(tmp_path, st
     # ... and the rerun trains that run only.
     ablate.sweep(arms, [0, 1], out, **kwargs)
     assert trained()[4:] == [("tiny_b", 1)]
-    # A results file of another config is never tabled under the arm's name: the run is recorded as failed.
+    # A results file of another config is never tabled under the arm's name: the run is recorded as failed, the
+    # keys that differ named.
     stale = result_path(results, "tiny_a", 0)
-    result, _ = read_result(stale)
-    write_result(stale, result, "tiny_a", "0" * 16)
+    result, head = read_result(stale)
+    resolved = head["config_resolved"]
+    write_result(stale, result, "tiny_a", {**resolved, "objective.gamma": 0.5})
     shutil.rmtree(os.path.join(out, "runs"))
     failed = ablate.sweep(arms, [0, 1], out, **kwargs)["failed"]
     assert [(f["config"], f["seed"]) for f in failed] == [("tiny_a", 0)] and "different config" in failed[0]["error"]
-    write_result(
-        stale,
-        result,
-        "tiny_a",
-        config_sha(arms[0][1], ablate.run_overrides(os.path.join(out, "runs", "tiny_a", "seed_0"), 0)),
-    )
+    assert "objective.gamma: 0.5 -> 0.9" in failed[0]["error"]
+    # Written before a key was added (the file lacks it): the arm's config when the key is at its default.
+    write_result(stale, result, "tiny_a", {k: v for k, v in resolved.items() if k != "train.eval_every_episodes"})
+    assert ablate.sweep(arms, [0, 1], out, **kwargs)["failed"] == []
     # The tables from the results alone, into a new folder: the sweep's table again.
     rebuilt = str(tmp_path / "rebuilt")
     ablate.tables_from_results(["tiny_a", "tiny_b"], [0, 1], results, rebuilt, claim="lower", threshold=0.2)
@@ -173,7 +198,7 @@ def test_tables_from_results_equal_tables_from_run_folders(tmp_path, stand_in):
     for name, run_dirs in manifest["runs"].items():
         for d in run_dirs:
             path = result_path(str(tmp_path / "results"), name, load_result(d).seed)
-            write_result(path, load_result(d), name, "sha")
+            write_result(path, load_result(d), name, {})
             files.setdefault(name, []).append(path)
     by_file, _ = analysis.ablation_rows(files, 0.2, pairs={"tiny_c_b": "tiny_b"}, resamples=200)
     assert json.dumps(by_file, default=str) == json.dumps(by_folder, default=str)
@@ -258,10 +283,10 @@ def test_arms_with_the_same_effective_config_run_once(tmp_path, stand_in):
         for seed in (0, 1):
             result, head = read_result(result_path(str(results), filtered, seed))
             run_dir = os.path.join(out, "runs", filtered, f"seed_{seed}")
-            assert head == {
-                "config": filtered,
-                "config_sha": config_sha(arms[2][1], ablate.run_overrides(run_dir, seed, overrides)),
-            }
+            assert head["config"] == filtered
+            assert head["config_resolved"] == resolved_config(
+                arms[2][1], ablate.run_overrides(run_dir, seed, overrides)
+            )
             assert result == read_result(result_path(str(results), matched, seed))[0]
         table = open(out / "table.md", encoding="utf-8").read()
         assert ("the runs of control_il_continue_matched (the same effective config)" in table) == (not error)

@@ -100,3 +100,18 @@ def test_arms_share_the_warm_start_tasks_and_keys(tmp_path_factory, tokenizer_di
     assert [t[1] for t in _trained_on(reseeded)[first_rl]] != [t[1] for t in batch[first_rl]]  # other keys
     assert _trained_on(other_arm)[first_rl] == batch[first_rl]  # same keys: the same episodes
     assert _trained_on(other_arm)[warm + 16 :] != batch[warm + 16 :]  # then its own weights
+
+
+@pytest.mark.slow
+def test_evaluations_leave_the_training_run_as_it_is(tmp_path_factory, tokenizer_dir, reference):
+    """An evaluation after every RL step on 2 of the 4 held-out tasks instead of every 2 steps on all 4: the same
+    batches, metrics and weights (evaluations play their own keys on the weights they are given)."""
+    denser = _run(tmp_path_factory, tokenizer_dir, "denser", **{"train.eval_every": 1, "train.eval_every_episodes": 2})
+    evals = [r for r in RunFolder(denser).read_metrics() if "eval/success" in r]
+    assert [(r["step"], r["eval/episodes"]) for r in evals] == [(0, 4), (2, 4), (3, 2), (4, 2), (5, 4)]
+    assert _trained_on(denser) == _trained_on(reference)
+    training = [r for r in _metrics(reference) if "loss" in r]
+    assert [r for r in _metrics(denser) if "loss" in r] == training and training
+    want, got = _weights(reference), _weights(denser)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

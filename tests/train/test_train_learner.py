@@ -82,7 +82,7 @@ def offline_run(tmp_path_factory):
     def after_update(state):
         calls["after_update"] += 1
 
-    def eval_fn(state):
+    def eval_fn(state, episodes):
         calls["eval"] += 1
         return {"success": 0.25 * calls["eval"]}
 
@@ -127,6 +127,34 @@ def test_hooks_and_eval_history(offline_run):
     assert [e["step"] for e in history] == [0, 2, 6]  # before, after the warm start, at the end
     rows = RunFolder(offline_run["run_dir"]).read_metrics()
     assert [r["eval/success"] for r in rows if "eval/success" in r] == [0.25, 0.5, 0.75]
+
+
+def test_evaluations_between_the_warm_start_and_the_end_play_the_smaller_set(tmp_path):
+    data = _write_data(tmp_path / "data.jsonl")
+    exp = make_exp(
+        f"train.data=('{data}',)",
+        "train.batch_size=8",
+        "train.il_warmup_steps=2",
+        "train.steps=6",
+        "train.eval_every=2",
+        "train.eval_episodes=8",
+        "train.eval_every_episodes=3",
+        "checkpoint.every=0",
+        "logging.tensorboard=False",
+    )
+    asked = []
+
+    def eval_fn(state, episodes):
+        asked.append((int(state.step), episodes))
+        return {"success": 0.5, "episodes": float(episodes or 8)}
+
+    run_dir = str(tmp_path / "run")
+    learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(), eval_fn=eval_fn)
+    learner.run()
+    # All 8 tasks before training, at the warm start's end (step 2) and at the end (step 6, also a multiple of
+    # eval_every: the final evaluation, not a small one); 3 at RL step 2 (step 4).
+    assert asked == [(0, None), (2, None), (4, 3), (6, None)]
+    assert [e["episodes"] for e in learner.eval_history] == [8, 8, 3, 8]
 
 
 def test_checkpoints_are_atomic_and_restorable(offline_run):
@@ -274,7 +302,11 @@ def test_warm_start_ends_on_its_greedy_match_target_and_resumes(tmp_path, capsys
     )
     run_dir = str(tmp_path / "run")
     learner = build_learner(
-        exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(), eval_fn=lambda state: {"success": 0.0}
+        exp,
+        JsonlSource(exp.train.data),
+        run_dir=run_dir,
+        mesh=_mesh2(),
+        eval_fn=lambda state, episodes: {"success": 0.0},
     )
     state = learner.run()
     start = learner.rl_start
