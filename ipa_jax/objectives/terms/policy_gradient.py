@@ -28,12 +28,19 @@ def policy_gradient_term(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax
     return num, batch.rl_denominator
 
 
+def action_aggregation(
+    masks: TermMasks, config: ObjectiveConfig, dtype: jnp.dtype = jnp.float32
+) -> tuple[jax.Array, jax.Array]:
+    """(scale [B, T], denominator): config.aggregation over every action token, Agg(v) = sum(scale * v) / den
+    (aggregation_weights with all of the config's aggregation settings, norm_length included)."""
+    return aggregation_weights(
+        masks.action, masks.chunk_ids, config.aggregation, dtype, masks.sequences, config.norm_length
+    )
+
+
 def policy_gradient_denominator(masks: TermMasks, config: ObjectiveConfig) -> jax.Array:
     """The aggregation's denominator (rows or action tokens with actions: masks only)."""
-    scale_and_den = aggregation_weights(
-        masks.action, masks.chunk_ids, config.aggregation, sequences=masks.sequences, norm_length=config.norm_length
-    )
-    return scale_and_den[1]
+    return action_aggregation(masks, config)[1]
 
 
 register_term(ObjectiveTerm("rl", "rl_weight", policy_gradient_term, policy_gradient_denominator, always=True))
