@@ -68,7 +68,6 @@ from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probabi
 from ipa_jax.objectives.overlong import loss_action_mask, shaped_rewards
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
-from ipa_jax.objectives.surrogates import ppo_clipped_loss
 from ipa_jax.objectives.terms import (
     TermBatch,
     TermMasks,
@@ -77,6 +76,7 @@ from ipa_jax.objectives.terms import (
     needs_entropy,
     term_weight,
 )
+from ipa_jax.objectives.terms.policy_gradient import ppo_token_loss
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_if_concrete
 
@@ -235,13 +235,7 @@ def objective_terms(
     )
     weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
     if config.surrogate == "ppo":  # its clip fraction: kept tokens on a clipped branch of the surrogate
-        _, clipped = ppo_clipped_loss(
-            jnp.where(keep, policy_log_ratio, 0),
-            returns,
-            config.ppo_clip_low,
-            config.ppo_clip_high,
-            config.ppo_dual_clip,
-        )
+        _, clipped = ppo_token_loss(jnp.where(keep, policy_log_ratio, 0), returns, config)
         clipped &= keep
 
     scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs, config.norm_length)

@@ -76,7 +76,11 @@ class ObjectiveConfig:
     surrogate: the policy-gradient term's form: "reinforce" (-w l, w stop-gradient) or "ppo" (clipped ratio).
     ppo_clip_low: PPO clips the ratio current / old to [1 - ppo_clip_low, 1 + ppo_clip_high].
     ppo_clip_high: the upper clip of the ratio (DAPO's clip-higher: > ppo_clip_low).
-    ppo_dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages at -c A; inf = off.
+    ppo_dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages at -c A; inf = off (verl
+      always applies c = 3: set 3 to match it; docs/objectives.md, "Differences from verl").
+    ppo_log_ratio_clamp: the ppo surrogate's log-ratio is clamped to [-c, c] before exp (verl: 20), so that its
+      loss stays finite in float32 (exp overflows past 88.7); a token beyond the clamp carries no gradient; inf
+      (or None) = off.
     row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
@@ -121,6 +125,7 @@ class ObjectiveConfig:
     ppo_clip_low: float = 0.2
     ppo_clip_high: float = 0.2
     ppo_dual_clip: float = math.inf
+    ppo_log_ratio_clamp: float = 20.0
     rl_weight: float = 1.0
     il_weight: float = 1.0
     il_aggregation: str = "token_mean"
@@ -254,6 +259,10 @@ class ObjectiveConfig:
         object.__setattr__(self, "ppo_dual_clip", float(dual))
         if math.isfinite(dual) and self.surrogate != "ppo":
             raise ValueError("ObjectiveConfig.ppo_dual_clip: the dual clip belongs to the ppo surrogate")
+        clamp = math.inf if self.ppo_log_ratio_clamp is None else self.ppo_log_ratio_clamp
+        if not _number(clamp) or not clamp > 0:  # also rejects NaN
+            raise ValueError(f"ObjectiveConfig.ppo_log_ratio_clamp: must be > 0 (inf or None = off), got {clamp!r}")
+        object.__setattr__(self, "ppo_log_ratio_clamp", float(clamp))
         if self.surrogate == "ppo" and self.is_level != "none":
             raise ValueError(
                 f"ObjectiveConfig.is_level: the ppo surrogate carries its own ratio (current / old per token); "

@@ -55,13 +55,15 @@ def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
     return adv
 
 
-def reference_ppo(l, old, adv, clip_low, clip_high, dual_clip):
-    """Token loss and d loss / d l of PPO's clipped surrogate with dual clip, from the formula."""
-    ratio = np.exp(l - old)
+def reference_ppo(l, old, adv, clip_low, clip_high, dual_clip, log_ratio_clamp=20.0):
+    """Token loss and d loss / d l of PPO's clipped surrogate with dual clip, from the formula; the log-ratio
+    clamped to [-c, c] before exp (no gradient beyond it)."""
+    log_ratio = np.asarray(l, np.float64) - np.asarray(old, np.float64)
+    ratio = np.exp(np.clip(log_ratio, -log_ratio_clamp, log_ratio_clamp))
     unclipped = -adv * ratio
     clipped = -adv * np.clip(ratio, 1 - clip_low, 1 + clip_high)
     loss = np.maximum(unclipped, clipped)
-    live = unclipped >= clipped  # the unclipped branch is the max: its gradient flows
+    live = (unclipped >= clipped) & (np.abs(log_ratio) <= log_ratio_clamp)  # the unclipped branch is the max
     if np.isfinite(dual_clip):
         bounded = (adv < 0) & (loss > -dual_clip * adv)
         loss = np.where(bounded, -dual_clip * adv, loss)
@@ -75,7 +77,7 @@ def reference_loss(config, l, old, rewards, groups, action):
     A = np.broadcast_to(adv[:, None], l.shape)
     if config.surrogate == "ppo":
         token_loss, token_grad = reference_ppo(
-            l, old, A, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip
+            l, old, A, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip, config.ppo_log_ratio_clamp
         )
     else:  # REINFORCE: -A l
         token_loss, token_grad = -A * l, -A
@@ -207,6 +209,47 @@ def test_ppo_surrogate_branches_and_gradient():
             assert 0 < np.count_nonzero(ref_grad == 0) < ref_grad.size  # both live and clipped tokens
 
 
+@pytest.mark.parametrize("dual_clip", [np.inf, 3.0])
+def test_ppo_log_ratio_clamp_keeps_float32_finite(dual_clip):
+    """Log-ratios of +-30, +-89 and +-100 (exp overflows float32 past 88.7) with both signs of the advantage: in
+    float32 the loss and gradient are finite and equal the float64 formula with the log-ratio clamped at 20 (no
+    gradient beyond it); tokens within the clamp keep theirs."""
+    log_ratio = np.array([[30.0, -30.0, 89.0, -89.0, 100.0, -100.0, 0.1, -0.1]] * 2)
+    adv = np.array([[1.0] * 8, [-1.0] * 8])
+    ref_loss, ref_grad = reference_ppo(log_ratio, np.zeros_like(log_ratio), adv, 0.2, 0.2, dual_clip, 20.0)
+
+    def loss_of(x):
+        return jnp.sum(ppo_clipped_loss(x, jnp.asarray(adv, jnp.float32), 0.2, 0.2, dual_clip, 20.0)[0])
+
+    loss, grad = jax.value_and_grad(loss_of)(jnp.asarray(log_ratio, jnp.float32))
+    assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all()
+    np.testing.assert_allclose(float(loss), ref_loss.sum(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-6, atol=1e-7)
+    assert (ref_grad[:, :6] == 0).all() and (ref_grad[:, 6:] != 0).all()  # only the tokens within the clamp learn
+    _, clipped = ppo_clipped_loss(jnp.asarray(log_ratio), jnp.asarray(adv), 0.2, 0.2, dual_clip, 20.0)
+    np.testing.assert_array_equal(np.asarray(clipped)[:, :6], True)  # beyond the clamp: no gradient
+
+
+def test_ppo_log_ratio_clamp_is_the_configs():
+    """policy_loss reads objective.ppo_log_ratio_clamp (default 20, verl's): a batch whose old log-probs lie 90
+    below the current ones has the float64 reference's loss with that clamp; inf turns it off (float64: finite)."""
+    batch = _batch(0)
+    l = batch["log_probs"].astype(np.float64)
+    old = np.where(batch["action_mask"], l - np.where(np.arange(l.shape[1]) % 3 == 0, 90.0, 0.1), 0.0)
+    config = ppo_dual_clip_config(dual_clip=np.inf)
+    assert config.ppo_log_ratio_clamp == 20.0
+    with jax.enable_x64(True):
+        for clamp in (20.0, 5.0, np.inf):
+            cfg = dataclasses.replace(config, ppo_log_ratio_clamp=clamp)
+            args = (batch["action_mask"], batch["chunk_ids"], batch["expert_mask"], batch["group_ids"])
+            loss = policy_loss(
+                jnp.asarray(l), jnp.asarray(batch["behavior_log_probs"], jnp.float64),
+                jnp.asarray(batch["rewards"], jnp.float64), *args, config=cfg, old_log_probs=jnp.asarray(old),
+            )[0]  # fmt: skip
+            expected, _ = reference_loss(cfg, l, old, batch["rewards"], GROUPS, batch["action_mask"])
+            np.testing.assert_allclose(float(loss), expected, rtol=1e-10)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -219,6 +262,8 @@ def test_ppo_surrogate_branches_and_gradient():
         (dict(surrogate="ppo", is_level="none", ppo_clip_high=-0.1), r"ppo_clip_high: must be in \[0, inf\)"),
         (dict(surrogate="ppo", is_level="none", ppo_dual_clip=1.0), "ppo_dual_clip: must be > 1"),
         (dict(ppo_dual_clip=3.0), "ppo_dual_clip: the dual clip belongs to the ppo surrogate"),
+        (dict(ppo_log_ratio_clamp=0.0), r"ppo_log_ratio_clamp: must be > 0 \(inf or None = off\)"),
+        (dict(ppo_log_ratio_clamp=float("nan")), "ppo_log_ratio_clamp: must be > 0"),
         (dict(aggregation="token_sum_norm"), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
         (dict(norm_length=16), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
         (dict(aggregation="token_sum_norm", norm_length=2.5), "norm_length: must be an integer >= 0"),

@@ -19,13 +19,24 @@ def policy_gradient_term(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax
     if config.surrogate == "ppo":
         # the ratio of the tokens left out is 1 (log 0): an overflowing one must not reach the gradient
         log_ratio = jnp.where(batch.keep, batch.log_probs - batch.proximal, 0)
-        token_loss, _ = ppo_clipped_loss(
-            log_ratio, batch.returns, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip
-        )
+        token_loss, _ = ppo_token_loss(log_ratio, batch.returns, config)
         num = jnp.sum(jnp.where(batch.keep, batch.mismatch_weight * batch.scale * token_loss, 0))
         return num, batch.rl_denominator
     num = -jnp.sum(jnp.where(batch.keep, batch.weights * batch.scale * batch.log_probs, 0))
     return num, batch.rl_denominator
+
+
+def ppo_token_loss(log_ratio: jax.Array, returns: jax.Array, config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
+    """ppo_clipped_loss with the config's clip range, dual clip and log-ratio clamp: log r, G [B, T] -> (token loss
+    [B, T], clipped bool[B, T])."""
+    return ppo_clipped_loss(
+        log_ratio,
+        returns,
+        config.ppo_clip_low,
+        config.ppo_clip_high,
+        config.ppo_dual_clip,
+        config.ppo_log_ratio_clamp,
+    )
 
 
 def action_aggregation(
