@@ -51,10 +51,13 @@ class ObjectiveConfig:
     advantage_eps: the epsilon of advantage_norm's divisor, std + eps.
     advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE); or
-      "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py).
+      "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py),
+      undiscounted and from raw rewards (no kl_penalty, overlong punishment or advantage_norm with it); gamma and
+      the baseline apply to the episodes left unbranched, which get chunk credit.
     branch_samples: credit "branch": continuations sampled from the state before each chunk (n per V(k)).
     branch_fraction: credit "branch": the fraction of episodes branched, in (0, 1]; the others get chunk credit.
-    gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
+    gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit); with credit "branch",
+      of the unbranched episodes' chunk credit (a branched chunk's V(k+1) - V(k) is a one-step difference).
     old_logprobs: the policy ratio's denominator: "behavior" (the sampler's) or "recompute" (the learner's).
       "recompute": the caller passes old_log_probs, the learner's log-probs at the start of the update; the
       policy ratio (rho, trust region) is then current vs old and the mismatch ratio old vs behaviour.
@@ -213,6 +216,7 @@ class ObjectiveConfig:
         self._check_estimator()
         self._check_surrogate()
         self._check_overlong()
+        self._check_branch()
 
     def _check_estimator(self) -> None:
         if not _number(self.advantage_eps) or not self.advantage_eps > 0 or not math.isfinite(self.advantage_eps):
@@ -287,6 +291,33 @@ class ObjectiveConfig:
             )
         if not isinstance(self.overlong_filter, bool):
             raise ValueError(f"ObjectiveConfig.overlong_filter: must be True or False, got {self.overlong_filter!r}")
+
+    def _check_branch(self) -> None:
+        """Branch credit takes a branched chunk's advantage V(k+1) - V(k) from the raw rewards of continuations the
+        learner never sees: reward shaping of the episode alone would bias it, so the options that shape rewards
+        are refused (gamma and the baseline apply to the unbranched episodes' chunk credit only)."""
+        if self.credit != "branch":
+            return
+        prefix = "with credit 'branch', a branched chunk's V(k+1) - V(k) comes from its continuations' raw rewards;"
+        for name, on, why in (
+            (
+                "kl_penalty",
+                self.kl_penalty > 0,
+                "the continuations' KL to the reference is not known (use the KL loss term, kl_weight)",
+            ),
+            (
+                "overlong_max_length",
+                self.overlong_max_length > 0,
+                "the continuations' lengths are not punished (use overlong_filter)",
+            ),
+            (
+                "advantage_norm",
+                self.advantage_norm != "none",
+                "a reward std scales episode advantages, not differences of Monte Carlo values",
+            ),
+        ):
+            if on:
+                raise ValueError(f"ObjectiveConfig.{name}: {prefix} {why}")
 
     @property
     def needs_old_log_probs(self) -> bool:
