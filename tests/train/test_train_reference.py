@@ -70,6 +70,27 @@ def test_reference_must_be_a_model_of_the_policy_architecture(mesh, tmp_path):
         make_exp("model.reference=inital")
 
 
+def test_under_lora_the_reference_folder_is_the_base_model(mesh, hf_folders, tmp_path):
+    """With adapters (model.lora_rank > 0), model.reference = model.path's folder (spelt with a trailing slash) is
+    the base model under the adapters: its log-probs are a transformers forward of that folder's while the
+    adapters have moved the policy away; another folder of the same architecture is a one-line config error."""
+    policy, other = hf_folders
+    lora = (f"model.path={policy}", "model.lora_rank=2", "model.lora_alpha=4.0", "objective.kl_weight=0.1",
+            "train.batch_size=8", "model.logprob_block_size=8")  # fmt: skip
+    exp = make_exp(*lora, f"model.reference={policy}/")
+    state = build_state(exp, mesh)
+    step, _ = build_steps(exp, state, mesh)
+    rng = np.random.default_rng(0)
+    moved = state.replace(params=jax.tree.map(lambda x: x + rng.normal(0, 0.3, x.shape).astype(x.dtype), state.params))
+    batch = make_batch(8, seed=4)
+    got = step.reference_log_probs(moved, batch)
+    np.testing.assert_allclose(got, _transformers_log_probs(policy, batch), rtol=1e-4, atol=2e-5)
+    assert np.abs(step.old_log_probs(moved, batch) - got).max() > 0.01  # the adapters' policy is another model
+    with pytest.raises(ConfigError, match=r"^config key 'model.reference': with LoRA .* must be model.path's") as error:
+        make_exp(*lora, f"model.reference={other}")
+    assert "\n" not in str(error.value)
+
+
 def test_the_reference_stays_frozen_and_the_kl_term_pulls_towards_it(mesh):
     """Three updates with the KL term (k3) and penalty: state.ref_params stay bit for bit the initial weights while
     the policy moves; the KL metrics are 0 at the first update (policy == reference) and positive after."""
