@@ -371,6 +371,7 @@ def estimate_advantages(
         norm=config.advantage_norm,
         eps=config.advantage_eps,
         token_counts=tokens,
+        group_of_one=config.group_of_one,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 BASELINES = ("none", "batch_mean", "group_mean", "rloo")
 BASELINE_STAGES = ("reward", "return")
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std")
+GROUP_OF_ONE = ("zero", "reward")
 SURROGATES = ("reinforce", "ppo")
 CREDITS = ("chunk", "token", "trajectory", "branch")
 IS_LEVELS = ("none", "token", "chunk", "sequence")
@@ -48,6 +49,9 @@ class ObjectiveConfig:
       discounted returns over the scored units: an early chunk of a success can be negative; docs/objectives.md).
     advantage_norm: then divide A by a std: "none", "group_std" (the group's reward std: GRPO) or "batch_std"
       (whiten over the batch's action tokens, (A - mean) / std: REINFORCE++).
+    group_of_one: baseline "group_mean", a trajectory alone in its group (the others filtered out, or offline
+      data): "zero" (A = 0: its own reward is its group's mean, nothing to compare with) or "reward" (verl's GRPO:
+      the group's mean taken as 0 and its std as 1, A = R, / (1 + eps) with group_std).
     advantage_eps: the epsilon of advantage_norm's divisor, std + eps.
     advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE); or
@@ -105,6 +109,7 @@ class ObjectiveConfig:
     baseline: str = "none"
     baseline_stage: str = "reward"
     advantage_norm: str = "none"
+    group_of_one: str = "zero"
     advantage_eps: float = 1e-6
     advantage_sign: int = 1
     credit: str = "chunk"
@@ -149,6 +154,7 @@ class ObjectiveConfig:
             ("baseline", BASELINES),
             ("baseline_stage", BASELINE_STAGES),
             ("advantage_norm", ADVANTAGE_NORMS),
+            ("group_of_one", GROUP_OF_ONE),
             ("surrogate", SURROGATES),
             ("credit", CREDITS),
             ("old_logprobs", OLD_LOGPROBS),
@@ -225,6 +231,12 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.advantage_norm: 'group_std' divides a group baseline's advantages by the group's "
                 f"std; baseline {self.baseline!r} has no groups (use 'group_mean' or 'rloo')"
+            )
+        if self.group_of_one != "zero" and (self.baseline != "group_mean" or self.baseline_stage != "reward"):
+            raise ValueError(
+                f"ObjectiveConfig.group_of_one: {self.group_of_one!r} sets the advantage of a group of one under "
+                f"baseline 'group_mean' at stage 'reward', got baseline {self.baseline!r} at stage "
+                f"{self.baseline_stage!r} (rloo's group of one always has A = R)"
             )
         self._check_baseline_stage()
         if not _integer(self.norm_length) or self.norm_length < 0:

@@ -29,7 +29,7 @@ GROUPS = np.array([0, 0, 0, 1, 1, 2, 3, 1], np.int32)  # group 2: one sample; ro
 EPS = 1e-6
 
 
-def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
+def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS, group_of_one="zero"):
     """Per row, from the formulas; rows without actions get 0 and are left out of every statistic."""
     r = np.asarray(rewards, np.float64)
     rl = action.any(axis=1)
@@ -41,8 +41,8 @@ def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
             adv[i] = r[i]
         elif baseline == "batch_mean":
             adv[i] = r[i] - r[rl].mean()
-        elif baseline == "group_mean":  # GRPO: R_i - mean(R_group)
-            adv[i] = r[i] - group.mean()
+        elif baseline == "group_mean":  # GRPO: R_i - mean(R_group); verl's group of one: mean 0
+            adv[i] = r[i] - (0.0 if len(group) == 1 and group_of_one == "reward" else group.mean())
         else:  # RLOO: R_i - 1/(n-1) sum_{j != i} R_j; alone in its group: R_i
             adv[i] = r[i] - (group.sum() - r[i]) / (len(group) - 1) if len(group) > 1 else r[i]
         if norm == "group_std":  # GRPO: / (std(R_group) + eps), the sample (n-1) std; 1 for a group of one
@@ -129,6 +129,27 @@ def test_advantages_match_the_published_formulas(baseline, norm):
     expected = reference_advantages(batch["rewards"], GROUPS, action, baseline, norm)
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-12, atol=1e-12)
     assert adv[6] == 0 and np.abs(expected[action.any(axis=1)]).max() > 0.1
+
+
+@pytest.mark.parametrize("norm", ["none", "group_std"])
+def test_a_group_of_one_gets_zero_or_verls_reward(norm):
+    """Row 5 is alone in group 2: A = 0 by default; with group_of_one "reward" (verl's GRPO: the group's mean 0,
+    its std 1) A = R, or R / (1 + eps) with group_std; every other row is unchanged. Through policy_loss too."""
+    batch = _batch(2)
+    batch["rewards"][5] = 0.75
+    action = batch["action_mask"]
+    for group_of_one in ("zero", "reward"):
+        config = ObjectiveConfig(baseline="group_mean", advantage_norm=norm, group_of_one=group_of_one)
+        expected = reference_advantages(batch["rewards"], GROUPS, action, "group_mean", norm, EPS, group_of_one)
+        with jax.enable_x64(True):
+            _, diag = policy_loss(
+                jnp.asarray(batch["log_probs"], jnp.float64), jnp.asarray(batch["behavior_log_probs"], jnp.float64),
+                jnp.asarray(batch["rewards"], jnp.float64), action, batch["chunk_ids"], batch["expert_mask"],
+                batch["group_ids"], config=config,
+            )  # fmt: skip
+            np.testing.assert_allclose(np.asarray(diag["advantages"]), expected, rtol=1e-12, atol=1e-12)
+        lone = 0.75 / (1 + EPS if norm == "group_std" else 1)
+        assert expected[5] == (0.0 if group_of_one == "zero" else pytest.approx(lone, rel=1e-12)) and lone != 0
 
 
 def test_advantage_sign_flips_every_estimator():
@@ -262,6 +283,9 @@ def test_ppo_log_ratio_clamp_is_the_configs():
         (dict(surrogate="ppo", is_level="none", ppo_clip_high=-0.1), r"ppo_clip_high: must be in \[0, inf\)"),
         (dict(surrogate="ppo", is_level="none", ppo_dual_clip=1.0), "ppo_dual_clip: must be > 1"),
         (dict(ppo_dual_clip=3.0), "ppo_dual_clip: the dual clip belongs to the ppo surrogate"),
+        (dict(group_of_one="reward"), "group_of_one: 'reward' sets the advantage of a group of one"),
+        (dict(baseline="rloo", group_of_one="reward"), "group_of_one: .*rloo's group of one always has A = R"),
+        (dict(group_of_one="one"), "group_of_one: 'one' is not one of"),
         (dict(ppo_log_ratio_clamp=0.0), r"ppo_log_ratio_clamp: must be > 0 \(inf or None = off\)"),
         (dict(ppo_log_ratio_clamp=float("nan")), "ppo_log_ratio_clamp: must be > 0"),
         (dict(aggregation="token_sum_norm"), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
