@@ -428,7 +428,8 @@ class QueueConfig:
       waited this long without the queue admitting one; 0 = wait forever.
     dynamic_sampling: DAPO's dynamic sampling: batches are filled with whole groups (rollout.group_size > 1) whose
       rewards differ; a group whose rewards are all equal (every advantage 0 under a group baseline) is dropped and
-      more groups are drawn from the queue, within max_policy_lag (docs/off_policy.md).
+      more groups are drawn from the queue, within max_policy_lag (docs/off_policy.md). The raw rewards, before
+      any shaping (verl's DAPO metric acc; docs/objectives.md, "Differences from verl").
     dynamic_sampling_max_batches: at most this many batches' worth of groups (train.batch_size /
       rollout.group_size each) are drawn for one batch; when they leave it short, the last groups with equal
       rewards fill it (counted as dynamic_groups_filled and dynamic_bound_hit, with a warning).
