@@ -97,8 +97,12 @@ class ObjectiveConfig:
     entropy_weight: the weight of the entropy bonus -Agg(H) over action tokens (> 0 raises entropy); 0 = off.
     kl_weight: the weight of the KL loss term Agg(k) against the frozen reference policy (model.reference); 0 = off.
     kl_estimator: the KL loss term's per-token estimator: "k1", "k2" or "k3" (Schulman's; objectives/kl.py).
-    kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs); 0 = off.
+    kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs: see
+      kl_penalty_logprobs); 0 = off.
     kl_penalty_estimator: the KL reward penalty's per-token estimator: "k1", "k2" or "k3".
+    kl_penalty_logprobs: the policy side of the penalty's k_t: "behavior" (the sampler's, the policy that drew
+      the tokens, whose KL k1 estimates) or "recompute" (verl's: the learner's old log-probs, old_logprobs
+      "recompute"'s; a batch's first update then costs one more forward).
     overlong_max_length: DAPO's L_max in action tokens for the soft overlong punishment; 0 = off.
     overlong_buffer_length: DAPO's L_cache: the punishment ramps from 0 to -overlong_penalty over the last
       L_cache tokens before overlong_max_length.
@@ -144,6 +148,7 @@ class ObjectiveConfig:
     kl_estimator: str = "k3"
     kl_penalty: float = 0.0
     kl_penalty_estimator: str = "k1"
+    kl_penalty_logprobs: str = "behavior"
     overlong_max_length: int = 0
     overlong_buffer_length: int = 0
     overlong_penalty: float = 1.0
@@ -168,6 +173,7 @@ class ObjectiveConfig:
             ("il_aggregation", IL_AGGREGATIONS),
             ("kl_estimator", KL_ESTIMATORS),
             ("kl_penalty_estimator", KL_ESTIMATORS),
+            ("kl_penalty_logprobs", OLD_LOGPROBS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
@@ -218,6 +224,11 @@ class ObjectiveConfig:
         if not _number(self.kl_penalty) or not 0.0 <= self.kl_penalty < math.inf:  # also rejects NaN
             raise ValueError(
                 f"ObjectiveConfig.kl_penalty: must be a finite number >= 0 (0 = off), got {self.kl_penalty!r}"
+            )
+        if self.kl_penalty_logprobs == "recompute" and (self.kl_penalty == 0 or not self.needs_old_log_probs):
+            raise ValueError(
+                "ObjectiveConfig.kl_penalty_logprobs: 'recompute' takes the KL reward penalty's log-probs from the "
+                "learner's old log-probs: needs kl_penalty > 0 and old_logprobs 'recompute'"
             )
         self._check_estimator()
         self._check_surrogate()
@@ -356,6 +367,11 @@ class ObjectiveConfig:
     def needs_reference(self) -> bool:
         """Whether the train step needs the reference policy's log-probs (a KL loss term or a KL reward penalty)."""
         return self.kl_weight != 0 or self.kl_penalty > 0
+
+    @property
+    def penalty_reads_old_log_probs(self) -> bool:
+        """Whether the KL reward penalty reads the old log-probs (kl_penalty_logprobs "recompute")."""
+        return self.kl_penalty > 0 and self.kl_penalty_logprobs == "recompute"
 
     @property
     def needs_rewards(self) -> bool:

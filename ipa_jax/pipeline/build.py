@@ -169,6 +169,7 @@ def warm_start_objective(objective: ObjectiveConfig) -> ObjectiveConfig:
         entropy_weight=0.0,
         kl_weight=0.0,
         kl_penalty=0.0,
+        kl_penalty_logprobs="behavior",
     )
 
 

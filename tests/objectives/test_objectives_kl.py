@@ -201,6 +201,29 @@ def test_policy_loss_applies_the_kl_reward_penalty():
         policy_loss(*args, config=config)
 
 
+def test_kl_penalty_can_read_the_old_log_probs_as_verl():
+    """kl_penalty_logprobs "recompute" (verl's use_kl_in_reward): R'_i = R_i - beta * sum_t k(old_t, ref_t) with the
+    learner's old log-probs in place of the sampler's, in float64; the default reads the sampler's."""
+    batch = random_batch(np.random.default_rng(15), B=4, T=16)
+    action, b = batch["action_mask"], batch["behavior_log_probs"]
+    rng = np.random.default_rng(16)
+    ref_lp = np.minimum(b + 0.3 * rng.normal(size=b.shape), 0)
+    old = np.where(action, np.minimum(b + 0.2 * rng.normal(size=b.shape), 0), 0)
+    args = [batch[k] for k in ("log_probs", "behavior_log_probs", "rewards", "action_mask", "chunk_ids")]
+    for source, policy in (("behavior", b), ("recompute", old)):
+        config = ObjectiveConfig(kl_penalty=0.3, kl_penalty_estimator="k3", kl_penalty_logprobs=source,
+                                 old_logprobs="recompute", is_level="none", mismatch_level="none")  # fmt: skip
+        k, _ = _estimators_float64(policy, ref_lp)["k3"]
+        with jax.enable_x64(True):
+            _, diag = policy_loss(
+                *(jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x for x in args), config=config,
+                old_log_probs=jnp.asarray(old), extras={"ref_log_probs": jnp.asarray(ref_lp)},
+            )  # fmt: skip
+        expected = batch["rewards"] - 0.3 * np.where(action, k, 0).sum(axis=1)
+        np.testing.assert_allclose(np.asarray(diag["advantages"]), expected, rtol=1e-12, atol=1e-12)
+    assert np.abs(np.where(action, old - b, 0)).sum() > 1  # the two sources differ
+
+
 def test_kl_config_is_validated():
     with pytest.raises(ValueError, match="kl_estimator: 'k5' is not one of"):
         ObjectiveConfig(kl_estimator="k5")
@@ -210,5 +233,11 @@ def test_kl_config_is_validated():
         ObjectiveConfig(kl_weight=float("inf"))
     with pytest.raises(ValueError, match="kl_penalty: must be a finite number >= 0"):
         ObjectiveConfig(kl_penalty=-0.1)
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'recompute' .* needs kl_penalty > 0 and old_logprobs"):
+        ObjectiveConfig(kl_penalty=0.1, kl_penalty_logprobs="recompute")
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'recompute' .* needs kl_penalty > 0"):
+        ObjectiveConfig(old_logprobs="recompute", kl_penalty_logprobs="recompute")
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'old' is not one of"):
+        ObjectiveConfig(kl_penalty_logprobs="old")
     assert not ObjectiveConfig().needs_reference
     assert ObjectiveConfig(kl_penalty=0.01).needs_reference and ObjectiveConfig(kl_weight=0.1).needs_reference

@@ -132,6 +132,31 @@ def test_kl_penalty_advantages_match_numpy(mesh):
         batch_advantages(batch, exp.objective)
 
 
+def test_kl_penalty_of_the_old_log_probs_in_a_step(mesh):
+    """kl_penalty_logprobs "recompute" (verl's): the step's first update computes the old log-probs before the
+    advantages, so KL_i = sum_t (old_t - ref_t) (k1) with old the learner's log-probs before the update, not the
+    sampler's; its mean over trajectories and the advantages' (no baseline) against float64."""
+    exp = make_exp("objective.kl_penalty=0.2", "objective.kl_penalty_logprobs=recompute",
+                   "objective.old_logprobs=recompute", "train.batch_size=8", "train.il_warmup_steps=1",
+                   EPS)  # fmt: skip
+    state = build_state(exp, mesh)
+    state = state.with_reference(build_state(make_exp("objective.kl_penalty=0.2", "train.seed=1"), mesh).params)
+    step, warm_start = build_steps(exp, state, mesh)
+    assert warm_start.options.objective.kl_penalty == 0  # the warm start's objective has no penalty to read them
+    batch = make_batch(8, seed=8)
+    old, ref = step.old_log_probs(state, batch), step.reference_log_probs(state, batch)
+    action = np.asarray(batch.action_mask)
+    kl = np.where(action, old.astype(np.float64) - ref, 0).sum(axis=1)
+    sampler_kl = np.where(action, np.asarray(batch.behavior_logprobs, np.float64) - ref, 0).sum(axis=1)
+    assert abs(kl.mean() - sampler_kl.mean()) > 0.1  # the sampler's log-probs would give another penalty
+    _, metrics = step(jax.tree.map(lambda x: x.copy(), state), step.put_batch(batch),
+                      extras=step.put_batch({"ref_log_probs": ref}))  # fmt: skip
+    metrics = jax.device_get(metrics)
+    assert math.isclose(metrics["kl_penalty_sequence_mean"], kl.mean(), rel_tol=1e-5, abs_tol=1e-5)
+    expected = np.asarray(batch.rewards, np.float64) - 0.2 * kl
+    assert math.isclose(metrics["advantage_mean"], expected.mean(), rel_tol=1e-5, abs_tol=1e-6)
+
+
 def test_kl_step_microbatched_equals_full_batch(mesh):
     """One update with the KL term and penalty against a reference other than the policy: 2 microbatches (each
     with its rows of the reference log-probs) give the full batch's update."""
