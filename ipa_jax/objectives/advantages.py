@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from ipa_jax.objectives.chunks import compute_dtype
-from ipa_jax.objectives.config import BASELINES, SIGN_BY
+from ipa_jax.objectives.config import BASELINES, GROUP_OF_ONE, SIGN_BY
 
 
 def compute_advantages(
@@ -20,19 +20,23 @@ def compute_advantages(
     norm: str = "none",
     eps: float = 1e-6,
     token_counts: jax.Array | None = None,
+    group_of_one: str = "zero",
 ) -> jax.Array:
     """rewards [B] -> advantages [B] (any shape: [B, S] per sequence slot of packed rows, a baseline over all).
 
     none: A = R; batch_mean: A = R - mean_B(R); group_mean: A_i = R_i - mean{R_j : group_ids[j] == group_ids[i]}
-    (group_ids int, same shape, any values); rloo: A_i = R_i - mean{R_j : j != i in i's group} (a group of one:
-    A_i = R_i). rl_rows bool (default: all) marks the rows with action tokens; every mean and std runs over them
-    only and the other rows (pure imitation rows, padding, unused slots of packed rows) get A = 0. sign -1 negates
+    (group_ids int, same shape, any values; a group of one: A_i = 0, or with group_of_one="reward" verl's A_i = R_i,
+    its group's mean taken as 0); rloo: A_i = R_i - mean{R_j : j != i in i's group} (a group of one: A_i = R_i).
+    rl_rows bool (default: all) marks the rows with action tokens; every mean and std runs over them only and the
+    other rows (pure imitation rows, padding, unused slots of packed rows) get A = 0. sign -1 negates
     every advantage (ObjectiveConfig.advantage_sign: a positive control). Then norm (ObjectiveConfig.advantage_norm):
     group_std divides by the group's reward std + eps, batch_std whitens over the batch's tokens
     (token_counts: each row's action tokens, its weight; default 1 per row).
     """
     if baseline not in BASELINES:
         raise ValueError(f"baseline: {baseline!r} is not one of {BASELINES}")
+    if group_of_one not in GROUP_OF_ONE:
+        raise ValueError(f"group_of_one: {group_of_one!r} is not one of {GROUP_OF_ONE}")
     if sign not in (1, -1):
         raise ValueError(f"sign: must be 1 or -1, got {sign!r}")
     if sign == -1:  # -(R - b(R)) = (-R) - b(-R) for every baseline here (each is linear in R); stds are even
@@ -52,7 +56,10 @@ def compute_advantages(
         # A_i = R_i - sum_j w_j R_j / sum_j w_j
         adv = r - jnp.sum(w * r) / jnp.maximum(jnp.sum(w), 1)
     elif baseline == "group_mean":
-        adv = r - (same @ r) / jnp.maximum(same.sum(axis=1), 1)
+        n = same.sum(axis=1)
+        # A_i = R_i - mean_g R; a group of one: its own mean (A_i = 0), or verl's 0 (A_i = R_i)
+        mean = jnp.where((n > 1) | (group_of_one == "zero"), (same @ r) / jnp.maximum(n, 1), 0)
+        adv = r - mean
     else:
         # A_i = R_i - (sum_{j in g} R_j - R_i) / (n_g - 1); no other sample (n_g = 1): A_i = R_i
         n = same.sum(axis=1)

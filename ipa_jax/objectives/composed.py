@@ -68,7 +68,6 @@ from ipa_jax.objectives.masks import entropy_filter_mask, mismatch_mask, probabi
 from ipa_jax.objectives.overlong import loss_action_mask, shaped_rewards
 from ipa_jax.objectives.ratios import importance_weights, level_log_ratio, level_mean
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
-from ipa_jax.objectives.surrogates import ppo_clipped_loss
 from ipa_jax.objectives.terms import (
     TermBatch,
     TermMasks,
@@ -77,6 +76,7 @@ from ipa_jax.objectives.terms import (
     needs_entropy,
     term_weight,
 )
+from ipa_jax.objectives.terms.policy_gradient import ppo_token_loss
 from ipa_jax.objectives.trust_region import bernoulli_kl, chunk_divergence, sequence_divergence
 from ipa_jax.objectives.validation import validate_if_concrete
 
@@ -235,13 +235,7 @@ def objective_terms(
     )
     weights = jnp.where(keep, rho * mismatch_weight * returns, 0)
     if config.surrogate == "ppo":  # its clip fraction: kept tokens on a clipped branch of the surrogate
-        _, clipped = ppo_clipped_loss(
-            jnp.where(keep, policy_log_ratio, 0),
-            returns,
-            config.ppo_clip_low,
-            config.ppo_clip_high,
-            config.ppo_dual_clip,
-        )
+        _, clipped = ppo_token_loss(jnp.where(keep, policy_log_ratio, 0), returns, config)
         clipped &= keep
 
     scale, den_rl = aggregation_weights(action, chunk_ids, config.aggregation, dtype, seqs, config.norm_length)
@@ -352,21 +346,20 @@ def estimate_advantages(
     *,
     behavior_log_probs: jax.Array | None = None,
     ref_log_probs: jax.Array | None = None,
+    old_log_probs: jax.Array | None = None,
 ) -> jax.Array:
     """rewards [B] ([B, S] packed), action_mask [B, T] -> advantages A [B] ([B, S]) by the config's estimator:
     the rewards plus the overlong punishment (shaped_rewards), the baseline and std normalisation over the
     sequences whose action tokens the loss covers (loss_action_mask), batch_std weighting each by its tokens.
-    With config.kl_penalty > 0 the rewards are first R_i - beta * KL_i, KL_i = sum_t k(b_t, ref_t) over the
-    action tokens (behavior_log_probs b and ref_log_probs [B, T] required). With config.baseline_stage "return"
-    the baseline waits for the discounted returns: A_i = the (shaped, signed) R_i, and estimate_return_baselines
-    gives the baseline."""
+    With config.kl_penalty > 0 the rewards are first R_i - beta * KL_i (`penalty_sequence_kl`: ref_log_probs and
+    behavior_log_probs, or old_log_probs with kl_penalty_logprobs "recompute", [B, T] required). With
+    config.baseline_stage "return" the baseline waits for the discounted returns: A_i = the (shaped, signed) R_i,
+    and estimate_return_baselines gives the baseline."""
     action = loss_action_mask(action_mask, truncated, config, segment_ids)
     seqs = sequences_of(action.shape, segment_ids, rewards.shape[-1])
     tokens = as_given(sequence_count(action, seqs), seqs)
     if config.kl_penalty > 0:
-        if ref_log_probs is None or behavior_log_probs is None:
-            raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
-        kl = sequence_kl(behavior_log_probs, ref_log_probs, action_mask, config.kl_penalty_estimator, seqs)
+        kl = penalty_sequence_kl(action_mask, config, seqs, behavior_log_probs, ref_log_probs, old_log_probs)
         rewards = kl_penalized_rewards(rewards.astype(kl.dtype), kl, config.kl_penalty)
     return compute_advantages(
         shaped_rewards(rewards, action_mask, config, segment_ids),
@@ -377,7 +370,33 @@ def estimate_advantages(
         norm=config.advantage_norm,
         eps=config.advantage_eps,
         token_counts=tokens,
+        group_of_one=config.group_of_one,
     )
+
+
+def penalty_sequence_kl(
+    action_mask: jax.Array,
+    config: ObjectiveConfig,
+    sequences: Sequences,
+    behavior_log_probs: jax.Array | None,
+    ref_log_probs: jax.Array | None,
+    old_log_probs: jax.Array | None = None,
+) -> jax.Array:
+    """KL_i of the reward penalty: KL_i = sum_{t in actions of i} k(p_t, ref_t), k = config.kl_penalty_estimator, p
+    the behaviour log-probs, or the old ones with kl_penalty_logprobs "recompute" (verl's). [B, T] -> [B] ([B, S]
+    packed). ValueError naming a missing input."""
+    if ref_log_probs is None:
+        raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
+    name, policy = (
+        ("old_log_probs", old_log_probs)
+        if config.kl_penalty_logprobs == "recompute"
+        else ("behavior_log_probs", behavior_log_probs)
+    )
+    if policy is None:
+        raise ValueError(
+            f"{name}: required by objective.kl_penalty > 0 with kl_penalty_logprobs={config.kl_penalty_logprobs!r}"
+        )
+    return sequence_kl(policy, ref_log_probs, action_mask, config.kl_penalty_estimator, sequences)
 
 
 def estimate_return_baselines(
@@ -500,6 +519,7 @@ def _policy_loss(
         truncated,
         behavior_log_probs=behavior_log_probs,
         ref_log_probs=extras.get("ref_log_probs"),
+        old_log_probs=old_log_probs,
     )
     baselines = estimate_return_baselines(adv, action_mask, chunk_ids, group_ids, config, segment_ids, truncated)
     terms, diagnostics = objective_terms(

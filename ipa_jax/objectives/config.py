@@ -15,6 +15,7 @@ from dataclasses import dataclass
 BASELINES = ("none", "batch_mean", "group_mean", "rloo")
 BASELINE_STAGES = ("reward", "return")
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std")
+GROUP_OF_ONE = ("zero", "reward")
 SURROGATES = ("reinforce", "ppo")
 CREDITS = ("chunk", "token", "trajectory", "branch")
 IS_LEVELS = ("none", "token", "chunk", "sequence")
@@ -48,13 +49,19 @@ class ObjectiveConfig:
       discounted returns over the scored units: an early chunk of a success can be negative; docs/objectives.md).
     advantage_norm: then divide A by a std: "none", "group_std" (the group's reward std: GRPO) or "batch_std"
       (whiten over the batch's action tokens, (A - mean) / std: REINFORCE++).
+    group_of_one: baseline "group_mean", a trajectory alone in its group (the others filtered out, or offline
+      data): "zero" (A = 0: its own reward is its group's mean, nothing to compare with) or "reward" (verl's GRPO:
+      the group's mean taken as 0 and its std as 1, A = R, / (1 + eps) with group_std).
     advantage_eps: the epsilon of advantage_norm's divisor, std + eps.
     advantage_sign: +1, or -1 for a control that flips every advantage (it must learn to fail: a positive control).
     credit: the unit sharing one discounted return: "chunk" (IPA), "token" or "trajectory" (FlashREINFORCE); or
-      "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py).
+      "branch": each chunk's Monte Carlo advantage V(k+1) - V(k) from branched continuations (rollout/branch.py),
+      undiscounted and from raw rewards (no kl_penalty, overlong punishment or advantage_norm with it); gamma and
+      the baseline apply to the episodes left unbranched, which get chunk credit.
     branch_samples: credit "branch": continuations sampled from the state before each chunk (n per V(k)).
     branch_fraction: credit "branch": the fraction of episodes branched, in (0, 1]; the others get chunk credit.
-    gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit).
+    gamma: discount in (0, 1] per chunk (chunk credit) or per action token (token credit); with credit "branch",
+      of the unbranched episodes' chunk credit (a branched chunk's V(k+1) - V(k) is a one-step difference).
     old_logprobs: the policy ratio's denominator: "behavior" (the sampler's) or "recompute" (the learner's).
       "recompute": the caller passes old_log_probs, the learner's log-probs at the start of the update; the
       policy ratio (rho, trust region) is then current vs old and the mismatch ratio old vs behaviour.
@@ -76,7 +83,11 @@ class ObjectiveConfig:
     surrogate: the policy-gradient term's form: "reinforce" (-w l, w stop-gradient) or "ppo" (clipped ratio).
     ppo_clip_low: PPO clips the ratio current / old to [1 - ppo_clip_low, 1 + ppo_clip_high].
     ppo_clip_high: the upper clip of the ratio (DAPO's clip-higher: > ppo_clip_low).
-    ppo_dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages at -c A; inf = off.
+    ppo_dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages at -c A; inf = off (verl
+      always applies c = 3: set 3 to match it; docs/objectives.md, "Differences from verl").
+    ppo_log_ratio_clamp: the ppo surrogate's log-ratio is clamped to [-c, c] before exp (verl: 20), so that its
+      loss stays finite in float32 (exp overflows past 88.7); a token beyond the clamp carries no gradient; inf
+      (or None) = off.
     row_denominator: sample_mean's per-row divisor: "action" (T_i, FlashREINFORCE) or "kept" (kept tokens, ROLL).
     rl_weight: lambda_RL, the weight of the RL term.
     il_weight: lambda_IL, the weight of the imitation (NLL on expert tokens) term.
@@ -86,8 +97,12 @@ class ObjectiveConfig:
     entropy_weight: the weight of the entropy bonus -Agg(H) over action tokens (> 0 raises entropy); 0 = off.
     kl_weight: the weight of the KL loss term Agg(k) against the frozen reference policy (model.reference); 0 = off.
     kl_estimator: the KL loss term's per-token estimator: "k1", "k2" or "k3" (Schulman's; objectives/kl.py).
-    kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs); 0 = off.
+    kl_penalty: beta of the KL reward penalty R_i - beta * sum_t k_t (behaviour vs reference log-probs: see
+      kl_penalty_logprobs); 0 = off.
     kl_penalty_estimator: the KL reward penalty's per-token estimator: "k1", "k2" or "k3".
+    kl_penalty_logprobs: the policy side of the penalty's k_t: "behavior" (the sampler's, the policy that drew
+      the tokens, whose KL k1 estimates) or "recompute" (verl's: the learner's old log-probs, old_logprobs
+      "recompute"'s; a batch's first update then costs one more forward).
     overlong_max_length: DAPO's L_max in action tokens for the soft overlong punishment; 0 = off.
     overlong_buffer_length: DAPO's L_cache: the punishment ramps from 0 to -overlong_penalty over the last
       L_cache tokens before overlong_max_length.
@@ -98,6 +113,7 @@ class ObjectiveConfig:
     baseline: str = "none"
     baseline_stage: str = "reward"
     advantage_norm: str = "none"
+    group_of_one: str = "zero"
     advantage_eps: float = 1e-6
     advantage_sign: int = 1
     credit: str = "chunk"
@@ -121,6 +137,7 @@ class ObjectiveConfig:
     ppo_clip_low: float = 0.2
     ppo_clip_high: float = 0.2
     ppo_dual_clip: float = math.inf
+    ppo_log_ratio_clamp: float = 20.0
     rl_weight: float = 1.0
     il_weight: float = 1.0
     il_aggregation: str = "token_mean"
@@ -131,6 +148,7 @@ class ObjectiveConfig:
     kl_estimator: str = "k3"
     kl_penalty: float = 0.0
     kl_penalty_estimator: str = "k1"
+    kl_penalty_logprobs: str = "behavior"
     overlong_max_length: int = 0
     overlong_buffer_length: int = 0
     overlong_penalty: float = 1.0
@@ -141,6 +159,7 @@ class ObjectiveConfig:
             ("baseline", BASELINES),
             ("baseline_stage", BASELINE_STAGES),
             ("advantage_norm", ADVANTAGE_NORMS),
+            ("group_of_one", GROUP_OF_ONE),
             ("surrogate", SURROGATES),
             ("credit", CREDITS),
             ("old_logprobs", OLD_LOGPROBS),
@@ -154,6 +173,7 @@ class ObjectiveConfig:
             ("il_aggregation", IL_AGGREGATIONS),
             ("kl_estimator", KL_ESTIMATORS),
             ("kl_penalty_estimator", KL_ESTIMATORS),
+            ("kl_penalty_logprobs", OLD_LOGPROBS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ObjectiveConfig.{name}: {getattr(self, name)!r} is not one of {choices}")
@@ -205,9 +225,15 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.kl_penalty: must be a finite number >= 0 (0 = off), got {self.kl_penalty!r}"
             )
+        if self.kl_penalty_logprobs == "recompute" and (self.kl_penalty == 0 or not self.needs_old_log_probs):
+            raise ValueError(
+                "ObjectiveConfig.kl_penalty_logprobs: 'recompute' takes the KL reward penalty's log-probs from the "
+                "learner's old log-probs: needs kl_penalty > 0 and old_logprobs 'recompute'"
+            )
         self._check_estimator()
         self._check_surrogate()
         self._check_overlong()
+        self._check_branch()
 
     def _check_estimator(self) -> None:
         if not _number(self.advantage_eps) or not self.advantage_eps > 0 or not math.isfinite(self.advantage_eps):
@@ -216,6 +242,12 @@ class ObjectiveConfig:
             raise ValueError(
                 f"ObjectiveConfig.advantage_norm: 'group_std' divides a group baseline's advantages by the group's "
                 f"std; baseline {self.baseline!r} has no groups (use 'group_mean' or 'rloo')"
+            )
+        if self.group_of_one != "zero" and (self.baseline != "group_mean" or self.baseline_stage != "reward"):
+            raise ValueError(
+                f"ObjectiveConfig.group_of_one: {self.group_of_one!r} sets the advantage of a group of one under "
+                f"baseline 'group_mean' at stage 'reward', got baseline {self.baseline!r} at stage "
+                f"{self.baseline_stage!r} (rloo's group of one always has A = R)"
             )
         self._check_baseline_stage()
         if not _integer(self.norm_length) or self.norm_length < 0:
@@ -254,6 +286,10 @@ class ObjectiveConfig:
         object.__setattr__(self, "ppo_dual_clip", float(dual))
         if math.isfinite(dual) and self.surrogate != "ppo":
             raise ValueError("ObjectiveConfig.ppo_dual_clip: the dual clip belongs to the ppo surrogate")
+        clamp = math.inf if self.ppo_log_ratio_clamp is None else self.ppo_log_ratio_clamp
+        if not _number(clamp) or not clamp > 0:  # also rejects NaN
+            raise ValueError(f"ObjectiveConfig.ppo_log_ratio_clamp: must be > 0 (inf or None = off), got {clamp!r}")
+        object.__setattr__(self, "ppo_log_ratio_clamp", float(clamp))
         if self.surrogate == "ppo" and self.is_level != "none":
             raise ValueError(
                 f"ObjectiveConfig.is_level: the ppo surrogate carries its own ratio (current / old per token); "
@@ -278,6 +314,33 @@ class ObjectiveConfig:
             )
         if not isinstance(self.overlong_filter, bool):
             raise ValueError(f"ObjectiveConfig.overlong_filter: must be True or False, got {self.overlong_filter!r}")
+
+    def _check_branch(self) -> None:
+        """Branch credit takes a branched chunk's advantage V(k+1) - V(k) from the raw rewards of continuations the
+        learner never sees: reward shaping of the episode alone would bias it, so the options that shape rewards
+        are refused (gamma and the baseline apply to the unbranched episodes' chunk credit only)."""
+        if self.credit != "branch":
+            return
+        prefix = "with credit 'branch', a branched chunk's V(k+1) - V(k) comes from its continuations' raw rewards;"
+        for name, on, why in (
+            (
+                "kl_penalty",
+                self.kl_penalty > 0,
+                "the continuations' KL to the reference is not known (use the KL loss term, kl_weight)",
+            ),
+            (
+                "overlong_max_length",
+                self.overlong_max_length > 0,
+                "the continuations' lengths are not punished (use overlong_filter)",
+            ),
+            (
+                "advantage_norm",
+                self.advantage_norm != "none",
+                "a reward std scales episode advantages, not differences of Monte Carlo values",
+            ),
+        ):
+            if on:
+                raise ValueError(f"ObjectiveConfig.{name}: {prefix} {why}")
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -304,6 +367,11 @@ class ObjectiveConfig:
     def needs_reference(self) -> bool:
         """Whether the train step needs the reference policy's log-probs (a KL loss term or a KL reward penalty)."""
         return self.kl_weight != 0 or self.kl_penalty > 0
+
+    @property
+    def penalty_reads_old_log_probs(self) -> bool:
+        """Whether the KL reward penalty reads the old log-probs (kl_penalty_logprobs "recompute")."""
+        return self.kl_penalty > 0 and self.kl_penalty_logprobs == "recompute"
 
     @property
     def needs_rewards(self) -> bool:

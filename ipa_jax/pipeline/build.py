@@ -133,9 +133,12 @@ def build_state(exp: ExperimentConfig, mesh: Mesh) -> TrainState:
 
 def reference_params(exp: ExperimentConfig, state: TrainState, mesh: Mesh) -> nnx.State:
     """The reference policy's parameters (model.reference): the initial ones (also those of "rl_start" until the
-    learner replaces them when RL begins) or an HF folder's, loaded like model.path in model.param_dtype."""
+    learner replaces them when RL begins) or an HF folder's, loaded like model.path in model.param_dtype; under LoRA
+    (whose reference folder is model.path's) zero adapters, so that the reference is the base model."""
     if exp.model.reference in REFERENCE_POLICIES:
         return state.params
+    if exp.model.lora_rank > 0:  # model.path's folder (ExperimentConfig checks it): the base, adapters at 0
+        return jax.tree.map(jnp.zeros_like, state.params)
     path = exp.model.reference
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError("model.reference", f"{path!r} is not an HF model folder (no config.json)")
@@ -166,6 +169,7 @@ def warm_start_objective(objective: ObjectiveConfig) -> ObjectiveConfig:
         entropy_weight=0.0,
         kl_weight=0.0,
         kl_penalty=0.0,
+        kl_penalty_logprobs="behavior",
     )
 
 

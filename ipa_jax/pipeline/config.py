@@ -130,7 +130,8 @@ class ModelConfig:
       router is never adapted).
     reference: the frozen reference policy of objective.kl_weight / objective.kl_penalty (unused without them):
       initial (the weights at step 0: model.path's or the random init, before the IL warm start), rl_start (the
-      weights when RL begins, after the warm start) or an HF folder of the same architecture. Saved in checkpoints.
+      weights when RL begins, after the warm start) or an HF folder of the same architecture; with LoRA
+      (lora_rank > 0) that folder must be model.path's, the base model under the adapters. Saved in checkpoints.
     """
 
     path: str = ""
@@ -427,7 +428,8 @@ class QueueConfig:
       waited this long without the queue admitting one; 0 = wait forever.
     dynamic_sampling: DAPO's dynamic sampling: batches are filled with whole groups (rollout.group_size > 1) whose
       rewards differ; a group whose rewards are all equal (every advantage 0 under a group baseline) is dropped and
-      more groups are drawn from the queue, within max_policy_lag (docs/off_policy.md).
+      more groups are drawn from the queue, within max_policy_lag (docs/off_policy.md). The raw rewards, before
+      any shaping (verl's DAPO metric acc; docs/objectives.md, "Differences from verl").
     dynamic_sampling_max_batches: at most this many batches' worth of groups (train.batch_size /
       rollout.group_size each) are drawn for one batch; when they leave it short, the last groups with equal
       rewards fill it (counted as dynamic_groups_filled and dynamic_bound_hit, with a warning).
@@ -601,6 +603,8 @@ class ExperimentConfig:
             "objective.rl_weight",
             "rl_weight and il_weight are both 0: nothing to train",
         )
+        if self.objective.needs_reference and self.model.lora_rank > 0:
+            self._check_lora_reference()
         if self.online:
             _require(
                 not self.objective.needs_group_ids or self.rollout.group_size > 1,
@@ -637,6 +641,17 @@ class ExperimentConfig:
             )
             missing = [p for p in self.train.data if not glob.glob(os.path.expanduser(p))]
             _require(not missing, "train.data", f"no file matches {missing[0]!r}" if missing else "")
+
+    def _check_lora_reference(self) -> None:
+        """Under LoRA only the adapters train, so the reference is the base model under them (adapters at 0): an HF
+        folder is that base only when it is model.path's; another model is not adapters away from the policy."""
+        m = self.model
+        _require(
+            m.reference in REFERENCE_POLICIES or (bool(m.path) and _same_path(m.reference, m.path)),
+            "model.reference",
+            f"with LoRA (model.lora_rank > 0) the reference is the base model under the adapters: an HF folder "
+            f"must be model.path's ({m.path!r}), got {m.reference!r}",
+        )
 
     def _check_lockstep(self) -> None:
         """Lockstep fixes which weights generate each batch: one sync per update, no other lag, no sampling that
@@ -717,6 +732,11 @@ class ExperimentConfig:
             objective["is_clip_max"] = math.inf
         values["objective"] = {"preset": "custom", **objective}
         return values
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two spellings of a path name one folder (trailing slash, relative, symlinks, ~)."""
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -503,13 +503,14 @@ class Learner:
         # (with a reward penalty, a batch holding the warm start's last updates and RL's first takes its reference
         # snapshot here, at the batch's start: the advantages of all its RL updates need it)
         ref = reference(max(step, self.rl_start)) if objective.kl_penalty > 0 else None
-        adv = np.asarray(batch_advantages(batch, objective, ref))
+        # Old log-probs once per batch, with the parameters before its first update, reused by every update on it
+        # (and read by a KL reward penalty with kl_penalty_logprobs "recompute").
+        old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
+        adv = np.asarray(batch_advantages(batch, objective, ref, old))
         # A return baseline is a statistic of the whole batch too (baseline_stage "return"; None otherwise)
         base = estimate_return_baselines(
             adv, batch.action_mask, batch.chunk_ids, batch.group_ids, objective, batch.segment_ids, batch.truncated
         )
-        # Old log-probs once per batch, with the parameters before its first update, reused by every update on it.
-        old = self.step_fn.old_log_probs(state, batch) if self.step_fn.options.objective.needs_old_log_probs else None
         rng = np.random.default_rng([cfg.seed, step])
         num_rows = batch.tokens.shape[0]
         size = num_rows // cfg.minibatches

@@ -41,7 +41,9 @@ Reference log-probs (objective.kl_weight != 0 or objective.kl_penalty > 0): the 
 (state.ref_params) log-probs of the batch's tokens, by the same blockwise forward without gradient, microbatch by
 microbatch (`TrainStep.reference_log_probs`); the learner computes them once per batch and passes them as
 extras={"ref_log_probs": [B, T]}. The KL term reads them (objectives/terms/kl.py); the KL reward penalty lowers
-each trajectory's reward by beta * sum_t k(b_t, ref_t) before the advantages (`batch_advantages`).
+each trajectory's reward by beta * sum_t k(b_t, ref_t) before the advantages (`batch_advantages`), b the sampler's
+log-probs or, with objective.kl_penalty_logprobs "recompute" (verl's), the old ones: the first update of a batch
+then computes them by a forward before the advantages, as the learner does for a batch of several updates.
 """
 
 import functools
@@ -68,9 +70,10 @@ from ipa_jax.objectives import (
     estimate_advantages,
     estimate_return_baselines,
     objective_terms,
+    penalty_sequence_kl,
     term_denominators,
 )
-from ipa_jax.objectives.kl import kl_k3, sequence_kl
+from ipa_jax.objectives.kl import kl_k3
 from ipa_jax.objectives.overlong import shaped_rewards
 from ipa_jax.objectives.sequences import Sequences, as_given, as_slots, sequence_count, sequences_of, to_tokens
 from ipa_jax.objectives.terms import needs_entropy as terms_need_entropy
@@ -153,13 +156,20 @@ def batch_sequences(batch: TrajectoryBatch) -> Sequences:
     return sequences_of(batch.tokens.shape, batch.segment_ids, batch.rewards.shape[-1])
 
 
+def _float32(x: jax.Array | None) -> jax.Array | None:
+    return None if x is None else x.astype(jnp.float32)
+
+
 def batch_advantages(
-    batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None = None
+    batch: TrajectoryBatch,
+    objective: ObjectiveConfig,
+    ref_log_probs: jax.Array | None = None,
+    old_log_probs: jax.Array | None = None,
 ) -> jax.Array:
     """A per trajectory ([B], or [B, S] packed) from the batch's rewards by the objective's estimator
     (estimate_advantages: KL reward penalty, overlong punishment, baseline and std normalisation over the
     trajectories whose action tokens the loss covers, advantage_sign). ref_log_probs [B, T]: required with
-    objective.kl_penalty > 0."""
+    objective.kl_penalty > 0; old_log_probs [B, T]: required when the penalty reads them (kl_penalty_logprobs)."""
     return estimate_advantages(
         batch.rewards,
         batch.action_mask,
@@ -168,21 +178,26 @@ def batch_advantages(
         batch.segment_ids,
         batch.truncated,
         behavior_log_probs=batch.behavior_logprobs.astype(jnp.float32),
-        ref_log_probs=None if ref_log_probs is None else ref_log_probs.astype(jnp.float32),
+        ref_log_probs=_float32(ref_log_probs),
+        old_log_probs=_float32(old_log_probs),
     )
 
 
-def penalty_kl(batch: TrajectoryBatch, objective: ObjectiveConfig, ref_log_probs: jax.Array | None) -> jax.Array:
-    """KL_i of the reward penalty: the sum over trajectory i's action tokens of k(b, ref), k the
-    objective.kl_penalty_estimator of the behaviour vs the reference log-probs. [B] ([B, S] packed)."""
-    if ref_log_probs is None:
-        raise ValueError("ref_log_probs: required by objective.kl_penalty > 0 (the reference policy's log-probs)")
-    return sequence_kl(
-        batch.behavior_logprobs.astype(jnp.float32),
-        ref_log_probs.astype(jnp.float32),
+def penalty_kl(
+    batch: TrajectoryBatch,
+    objective: ObjectiveConfig,
+    ref_log_probs: jax.Array | None,
+    old_log_probs: jax.Array | None = None,
+) -> jax.Array:
+    """KL_i of the reward penalty (`penalty_sequence_kl`): the sum over trajectory i's action tokens of k(p, ref),
+    k the objective.kl_penalty_estimator, p the behaviour (or old) log-probs. [B] ([B, S] packed)."""
+    return penalty_sequence_kl(
         batch.action_mask,
-        objective.kl_penalty_estimator,
+        objective,
         batch_sequences(batch),
+        batch.behavior_logprobs.astype(jnp.float32),
+        _float32(ref_log_probs),
+        _float32(old_log_probs),
     )
 
 
@@ -342,7 +357,7 @@ def batch_gradients(
     if advantages is None:
         if baselines is not None:
             raise ValueError("baselines: given without advantages (the advantages they belong to)")
-        advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"))
+        advantages = batch_advantages(batch, objective, extras.get("ref_log_probs"), old_log_probs)
         baselines = estimate_return_baselines(
             advantages,
             batch.action_mask,
@@ -405,6 +420,9 @@ def train_step(
     baselines [B] ([B, S]): with given advantages and objective.baseline_stage "return", the baseline of the
     returns (estimate_return_baselines on the batch the advantages came from), None otherwise.
     Returns the new state and scalar metrics."""
+    if old_log_probs is None and advantages is None and options.objective.penalty_reads_old_log_probs:
+        # the KL reward penalty reads the old log-probs before the advantages, so before this update's own forward
+        old_log_probs = recompute_log_probs(state, batch, options=options)
     loss, grads, stats, advantages, dens = batch_gradients(
         state, batch, advantages, old_log_probs, extras, baselines, options=options
     )
@@ -496,8 +514,8 @@ def train_step(
         metrics["entropy"] = stats["sum_entropy"] / n_action
     if extras and "ref_log_probs" in extras:
         metrics["reference_kl"] = stats["sum_reference_kl"] / n_action  # mean k3(current, reference) per action token
-        if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour vs reference), mean over trajectories
-            kl = penalty_kl(batch, options.objective, extras["ref_log_probs"])
+        if options.objective.kl_penalty > 0:  # the penalty's KL_i (behaviour or old vs reference), mean over rows
+            kl = penalty_kl(batch, options.objective, extras["ref_log_probs"], old_log_probs)
             metrics["kl_penalty_sequence_mean"] = jnp.sum(jnp.where(present, kl, 0)) / n_traj
     if batch.prefix_segment_ids is not None:
         metrics["shared_prefix_tokens"] = shared_prefix_tokens(batch)

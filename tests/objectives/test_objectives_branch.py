@@ -133,5 +133,38 @@ def test_branch_config_errors_name_the_field(kwargs, message):
         ObjectiveConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(kl_penalty=0.1), "kl_penalty"),
+        (dict(overlong_max_length=64, overlong_buffer_length=16), "overlong_max_length"),
+        (dict(baseline="group_mean", advantage_norm="group_std"), "advantage_norm"),
+        (dict(advantage_norm="batch_std"), "advantage_norm"),
+    ],
+)
+def test_branch_credit_refuses_reward_shaping(kwargs, field):
+    """A branched chunk's V(k+1) - V(k) comes from the continuations' raw rewards, which the learner never sees:
+    shaping only the episode's own reward would bias it, so the combination is a config error naming the field."""
+    ObjectiveConfig(**kwargs)  # valid with the other credits
+    with pytest.raises(ValueError, match=f"ObjectiveConfig.{field}: with credit 'branch'"):
+        dataclasses.replace(CONFIG, **kwargs)
+
+
+def test_gamma_discounts_only_the_unbranched_rows():
+    """With credit "branch", gamma is the unbranched rows' chunk discount, gamma^(K-1-k) R_i; a branched row's
+    credit is its chunk's A_k whatever gamma (the float64 reference for two discounts)."""
+    rng = np.random.default_rng(11)
+    batch = random_batch(rng, B=6, T=40)
+    adv, mask, chunk_adv, branched_rows = branch_inputs(rng, batch)
+    for gamma in (0.5, 1.0):
+        cfg = dataclasses.replace(CONFIG, gamma=gamma)
+        _, diag = objective_terms(
+            batch["log_probs"], batch["behavior_log_probs"], compute_advantages(batch["rewards"], cfg.baseline),
+            batch["action_mask"], batch["chunk_ids"], None, cfg, branch_advantages=adv.astype(np.float32),
+            branch_mask=mask,
+        )  # fmt: skip
+        np.testing.assert_allclose(diag["chunk_returns"], reference(cfg, batch, chunk_adv, branched_rows)[1], rtol=1e-6)
+
+
 def test_branch_credit_needs_chunks():
     assert ObjectiveConfig(credit="branch", is_level="token", mismatch_level="token").uses_chunks

@@ -29,7 +29,7 @@ GROUPS = np.array([0, 0, 0, 1, 1, 2, 3, 1], np.int32)  # group 2: one sample; ro
 EPS = 1e-6
 
 
-def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
+def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS, group_of_one="zero"):
     """Per row, from the formulas; rows without actions get 0 and are left out of every statistic."""
     r = np.asarray(rewards, np.float64)
     rl = action.any(axis=1)
@@ -41,8 +41,8 @@ def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
             adv[i] = r[i]
         elif baseline == "batch_mean":
             adv[i] = r[i] - r[rl].mean()
-        elif baseline == "group_mean":  # GRPO: R_i - mean(R_group)
-            adv[i] = r[i] - group.mean()
+        elif baseline == "group_mean":  # GRPO: R_i - mean(R_group); verl's group of one: mean 0
+            adv[i] = r[i] - (0.0 if len(group) == 1 and group_of_one == "reward" else group.mean())
         else:  # RLOO: R_i - 1/(n-1) sum_{j != i} R_j; alone in its group: R_i
             adv[i] = r[i] - (group.sum() - r[i]) / (len(group) - 1) if len(group) > 1 else r[i]
         if norm == "group_std":  # GRPO: / (std(R_group) + eps), the sample (n-1) std; 1 for a group of one
@@ -55,13 +55,15 @@ def reference_advantages(rewards, groups, action, baseline, norm, eps=EPS):
     return adv
 
 
-def reference_ppo(l, old, adv, clip_low, clip_high, dual_clip):
-    """Token loss and d loss / d l of PPO's clipped surrogate with dual clip, from the formula."""
-    ratio = np.exp(l - old)
+def reference_ppo(l, old, adv, clip_low, clip_high, dual_clip, log_ratio_clamp=20.0):
+    """Token loss and d loss / d l of PPO's clipped surrogate with dual clip, from the formula; the log-ratio
+    clamped to [-c, c] before exp (no gradient beyond it)."""
+    log_ratio = np.asarray(l, np.float64) - np.asarray(old, np.float64)
+    ratio = np.exp(np.clip(log_ratio, -log_ratio_clamp, log_ratio_clamp))
     unclipped = -adv * ratio
     clipped = -adv * np.clip(ratio, 1 - clip_low, 1 + clip_high)
     loss = np.maximum(unclipped, clipped)
-    live = unclipped >= clipped  # the unclipped branch is the max: its gradient flows
+    live = (unclipped >= clipped) & (np.abs(log_ratio) <= log_ratio_clamp)  # the unclipped branch is the max
     if np.isfinite(dual_clip):
         bounded = (adv < 0) & (loss > -dual_clip * adv)
         loss = np.where(bounded, -dual_clip * adv, loss)
@@ -75,7 +77,7 @@ def reference_loss(config, l, old, rewards, groups, action):
     A = np.broadcast_to(adv[:, None], l.shape)
     if config.surrogate == "ppo":
         token_loss, token_grad = reference_ppo(
-            l, old, A, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip
+            l, old, A, config.ppo_clip_low, config.ppo_clip_high, config.ppo_dual_clip, config.ppo_log_ratio_clamp
         )
     else:  # REINFORCE: -A l
         token_loss, token_grad = -A * l, -A
@@ -127,6 +129,27 @@ def test_advantages_match_the_published_formulas(baseline, norm):
     expected = reference_advantages(batch["rewards"], GROUPS, action, baseline, norm)
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-12, atol=1e-12)
     assert adv[6] == 0 and np.abs(expected[action.any(axis=1)]).max() > 0.1
+
+
+@pytest.mark.parametrize("norm", ["none", "group_std"])
+def test_a_group_of_one_gets_zero_or_verls_reward(norm):
+    """Row 5 is alone in group 2: A = 0 by default; with group_of_one "reward" (verl's GRPO: the group's mean 0,
+    its std 1) A = R, or R / (1 + eps) with group_std; every other row is unchanged. Through policy_loss too."""
+    batch = _batch(2)
+    batch["rewards"][5] = 0.75
+    action = batch["action_mask"]
+    for group_of_one in ("zero", "reward"):
+        config = ObjectiveConfig(baseline="group_mean", advantage_norm=norm, group_of_one=group_of_one)
+        expected = reference_advantages(batch["rewards"], GROUPS, action, "group_mean", norm, EPS, group_of_one)
+        with jax.enable_x64(True):
+            _, diag = policy_loss(
+                jnp.asarray(batch["log_probs"], jnp.float64), jnp.asarray(batch["behavior_log_probs"], jnp.float64),
+                jnp.asarray(batch["rewards"], jnp.float64), action, batch["chunk_ids"], batch["expert_mask"],
+                batch["group_ids"], config=config,
+            )  # fmt: skip
+            np.testing.assert_allclose(np.asarray(diag["advantages"]), expected, rtol=1e-12, atol=1e-12)
+        lone = 0.75 / (1 + EPS if norm == "group_std" else 1)
+        assert expected[5] == (0.0 if group_of_one == "zero" else pytest.approx(lone, rel=1e-12)) and lone != 0
 
 
 def test_advantage_sign_flips_every_estimator():
@@ -207,6 +230,47 @@ def test_ppo_surrogate_branches_and_gradient():
             assert 0 < np.count_nonzero(ref_grad == 0) < ref_grad.size  # both live and clipped tokens
 
 
+@pytest.mark.parametrize("dual_clip", [np.inf, 3.0])
+def test_ppo_log_ratio_clamp_keeps_float32_finite(dual_clip):
+    """Log-ratios of +-30, +-89 and +-100 (exp overflows float32 past 88.7) with both signs of the advantage: in
+    float32 the loss and gradient are finite and equal the float64 formula with the log-ratio clamped at 20 (no
+    gradient beyond it); tokens within the clamp keep theirs."""
+    log_ratio = np.array([[30.0, -30.0, 89.0, -89.0, 100.0, -100.0, 0.1, -0.1]] * 2)
+    adv = np.array([[1.0] * 8, [-1.0] * 8])
+    ref_loss, ref_grad = reference_ppo(log_ratio, np.zeros_like(log_ratio), adv, 0.2, 0.2, dual_clip, 20.0)
+
+    def loss_of(x):
+        return jnp.sum(ppo_clipped_loss(x, jnp.asarray(adv, jnp.float32), 0.2, 0.2, dual_clip, 20.0)[0])
+
+    loss, grad = jax.value_and_grad(loss_of)(jnp.asarray(log_ratio, jnp.float32))
+    assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all()
+    np.testing.assert_allclose(float(loss), ref_loss.sum(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-6, atol=1e-7)
+    assert (ref_grad[:, :6] == 0).all() and (ref_grad[:, 6:] != 0).all()  # only the tokens within the clamp learn
+    _, clipped = ppo_clipped_loss(jnp.asarray(log_ratio), jnp.asarray(adv), 0.2, 0.2, dual_clip, 20.0)
+    np.testing.assert_array_equal(np.asarray(clipped)[:, :6], True)  # beyond the clamp: no gradient
+
+
+def test_ppo_log_ratio_clamp_is_the_configs():
+    """policy_loss reads objective.ppo_log_ratio_clamp (default 20, verl's): a batch whose old log-probs lie 90
+    below the current ones has the float64 reference's loss with that clamp; inf turns it off (float64: finite)."""
+    batch = _batch(0)
+    l = batch["log_probs"].astype(np.float64)
+    old = np.where(batch["action_mask"], l - np.where(np.arange(l.shape[1]) % 3 == 0, 90.0, 0.1), 0.0)
+    config = ppo_dual_clip_config(dual_clip=np.inf)
+    assert config.ppo_log_ratio_clamp == 20.0
+    with jax.enable_x64(True):
+        for clamp in (20.0, 5.0, np.inf):
+            cfg = dataclasses.replace(config, ppo_log_ratio_clamp=clamp)
+            args = (batch["action_mask"], batch["chunk_ids"], batch["expert_mask"], batch["group_ids"])
+            loss = policy_loss(
+                jnp.asarray(l), jnp.asarray(batch["behavior_log_probs"], jnp.float64),
+                jnp.asarray(batch["rewards"], jnp.float64), *args, config=cfg, old_log_probs=jnp.asarray(old),
+            )[0]  # fmt: skip
+            expected, _ = reference_loss(cfg, l, old, batch["rewards"], GROUPS, batch["action_mask"])
+            np.testing.assert_allclose(float(loss), expected, rtol=1e-10)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -219,6 +283,11 @@ def test_ppo_surrogate_branches_and_gradient():
         (dict(surrogate="ppo", is_level="none", ppo_clip_high=-0.1), r"ppo_clip_high: must be in \[0, inf\)"),
         (dict(surrogate="ppo", is_level="none", ppo_dual_clip=1.0), "ppo_dual_clip: must be > 1"),
         (dict(ppo_dual_clip=3.0), "ppo_dual_clip: the dual clip belongs to the ppo surrogate"),
+        (dict(group_of_one="reward"), "group_of_one: 'reward' sets the advantage of a group of one"),
+        (dict(baseline="rloo", group_of_one="reward"), "group_of_one: .*rloo's group of one always has A = R"),
+        (dict(group_of_one="one"), "group_of_one: 'one' is not one of"),
+        (dict(ppo_log_ratio_clamp=0.0), r"ppo_log_ratio_clamp: must be > 0 \(inf or None = off\)"),
+        (dict(ppo_log_ratio_clamp=float("nan")), "ppo_log_ratio_clamp: must be > 0"),
         (dict(aggregation="token_sum_norm"), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
         (dict(norm_length=16), "norm_length: must be > 0 exactly with aggregation 'token_sum_norm'"),
         (dict(aggregation="token_sum_norm", norm_length=2.5), "norm_length: must be an integer >= 0"),

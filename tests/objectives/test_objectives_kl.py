@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from objectives_reference import random_batch, reference
 
-from ipa_jax.objectives import ObjectiveConfig, objective_terms, policy_loss, term_denominators
+from ipa_jax.objectives import ObjectiveConfig, dr_grpo_config, objective_terms, policy_loss, term_denominators
 from ipa_jax.objectives.kl import kl_estimate, kl_penalized_rewards, sequence_kl
 from ipa_jax.objectives.sequences import sequences_of
 
@@ -68,11 +68,13 @@ def test_k1_and_k3_are_unbiased_for_the_exact_kl():
             np.testing.assert_allclose(float(jnp.sum(p * kl_estimate(lp, lq, name))), exact, rtol=1e-12)
 
 
-def _kl_term_float64(l, ref, action, estimator, aggregation):
+def _kl_term_float64(l, ref, action, estimator, aggregation, norm_length=0):
     """Agg(k) over action tokens in float64: (num, den, d num / d l)."""
     k, dk = _estimators_float64(np.where(action, l, 0), np.where(action, ref, 0))[estimator]
     if aggregation == "token_mean":
         scale, den = action.astype(np.float64), float(action.sum())
+    elif aggregation == "token_sum_norm":  # Dr.GRPO: (1/B) sum_i sum_t k / L
+        scale, den = action.astype(np.float64), float(action.any(axis=1).sum() * norm_length)
     else:  # sample_mean
         scale, den = action / np.maximum(action.sum(axis=1, keepdims=True), 1), float(action.any(axis=1).sum())
     return np.sum(scale * k), den, scale * dk
@@ -99,6 +101,31 @@ def test_kl_term_matches_float64_reference(estimator, aggregation):
     np.testing.assert_allclose(float(value), base.loss + 0.7 * num / den, rtol=1e-5, atol=1e-6)
     expected_grad = base.grad + 0.7 * dnum / den
     np.testing.assert_allclose(np.asarray(grad), expected_grad, rtol=1e-4, atol=1e-6 * np.abs(expected_grad).max())
+
+
+def test_kl_term_under_dr_grpo_divides_by_the_constant_length():
+    """Dr.GRPO's token_sum_norm with the KL term: the term is (1/B) sum_i sum_t k / L like the policy-gradient term,
+    and adds exactly weight * num / den and its gradient to the loss without it."""
+    config = dataclasses.replace(dr_grpo_config(norm_length=32), kl_weight=0.7, kl_estimator="k3")
+    batch = random_batch(np.random.default_rng(13), B=4, T=20)
+    action = batch["action_mask"]
+    ref_lp = np.where(
+        action, np.minimum(batch["log_probs"] + 0.4 * np.random.default_rng(14).normal(size=action.shape), 0), 0
+    )
+    batch["group_ids"] = np.array([0, 0, 1, 1], np.int32)
+    args = [batch[k] for k in ("behavior_log_probs", "rewards", "action_mask", "chunk_ids", "expert_mask", "group_ids")]
+    with jax.enable_x64(True):
+        extras = {"ref_log_probs": jnp.asarray(ref_lp, jnp.float64)}
+        l64 = jnp.asarray(batch["log_probs"], jnp.float64)
+        loss_of = lambda cfg: jax.value_and_grad(  # noqa: E731
+            lambda l: policy_loss(l, *args, config=cfg, old_log_probs=l64, extras=extras), has_aux=True
+        )(l64)
+        (value, diag), grad = loss_of(config)
+        (base, _), base_grad = loss_of(dataclasses.replace(config, kl_weight=0.0))
+    num, den, dnum = _kl_term_float64(batch["log_probs"], ref_lp, action, "k3", "token_sum_norm", 32)
+    np.testing.assert_allclose(float(diag["kl_loss"]), num / den, rtol=1e-10)
+    np.testing.assert_allclose(float(value) - float(base), 0.7 * num / den, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(grad) - np.asarray(base_grad), 0.7 * dnum / den, rtol=1e-9, atol=1e-14)
 
 
 @pytest.mark.parametrize("aggregation", ["sample_mean", "token_mean", "chunk_mean"])
@@ -174,6 +201,29 @@ def test_policy_loss_applies_the_kl_reward_penalty():
         policy_loss(*args, config=config)
 
 
+def test_kl_penalty_can_read_the_old_log_probs_as_verl():
+    """kl_penalty_logprobs "recompute" (verl's use_kl_in_reward): R'_i = R_i - beta * sum_t k(old_t, ref_t) with the
+    learner's old log-probs in place of the sampler's, in float64; the default reads the sampler's."""
+    batch = random_batch(np.random.default_rng(15), B=4, T=16)
+    action, b = batch["action_mask"], batch["behavior_log_probs"]
+    rng = np.random.default_rng(16)
+    ref_lp = np.minimum(b + 0.3 * rng.normal(size=b.shape), 0)
+    old = np.where(action, np.minimum(b + 0.2 * rng.normal(size=b.shape), 0), 0)
+    args = [batch[k] for k in ("log_probs", "behavior_log_probs", "rewards", "action_mask", "chunk_ids")]
+    for source, policy in (("behavior", b), ("recompute", old)):
+        config = ObjectiveConfig(kl_penalty=0.3, kl_penalty_estimator="k3", kl_penalty_logprobs=source,
+                                 old_logprobs="recompute", is_level="none", mismatch_level="none")  # fmt: skip
+        k, _ = _estimators_float64(policy, ref_lp)["k3"]
+        with jax.enable_x64(True):
+            _, diag = policy_loss(
+                *(jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x for x in args), config=config,
+                old_log_probs=jnp.asarray(old), extras={"ref_log_probs": jnp.asarray(ref_lp)},
+            )  # fmt: skip
+        expected = batch["rewards"] - 0.3 * np.where(action, k, 0).sum(axis=1)
+        np.testing.assert_allclose(np.asarray(diag["advantages"]), expected, rtol=1e-12, atol=1e-12)
+    assert np.abs(np.where(action, old - b, 0)).sum() > 1  # the two sources differ
+
+
 def test_kl_config_is_validated():
     with pytest.raises(ValueError, match="kl_estimator: 'k5' is not one of"):
         ObjectiveConfig(kl_estimator="k5")
@@ -183,5 +233,11 @@ def test_kl_config_is_validated():
         ObjectiveConfig(kl_weight=float("inf"))
     with pytest.raises(ValueError, match="kl_penalty: must be a finite number >= 0"):
         ObjectiveConfig(kl_penalty=-0.1)
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'recompute' .* needs kl_penalty > 0 and old_logprobs"):
+        ObjectiveConfig(kl_penalty=0.1, kl_penalty_logprobs="recompute")
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'recompute' .* needs kl_penalty > 0"):
+        ObjectiveConfig(old_logprobs="recompute", kl_penalty_logprobs="recompute")
+    with pytest.raises(ValueError, match="kl_penalty_logprobs: 'old' is not one of"):
+        ObjectiveConfig(kl_penalty_logprobs="old")
     assert not ObjectiveConfig().needs_reference
     assert ObjectiveConfig(kl_penalty=0.01).needs_reference and ObjectiveConfig(kl_weight=0.1).needs_reference

@@ -81,6 +81,39 @@ def test_no_checkpoint_that_loads_is_an_error_naming_each_and_moves_nothing(save
     checkpointer.close()
 
 
+def test_a_restore_into_a_fresh_state_gives_back_every_saved_field(tmp_path):
+    """A resume restores into a freshly built state (the template). The saved state differs from a fresh one in every
+    leaf of the checkpoint (parameters, Adam's moments and count, step, skipped, rng, rl_start, the reference
+    policy); after the restore every leaf is the saved one's, none the template's, and the host state comes back."""
+    exp = make_exp("objective.kl_weight=0.1")  # a reference policy: ref_params are saved too
+    mesh = build_mesh(exp.mesh)
+    fresh = build_state(exp, mesh)
+    rng = np.random.default_rng(0)
+
+    def moved(x):  # every leaf of the state changed: floats by noise, integers (counts, step, rng key) by 3
+        value = np.asarray(x)
+        value = value + (rng.normal(0, 1, value.shape) if value.dtype.kind == "f" else 3)
+        return jax.device_put(value.astype(x.dtype), x.sharding)
+
+    saved_state = jax.tree.map(moved, fresh)
+    saved = jax.tree_util.tree_flatten_with_path(tree_copy(saved_state.checkpoint_tree()))[0]
+    names = [jax.tree_util.keystr(path) for path, _ in saved]
+    assert any("opt_state" in n for n in names) and any("ref_params" in n for n in names)
+    assert {"['step']", "['skipped']", "['rng']", "['rl_start']"} <= set(names)
+    host = {"step": 7, "source": {"epoch": 2}, "extra": {"reference_step": 3}}
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), CheckpointConfig(async_save=False))
+    checkpointer.save(saved_state, host)
+    restored, restored_host = checkpointer.restore(build_state(exp, mesh))
+    checkpointer.close()
+    template = jax.tree.leaves(tree_copy(fresh.checkpoint_tree()))
+    got = jax.tree_util.tree_flatten_with_path(tree_copy(restored.checkpoint_tree()))[0]
+    assert [jax.tree_util.keystr(path) for path, _ in got] == names
+    for name, (_, want), (_, value), before in zip(names, saved, got, template, strict=True):
+        assert not np.array_equal(want, before), f"{name}: the saved value must differ from a fresh state's"
+        np.testing.assert_array_equal(value, want, err_msg=name)
+    assert restored_host == host
+
+
 def test_the_metadata_names_the_first_array_that_does_not_fit(saved, tmp_path, caplog):
     """From the metadata alone: the same config fits, another dtype fits (a restore casts), a wider model names its
     first differing parameter, another layer count an array only one side has; unreadable metadata is left to

@@ -13,7 +13,7 @@ from train_helpers import MOE_ARCH, make_exp, synthetic_trajectories, tree_copy
 
 from ipa_jax.models import MeshConfig, Qwen3ForCausalLM, from_pretrained, make_mesh
 from ipa_jax.pipeline import RunFolder
-from ipa_jax.pipeline.build import build_learner, model_config
+from ipa_jax.pipeline.build import build_learner, build_state, model_config
 from ipa_jax.pipeline.export import export_policy
 from ipa_jax.train import CheckpointConfig, Checkpointer, JsonlSource, LoggingConfig, make_schedule
 from ipa_jax.train.learner import policy_lag
@@ -167,7 +167,8 @@ def test_checkpoints_are_atomic_and_restorable(offline_run):
     exp = offline_run["exp"]
     checkpointer = Checkpointer(ckpt_dir, exp.checkpoint)
     assert checkpointer.latest_step() == 6 and checkpointer.all_steps() == [2, 4, 6]
-    restored, host = checkpointer.restore(offline_run["state"])  # the template gives shapes and shardings
+    # into a freshly built state, as a resume does (the template gives shapes and shardings, none of its values)
+    restored, host = checkpointer.restore(build_state(exp, _mesh2()))
     assert int(restored.step) == 6
     jax.tree.map(np.testing.assert_array_equal, tree_copy(restored.params), tree_copy(offline_run["state"].params))
     jax.tree.map(

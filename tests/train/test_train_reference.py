@@ -70,6 +70,27 @@ def test_reference_must_be_a_model_of_the_policy_architecture(mesh, tmp_path):
         make_exp("model.reference=inital")
 
 
+def test_under_lora_the_reference_folder_is_the_base_model(mesh, hf_folders, tmp_path):
+    """With adapters (model.lora_rank > 0), model.reference = model.path's folder (spelt with a trailing slash) is
+    the base model under the adapters: its log-probs are a transformers forward of that folder's while the
+    adapters have moved the policy away; another folder of the same architecture is a one-line config error."""
+    policy, other = hf_folders
+    lora = (f"model.path={policy}", "model.lora_rank=2", "model.lora_alpha=4.0", "objective.kl_weight=0.1",
+            "train.batch_size=8", "model.logprob_block_size=8")  # fmt: skip
+    exp = make_exp(*lora, f"model.reference={policy}/")
+    state = build_state(exp, mesh)
+    step, _ = build_steps(exp, state, mesh)
+    rng = np.random.default_rng(0)
+    moved = state.replace(params=jax.tree.map(lambda x: x + rng.normal(0, 0.3, x.shape).astype(x.dtype), state.params))
+    batch = make_batch(8, seed=4)
+    got = step.reference_log_probs(moved, batch)
+    np.testing.assert_allclose(got, _transformers_log_probs(policy, batch), rtol=1e-4, atol=2e-5)
+    assert np.abs(step.old_log_probs(moved, batch) - got).max() > 0.01  # the adapters' policy is another model
+    with pytest.raises(ConfigError, match=r"^config key 'model.reference': with LoRA .* must be model.path's") as error:
+        make_exp(*lora, f"model.reference={other}")
+    assert "\n" not in str(error.value)
+
+
 def test_the_reference_stays_frozen_and_the_kl_term_pulls_towards_it(mesh):
     """Three updates with the KL term (k3) and penalty: state.ref_params stay bit for bit the initial weights while
     the policy moves; the KL metrics are 0 at the first update (policy == reference) and positive after."""
@@ -109,6 +130,31 @@ def test_kl_penalty_advantages_match_numpy(mesh):
     np.testing.assert_allclose(np.asarray(got), penalized - penalized.mean(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ref_log_probs: required by objective.kl_penalty"):
         batch_advantages(batch, exp.objective)
+
+
+def test_kl_penalty_of_the_old_log_probs_in_a_step(mesh):
+    """kl_penalty_logprobs "recompute" (verl's): the step's first update computes the old log-probs before the
+    advantages, so KL_i = sum_t (old_t - ref_t) (k1) with old the learner's log-probs before the update, not the
+    sampler's; its mean over trajectories and the advantages' (no baseline) against float64."""
+    exp = make_exp("objective.kl_penalty=0.2", "objective.kl_penalty_logprobs=recompute",
+                   "objective.old_logprobs=recompute", "train.batch_size=8", "train.il_warmup_steps=1",
+                   EPS)  # fmt: skip
+    state = build_state(exp, mesh)
+    state = state.with_reference(build_state(make_exp("objective.kl_penalty=0.2", "train.seed=1"), mesh).params)
+    step, warm_start = build_steps(exp, state, mesh)
+    assert warm_start.options.objective.kl_penalty == 0  # the warm start's objective has no penalty to read them
+    batch = make_batch(8, seed=8)
+    old, ref = step.old_log_probs(state, batch), step.reference_log_probs(state, batch)
+    action = np.asarray(batch.action_mask)
+    kl = np.where(action, old.astype(np.float64) - ref, 0).sum(axis=1)
+    sampler_kl = np.where(action, np.asarray(batch.behavior_logprobs, np.float64) - ref, 0).sum(axis=1)
+    assert abs(kl.mean() - sampler_kl.mean()) > 0.1  # the sampler's log-probs would give another penalty
+    _, metrics = step(jax.tree.map(lambda x: x.copy(), state), step.put_batch(batch),
+                      extras=step.put_batch({"ref_log_probs": ref}))  # fmt: skip
+    metrics = jax.device_get(metrics)
+    assert math.isclose(metrics["kl_penalty_sequence_mean"], kl.mean(), rel_tol=1e-5, abs_tol=1e-5)
+    expected = np.asarray(batch.rewards, np.float64) - 0.2 * kl
+    assert math.isclose(metrics["advantage_mean"], expected.mean(), rel_tol=1e-5, abs_tol=1e-6)
 
 
 def test_kl_step_microbatched_equals_full_batch(mesh):

@@ -458,6 +458,53 @@ def test_optimizer_config_names_bad_field():
         OptimizerConfig(min_lr_ratio=1.5)
 
 
+# PPO's clipped surrogate of the ratio current / old, trajectory credit, batch-mean baseline, token mean, RL only.
+PPO = (
+    "objective.preset=custom",
+    "objective.surrogate=ppo",
+    "objective.is_level=none",
+    "objective.mismatch_level=none",
+    "objective.old_logprobs=recompute",
+    "objective.baseline=batch_mean",
+    "objective.credit=trajectory",
+    "objective.gamma=1.0",
+    "objective.aggregation=token_mean",
+    "objective.il_weight=0.0",
+)
+
+
+def test_ppo_update_at_float32_overflowing_log_ratios_stays_finite(setup):
+    """Old log-probs 90 below (r = e^90) and 90 above (r = e^-90) the current ones on four rows, advantages of both
+    signs: exp overflows float32 there (past 88.7), but with the log-ratio clamped at 20 (the default) the loss is
+    the float64 formula's, the update is applied, and it is the update of the same batch with those rows'
+    advantages 0: beyond the clamp a token carries no gradient."""
+    state, step_full, _, _ = setup
+    exp = make_exp("train.batch_size=8", EPS, *PPO)
+    assert exp.objective.ppo_log_ratio_clamp == 20.0
+    step, _ = build_steps(exp, state, step_full.mesh)
+    batch = make_batch(8, seed=5)
+    current = step.old_log_probs(state, batch).astype(np.float64)  # the learner's log-probs before the update
+    adv = np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 0.5, -0.5], np.float32)
+
+    def update(shift, advantages):
+        old = np.where(batch.action_mask, current - np.asarray(shift, np.float64)[:, None], 0).astype(np.float32)
+        args = (batch, advantages, old)
+        return step(_copy_state(state), *(step.put_batch(x) for x in args)), old
+
+    (new, metrics), old = update([90, 90, -90, -90, 0, 0, 0, 0], adv)
+    assert int(metrics["skipped"]) == 0 and np.isfinite(float(metrics["grad_norm"]))
+    # loss = sum over action tokens of max(-A r, -A clip(r, 0.8, 1.2)) / their count, r = exp(clip(log r, +-20))
+    A = np.broadcast_to(adv[:, None].astype(np.float64), current.shape)
+    ratio = np.exp(np.clip(current - old.astype(np.float64), -20.0, 20.0))
+    token_loss = np.maximum(-A * ratio, -A * np.clip(ratio, 0.8, 1.2))
+    expected = np.sum(np.where(batch.action_mask, token_loss, 0)) / batch.action_mask.sum()
+    assert math.isclose(float(metrics["loss"]), expected, rel_tol=1e-5)
+    (same, same_metrics), _ = update(np.zeros(8), np.where(np.arange(8) < 4, 0, adv).astype(np.float32))
+    assert math.isclose(float(metrics["grad_norm"]), float(same_metrics["grad_norm"]), rel_tol=1e-5)
+    assert max_rel_diff(tree_copy(new.params), tree_copy(same.params)) < 1e-6
+    assert max_rel_diff(tree_copy(new.params), tree_copy(state.params)) > 1e-4  # the update is not a no-op
+
+
 def test_bf16_compute_keeps_float32_master_weights(setup):
     state, step_full, _, _ = setup
     exp = make_exp("train.batch_size=8", EPS, *OBJECTIVE, "model.dtype=bfloat16", "model.param_dtype=float32")

@@ -6,21 +6,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.aggregation import aggregation_weights
 from ipa_jax.objectives.config import ObjectiveConfig
-from ipa_jax.objectives.terms.policy_gradient import policy_gradient_denominator
+from ipa_jax.objectives.terms.policy_gradient import action_aggregation, policy_gradient_denominator
 from ipa_jax.objectives.terms.registry import ObjectiveTerm, TermBatch, register_term
 
 
 def entropy_bonus(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
     """num = -sum_{i,t action} scale_{i,t} H_{i,t} with the aggregation's own scale (every action token, not only
     the kept ones), den = its denominator. entropies [B, T] (with gradient) -> scalars."""
-    masks = batch.masks
-    scale, den = aggregation_weights(
-        masks.action, masks.chunk_ids, config.aggregation, batch.log_probs.dtype, masks.sequences, config.norm_length
-    )
+    scale, den = action_aggregation(batch.masks, config, batch.log_probs.dtype)
     entropies = batch.entropies.astype(batch.log_probs.dtype)
-    return -jnp.sum(jnp.where(masks.action, scale * entropies, 0)), den
+    return -jnp.sum(jnp.where(batch.masks.action, scale * entropies, 0)), den
 
 
 register_term(

@@ -7,10 +7,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ipa_jax.objectives.aggregation import aggregation_weights
 from ipa_jax.objectives.config import ObjectiveConfig
 from ipa_jax.objectives.kl import kl_estimate
-from ipa_jax.objectives.terms.policy_gradient import policy_gradient_denominator
+from ipa_jax.objectives.terms.policy_gradient import action_aggregation, policy_gradient_denominator
 from ipa_jax.objectives.terms.registry import ObjectiveTerm, TermBatch, register_term
 
 
@@ -18,9 +17,7 @@ def reference_kl(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax.Array, 
     """num = sum_{i,t action} scale_{i,t} k(l_{i,t}, ref_{i,t}) with the aggregation's own scale (every action
     token, not only the kept ones), den = its denominator. l [B, T] (with gradient), ref [B, T] -> scalars."""
     masks = batch.masks
-    scale, den = aggregation_weights(
-        masks.action, masks.chunk_ids, config.aggregation, batch.log_probs.dtype, masks.sequences
-    )
+    scale, den = action_aggregation(masks, config, batch.log_probs.dtype)
     ref = jax.lax.stop_gradient(batch.extras["ref_log_probs"].astype(batch.log_probs.dtype))
     # ref := l outside the actions (k = 0 there), so no overflow of k3 off the actions reaches the gradient as NaN
     ref = jnp.where(masks.action, ref, jax.lax.stop_gradient(batch.log_probs))

@@ -13,8 +13,7 @@ Adding a term (one file under ipa_jax/objectives/terms/ and one test):
 
        def my_term(batch: TermBatch, config: ObjectiveConfig) -> tuple[jax.Array, jax.Array]:
            # [B, T] -> scalars: num = sum_{i,t action} scale_{i,t} f(l, r)_{i,t}, den = the aggregation's
-           scale, den = aggregation_weights(batch.masks.action, batch.masks.chunk_ids, config.aggregation,
-                                            batch.log_probs.dtype, batch.masks.sequences, config.norm_length)
+           scale, den = action_aggregation(batch.masks, config, batch.log_probs.dtype)
            values = f(batch.log_probs, batch.extras["ref_log_probs"])  # [B, T]
            return jnp.sum(jnp.where(batch.masks.action, scale * values, 0)), den
 
@@ -22,7 +21,8 @@ Adding a term (one file under ipa_jax/objectives/terms/ and one test):
                                    inputs=("ref_log_probs",)))
 
    The denominator function returns my_term's den from the masks alone (here the aggregation's, which
-   terms/policy_gradient.py's policy_gradient_denominator computes; terms/entropy.py is a complete example).
+   terms/policy_gradient.py's policy_gradient_denominator computes; action_aggregation, also there, takes every
+   aggregation setting from the config; terms/entropy.py is a complete example).
    Import the module in terms/__init__.py: registration order is summation order (new terms come last).
 3. A term that needs an extra per-token input (reference log-probs, say) names it in `inputs`; the caller passes
    it as extras={"ref_log_probs": [B, T] array} to objective_terms / policy_loss, and to the train step
