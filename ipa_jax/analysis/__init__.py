@@ -6,6 +6,7 @@
     stats.py      confidence intervals over seeds and held-out tasks, paired t-intervals, Holm, detectable
                   effects, sign tests, verdicts
     episodes.py   one episode as HTML (tokens coloured by chunk, context and expert targets)
+    figures.py    one run's learning curve as a figure (held-out success, each phase's training signal)
     tables.py     ablation folders: manifest, comparison tables (Markdown, CSV) and plots
     sweep.py      train a set of configs over seeds (shared warm starts, interleaved arms, resumable) and write
                   the comparison; rebuild it from results files
@@ -31,6 +32,7 @@ from ipa_jax.analysis.curves import (
     steps_to_threshold,
 )
 from ipa_jax.analysis.episodes import Segment, episode_segments, load_run_tokenizer, render_episode_html
+from ipa_jax.analysis.figures import run_figure
 from ipa_jax.analysis.results import (
     config_sha,
     load_result,
@@ -111,6 +113,7 @@ __all__ = [
     "paired_t",
     "plot_band",
     "render_episode_html",
+    "run_figure",
     "run_scalars",
     "runs_root",
     "seed_band",
