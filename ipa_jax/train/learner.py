@@ -70,8 +70,9 @@ class TrainConfig:
       start, at the end of the warm start and at the end.
     eval_episodes: held-out tasks per evaluation.
     eval_every_episodes: held-out tasks of the evaluations every train.eval_every RL steps (the first ones of the
-      train.eval_episodes: a subset of the same tasks), for a denser, cheaper curve; the evaluations at the start,
-      at the warm start's end and at the end play all train.eval_episodes. 0 = all of them every time.
+      train.eval_episodes, all of them when those are fewer: a subset of the same tasks), for a denser, cheaper
+      curve; the evaluations at the start, at the warm start's end and at the end play all train.eval_episodes.
+      0 = all of them every time.
     eval_samples: episodes per held-out task in each evaluation (success = their mean, pass@1 with less noise); > 1
       samples at rollout.eval_temperature, or at rollout.temperature when that is 0 (greedy samples are identical).
     il_warmup_steps: at most this many IL-only updates on scripted expert episodes first (the warm start).
@@ -152,11 +153,8 @@ class TrainConfig:
             )
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every: must be >= 0, got {self.eval_every}")
-        if not 0 <= self.eval_every_episodes <= self.eval_episodes:
-            raise ValueError(
-                f"train.eval_every_episodes: must be in [0, train.eval_episodes={self.eval_episodes}] "
-                f"(0 = all of them), got {self.eval_every_episodes}"
-            )
+        if self.eval_every_episodes < 0:
+            raise ValueError(f"train.eval_every_episodes: must be >= 0 (0 = all), got {self.eval_every_episodes}")
         for name in ("max_consecutive_skipped", "max_consecutive_zero_grad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}: must be >= 0 (0 = never stop), got {getattr(self, name)}")
@@ -591,7 +589,8 @@ class Learner:
                     if since_rl == 0:
                         self._evaluate(step)
                     elif cfg.eval_every and since_rl > 0 and since_rl % cfg.eval_every == 0 and step < total:
-                        self._evaluate(step, cfg.eval_every_episodes or None)  # (the last step's is the final)
+                        # (the last step's evaluation is the final one, on every task)
+                        self._evaluate(step, min(cfg.eval_every_episodes, cfg.eval_episodes) or None)
                     if step >= total:
                         break
                 if self._streak_stop:

@@ -105,7 +105,7 @@ def test_unknown_key_added_by_a_config_file_is_rejected():
         ("train.il_warmup_steps=100", "train.il_warmup_steps"),
         ("train.il_warmup_target=1.5", "train.il_warmup_target"),
         ("train.il_warmup_window=0", "train.il_warmup_window"),
-        ("train.eval_every_episodes=10000", "train.eval_every_episodes"),  # more than train.eval_episodes
+        ("train.eval_every_episodes=-1", "train.eval_every_episodes"),
         ("train.max_consecutive_skipped=-1", "train.max_consecutive_skipped"),
         ("train.max_consecutive_zero_grad=-1", "train.max_consecutive_zero_grad"),
         ("queue.forced_lag=9", "queue.forced_lag"),

@@ -129,7 +129,8 @@ def test_hooks_and_eval_history(offline_run):
     assert [r["eval/success"] for r in rows if "eval/success" in r] == [0.25, 0.5, 0.75]
 
 
-def test_evaluations_between_the_warm_start_and_the_end_play_the_smaller_set(tmp_path):
+@pytest.mark.parametrize("every_episodes, played", [(3, 3), (30, 8)])  # at most the 8 held-out tasks
+def test_evaluations_between_the_warm_start_and_the_end_play_the_smaller_set(tmp_path, every_episodes, played):
     data = _write_data(tmp_path / "data.jsonl")
     exp = make_exp(
         f"train.data=('{data}',)",
@@ -138,7 +139,7 @@ def test_evaluations_between_the_warm_start_and_the_end_play_the_smaller_set(tmp
         "train.steps=6",
         "train.eval_every=2",
         "train.eval_episodes=8",
-        "train.eval_every_episodes=3",
+        f"train.eval_every_episodes={every_episodes}",
         "checkpoint.every=0",
         "logging.tensorboard=False",
     )
@@ -152,9 +153,9 @@ def test_evaluations_between_the_warm_start_and_the_end_play_the_smaller_set(tmp
     learner = build_learner(exp, JsonlSource(exp.train.data), run_dir=run_dir, mesh=_mesh2(), eval_fn=eval_fn)
     learner.run()
     # All 8 tasks before training, at the warm start's end (step 2) and at the end (step 6, also a multiple of
-    # eval_every: the final evaluation, not a small one); 3 at RL step 2 (step 4).
-    assert asked == [(0, None), (2, None), (4, 3), (6, None)]
-    assert [e["episodes"] for e in learner.eval_history] == [8, 8, 3, 8]
+    # eval_every: the final evaluation, not a small one); the smaller set at RL step 2 (step 4).
+    assert asked == [(0, None), (2, None), (4, played), (6, None)]
+    assert [e["episodes"] for e in learner.eval_history] == [8, 8, played, 8]
 
 
 def test_checkpoints_are_atomic_and_restorable(offline_run):
