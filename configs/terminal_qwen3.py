@@ -31,7 +31,7 @@ def get_config():
             tools=("bash", "python", "read_file", "write_file"),
             extra_turns=8,
             observation_chars=4000,
-            limits=dict(timeout_s=60.0, cpu_s=60, memory_mb=4096, max_processes=256),
+            limits=dict(timeout_s=60.0, cpu_s=60, memory_mb=4096, max_processes=64),
         )
 
     c.objective.preset = "ipa"

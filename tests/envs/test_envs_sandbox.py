@@ -3,7 +3,6 @@ observation, and leaves no process, mount or folder behind."""
 
 import importlib.util
 import os
-import random
 import shutil
 import signal
 import socket
@@ -23,13 +22,12 @@ from ipa_jax.envs.sandbox.bubblewrap import namespaces_unavailable, sweep_stale_
 from ipa_jax.envs.sandbox.tools import format_observation, run_tool, tool_specs, truncate
 from ipa_jax.envs.terminal.grader import grade
 from ipa_jax.envs.terminal.spec import TerminalSpec
-from ipa_jax.envs.terminal.suite import FAMILIES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMITS = SandboxLimits(
     cpu_s=5,
-    memory_mb=512,
-    max_processes=32,
+    memory_mb=1024,
+    max_processes=12,
     file_size_mb=4,
     workspace_mb=32,
     workspace_files=500,
@@ -142,8 +140,8 @@ def test_fork_bomb_is_contained(sandbox):
         "    print('fork failed after', n, type(e).__name__)\n"
     )
     r = run_tool(sandbox, ToolCall("python", {"code": code}))
-    # max_processes: the shell running the command, the command's shell and python itself count
-    assert f"fork failed after {LIMITS.max_processes - 3} BlockingIOError" in r.observation
+    # max_processes: the shell reporting the command's status and python itself count
+    assert f"fork failed after {LIMITS.max_processes - 2} BlockingIOError" in r.observation
 
 
 def test_memory_limit(sandbox):
@@ -158,7 +156,7 @@ def test_tmp_and_shm_are_capped_within_the_memory_budget(sandbox):
     assert r.observation.split()[-3:] == [
         str(LIMITS.tmp_mb * 1024),
         str(LIMITS.shm_mb * 1024),
-        str(LIMITS.address_space_mb * 1024),
+        str(sandbox.backend.process_memory_mb * 1024),
     ]
     for folder, mb in (("/tmp", LIMITS.tmp_mb), ("/dev/shm", LIMITS.shm_mb)):
         code = f"for i in range({2 * mb}):\n    open(f'{folder}/{{i}}', 'wb').write(bytes(2**20))\n"
@@ -216,9 +214,6 @@ def test_workspace_copies_keep_links_modes_and_a_timed_out_commands_writes(sandb
         "exit code: 2\nstdout:\npartial\nhello\nrun\n750\n\nstderr:\n"
         "ls: cannot access 'pipe': No such file or directory\n"
     )  # no special files
-    r = bash(sandbox, "echo x > lost; kill -9 -1")  # the command kills the shell that would report it
-    assert r.error and "changes to the workspace are lost" in r.observation
-    assert bash(sandbox, "ls lost").error
 
 
 def test_infinite_loop_times_out(sandbox):
@@ -478,20 +473,6 @@ TAMPERING = {
 }
 
 
-@pytest.fixture(scope="module")
-def pytest_for_the_sandbox():
-    """pytest's pure-Python packages in a folder the sandbox user can read (the sandbox's python3 has no pytest)."""
-    folder = tempfile.mkdtemp(prefix="ipa_jax_test_pytest_")
-    for name in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py"):
-        origin = importlib.util.find_spec(name).origin
-        source = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
-        copy = shutil.copytree if os.path.isdir(source) else shutil.copy
-        copy(source, os.path.join(folder, os.path.basename(source)))
-    subprocess.run(["chmod", "-R", "a+rX", folder], check=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def integrity_graders(pylib):
     check = "import json, pathlib\nassert json.loads(pathlib.Path('/app/answer').read_text()) == 42\n"
     test = "def test_answer():\n    assert open('/app/answer').read().strip() == '42'\n"
@@ -506,10 +487,10 @@ def integrity_graders(pylib):
 
 
 @pytest.mark.parametrize("attack", sorted(TAMPERING))
-def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, pytest_for_the_sandbox, attack):
-    backend = BubblewrapBackend(LIMITS, root=sandbox_root, ro_binds=[pytest_for_the_sandbox])
+def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, sandbox_pytest, attack):
+    backend = BubblewrapBackend(LIMITS, root=sandbox_root, ro_binds=[sandbox_pytest])
     wrong = []
-    for name, tests in integrity_graders(pytest_for_the_sandbox).items():
+    for name, tests in integrity_graders(sandbox_pytest).items():
         spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests)
         for answer, want in (("", 0.0), ("echo 42 > answer", 1.0)):  # beside the right answer: still a pass
             with backend.create() as box:
@@ -518,17 +499,3 @@ def test_a_planted_workspace_cannot_pass_failing_tests(sandbox_root, pytest_for_
             if reward != want:
                 wrong.append(f"{name} grader, {answer or 'no answer'}: reward {reward}; {result.stdout}{result.stderr}")
     assert wrong == []
-
-
-def test_without_a_reward_file_the_agents_programs_cannot_write_the_reward(backend):
-    """A grader running the agent's program shares the sandbox user with it: with /logs mounted, the program can
-    write the reward (why the built-in suite, whose checker runs the agent's programs, grades by exit status)."""
-    writer = (
-        "import os\nos.makedirs('/logs/verifier', exist_ok=True)\nopen('/logs/verifier/reward.txt', 'w').write('1')\n"
-    )
-    tests = {"test.sh": "python3 /app/prog.py; grep -qx 42 /app/answer"}
-    for reward_file, want in ((False, 0.0), (True, 1.0)):
-        spec = TerminalSpec(name="t", instruction="x", solution=("true",), tests=tests, reward_file=reward_file)
-        with backend.create({"prog.py": writer}) as box:
-            assert grade(box, spec)[0] == want, reward_file
-    assert not any(family.make(random.Random(0)).reward_file for family in FAMILIES.values())

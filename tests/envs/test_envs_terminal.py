@@ -37,15 +37,21 @@ def harbor_task(folder, numbers):
 
 
 def tb1_task(folder):
-    """A Terminal-Bench 1 task whose Dockerfile copies its input from the task folder."""
+    """A Terminal-Bench 1 task whose Dockerfile copies its input from the task folder. Its verdict is the test run's
+    pytest summary; the sandbox's python3 has no pytest, so run-tests.sh prints the summary lines itself."""
     write(
         f"{folder}/task.yaml",
-        "instruction: |\n  Create hello.txt containing the word in greeting.txt.\nmax_agent_timeout_sec: 40\n",
+        "instruction: |\n  Create hello.txt containing the word in greeting.txt.\nmax_agent_timeout_sec: 40\n"
+        "parser_name: pytest\n",
     )
     write(f"{folder}/Dockerfile", "FROM ubuntu\nWORKDIR /app\nCOPY greeting.txt ./\n")
     write(f"{folder}/greeting.txt", "hi\n")
     write(f"{folder}/solution.sh", "cp greeting.txt hello.txt\n")
-    write(f"{folder}/run-tests.sh", 'bash "$TEST_DIR/check.sh"\n')
+    write(
+        f"{folder}/run-tests.sh",
+        'bash "$TEST_DIR/check.sh" && outcome=PASSED || outcome=FAILED\n'
+        'printf "%s\\n" "=== short test summary info ===" "$outcome tests/check.sh::test_hello"\n',
+    )
     write(f"{folder}/tests/check.sh", "grep -qx hi /app/hello.txt\n")
 
 
@@ -74,6 +80,9 @@ def test_spec_validation():
         ({"files": {"../x": ""}}, "relative"),
         ({"files": {"/etc/x": ""}}, "relative"),
         ({"executable": ("run.sh",)}, "executable"),
+        ({"checks": {"files": {"a": "b"}}}, "either tests/test.sh or checks"),
+        ({"tests": {}, "checks": {}}, "either tests/test.sh or checks"),
+        ({"parser": "swebench"}, "unknown parser 'swebench'"),
     ]:
         with pytest.raises(ValueError, match=match):
             TerminalSpec(**{**ok, **bad})
@@ -87,6 +96,7 @@ def test_task_folders(tasks_dir):
     assert (harbor.agent_timeout_s, harbor.test_timeout_s, len(harbor.solution)) == (50.0, 20.0, 2)
     tb1 = load_task_folder(f"{tasks_dir}/train/hello")
     assert tb1.instruction == "Create hello.txt containing the word in greeting.txt." and tb1.agent_timeout_s == 40.0
+    assert (harbor.parser, tb1.parser) == ("", "pytest")  # Terminal-Bench 1: the test run's summary decides
     with pytest.raises(ValueError, match="not a task folder"):
         load_task_folder(tasks_dir)
 

@@ -24,9 +24,12 @@ class SandboxLimits:
     """Resource limits of every command run in a sandbox.
 
     cpu_s: CPU seconds per command (RLIMIT_CPU).
-    memory_mb: the command's memory budget: its RAM-backed folders (the workspace: `workspace_mb`, /tmp: `tmp_mb`,
-      /dev/shm: `shm_mb`) and the address space of each of its processes (RLIMIT_AS: what the folders leave).
-    max_processes: processes and threads inside one command's sandbox (RLIMIT_NPROC in its own user namespace).
+    memory_mb: the command's memory budget, its RAM-backed folders (the workspace: `workspace_mb`, /tmp: `tmp_mb`,
+      /dev/shm: `shm_mb`) and its processes together. Where the learner may make cgroups, a cgroup per command caps
+      the sum; each process's address space (RLIMIT_AS) gets what the folders leave (`address_space_mb`). Without
+      one, each process gets that divided by `max_processes`, so that all of them stay within the budget.
+    max_processes: processes and threads inside one command's sandbox (its cgroup's pids.max, and RLIMIT_NPROC in its
+      own user namespace).
     file_size_mb: largest file a command may write (RLIMIT_FSIZE).
     workspace_mb / workspace_files: the workspace's size and number of entries (files, folders, links).
     tmp_mb / shm_mb: size of the command's private /tmp and /dev/shm (memory, freed when the command ends).
@@ -36,7 +39,7 @@ class SandboxLimits:
 
     cpu_s: int = 10
     memory_mb: int = 1024
-    max_processes: int = 64
+    max_processes: int = 16
     file_size_mb: int = 16
     workspace_mb: int = 256
     workspace_files: int = 10000
@@ -69,7 +72,7 @@ class SandboxLimits:
 
     @property
     def address_space_mb(self) -> int:
-        """Each process's address space: what the RAM-backed folders leave of the memory budget."""
+        """What the RAM-backed folders leave of the memory budget to the processes."""
         return self.memory_mb - self.workspace_mb - self.tmp_mb - self.shm_mb
 
 
@@ -95,6 +98,7 @@ class CommandResult:
     stdout_bytes: int = 0  # bytes the command wrote (kept or not)
     stderr_bytes: int = 0
     full: tuple[str, ...] = ()  # size-capped folders the command filled (e.g. "/tmp"): a failed step
+    stdout_tail: str = ""  # the last output_bytes of stdout (all of it when it fit): where a test run's summary is
 
     @property
     def ok(self) -> bool:
@@ -105,6 +109,9 @@ class Sandbox(abc.ABC):
     """One episode's isolated workspace. Thread-safe: `close` may be called while a command runs (it kills it)."""
 
     workdir: str  # the workspace's path inside the sandbox (commands start there)
+    # The bash a grader runs its tests with. A backend whose commands cannot trace a process running its own copy
+    # (the bubblewrap backend's execute-only bash) names that copy here.
+    shell: str = "/bin/bash"
 
     @abc.abstractmethod
     def run(

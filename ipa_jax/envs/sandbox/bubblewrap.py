@@ -1,11 +1,16 @@
 """The bubblewrap sandbox: every command runs in a fresh bwrap container over a copy of the episode's workspace.
 
 Per command: new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`: no network, loopback
-included); a read-only view of /usr (and the /bin, /lib links), a synthetic /etc with only what programs need,
-private /proc and /dev; no capabilities; limits set with `ulimit` before the command; a wall-clock timeout that
-kills the whole process tree. bwrap runs with a scrubbed environment (the parent's secrets would otherwise be
+included) and no user namespace of the command's own (`--disable-userns`); a read-only view of /usr (and the /bin,
+/lib links), a synthetic /etc with only what programs need, private /proc and /dev; no capabilities; limits set with
+`ulimit` before the command, and a cgroup per command where the machine allows (`cgroups.py`); a wall-clock timeout
+that kills the whole process tree. bwrap runs with a scrubbed environment (the parent's secrets would otherwise be
 readable in /proc/1/environ) and `--die-with-parent`, so a killed learner takes its commands with it. A process a
 command leaves in the background is killed when the command returns.
+
+The command's exit status comes from a shell out of its reach (`BubblewrapBackend.script`): the sandbox's PID 1,
+running an execute-only copy of bash (not dumpable), reporting on a socket the command does not hold. A sandbox that
+ends without that report is a failed command.
 
 Disk and memory caps: the workspace (at `workdir`), /tmp and /dev/shm are size-capped tmpfs mounts of the
 command's own (memory, counted in `limits.memory_mb`). The workspace persists on the host, in the episode's folder:
@@ -15,7 +20,8 @@ command's changes are discarded, and the step says so). So a command can fill it
 
 When the learner runs as root, bwrap is started as an unprivileged host user (`uid`, default nobody): the
 process limit is not enforced for root, and a sandboxed root could write to any file bound into it. A bwrap that
-user cannot reach (a venv in root's mode-700 home) is copied to <tmp>/ipa_jax_bwrap first.
+user cannot reach (a venv in root's mode-700 home) is copied to <tmp>/ipa_jax_bwrap first, where the execute-only
+bash is staged too (<tmp>/ipa_jax_bwrap-<uid> for another learner).
 
 Workspaces live under `root` (default: <tmp>/ipa_jax_sandboxes/<pid>-<id>); `close` deletes them, an exit handler
 closes what is left open, and a new backend deletes the folders of processes that no longer exist (a learner
@@ -28,11 +34,13 @@ import atexit
 import contextlib
 import ctypes
 import hashlib
+import logging
 import math
 import os
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -51,6 +59,9 @@ from ipa_jax.envs.sandbox.base import (
     SandboxLimits,
     check_relative_path,
 )
+from ipa_jax.envs.sandbox.cgroups import CommandCgroup, MemoryCap, detect_memory_cap, sweep_stale_cgroups
+
+log = logging.getLogger(__name__)
 
 NOBODY = 65534
 SANDBOX_UID = 1000  # the user id inside the sandbox (mapped to the host user bwrap runs as)
@@ -63,6 +74,9 @@ SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 OUTPUT_KILL_FACTOR = 4  # a command writing more than 4x the kept output is killed
 FULL_MARKER = "sandbox: no space left: "  # the line the command's shell writes for a capped folder it filled
 KILL_WAIT_S = 5.0
+MIN_PROCESS_MB = 40  # the address space a process needs at least: python3 running pytest takes about 36 MiB
+SANDBOX_SHELL = "/run/sandbox/shell"  # the execute-only bash (see execute_only_shell), as the sandbox sees it
+NO_STATUS_EXIT = 125  # the exit code of a command whose sandbox ended without the reporting shell's status
 
 
 def bwrap_binary() -> str:
@@ -163,41 +177,64 @@ def _libraries(binary: str) -> list[str]:
     ]
 
 
-def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
-    """A bwrap the sandbox user can execute, and the environment it needs. A bwrap under a folder that user cannot
-    enter (a venv in root's mode-700 home) is copied, with the libraries it loads from such folders, to
-    `root`/bwrap-<digest> (`root`: a folder of the learner's own that others cannot write, created if needed;
-    the copies world-readable) and started with LD_LIBRARY_PATH naming the copies."""
-    blocked = [lib for lib in _libraries(binary) if _closed_folder(lib)]
-    if not _closed_folder(binary) and not blocked:
-        return binary, {}
+def stage_root() -> str:
+    """Where the learner keeps the copies the sandbox runs (bwrap, the reporting shell): a folder of its own under the
+    system's temporary folder."""
+    name = "ipa_jax_bwrap" if os.geteuid() == 0 else f"ipa_jax_bwrap-{os.geteuid()}"
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def _staged(root: str, sources: Sequence[str], mode: int) -> str:
+    """A folder under `root` holding copies of `sources` (mode `mode`), named after the first one's digest and made
+    once, atomically. `root`: a folder of the learner's own that others cannot write (created if needed) that the
+    sandbox user can enter."""
     os.makedirs(root, mode=0o711, exist_ok=True)
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise SandboxError(
-            f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds "
-            "the bwrap copy the sandbox user runs)"
+            f"{root!r} must be a folder of user {os.geteuid()} that others cannot write (it holds the programs the "
+            "sandbox runs)"
         )
     _check_traversable(root)
-    with open(binary, "rb") as f:
+    with open(sources[0], "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    stage = os.path.join(root, f"bwrap-{digest}")
+    stage = os.path.join(root, f"{os.path.basename(sources[0])}-{digest}-{mode:o}")
     if not os.path.isdir(stage):
-        partial = tempfile.mkdtemp(prefix=".bwrap-", dir=root)
-        for path in [binary, *blocked]:
-            shutil.copy2(path, os.path.join(partial, os.path.basename(path)))
-            os.chmod(os.path.join(partial, os.path.basename(path)), 0o755)
+        partial = tempfile.mkdtemp(prefix=".stage-", dir=root)
+        for path in sources:
+            shutil.copyfile(path, os.path.join(partial, os.path.basename(path)))
+            os.chmod(os.path.join(partial, os.path.basename(path)), mode)
         os.chmod(partial, 0o755)
         try:
             os.rename(partial, stage)
         except OSError:  # another process staged it first
             shutil.rmtree(partial, ignore_errors=True)
+    return stage
+
+
+def bwrap_for_sandbox_user(binary: str, root: str) -> tuple[str, dict[str, str]]:
+    """A bwrap the sandbox user can execute, and the environment it needs. A bwrap under a folder that user cannot
+    enter (a venv in root's mode-700 home) is copied, with the libraries it loads from such folders, under `root` and
+    started with LD_LIBRARY_PATH naming the copies."""
+    blocked = [lib for lib in _libraries(binary) if _closed_folder(lib)]
+    if not _closed_folder(binary) and not blocked:
+        return binary, {}
+    stage = _staged(root, [binary, *blocked], 0o755)
     return os.path.join(stage, os.path.basename(binary)), {"LD_LIBRARY_PATH": stage} if blocked else {}
+
+
+def execute_only_shell(root: str) -> str:
+    """A copy of the host's bash that can be run but not read (mode 0111), under `root`. The kernel marks a process
+    running an unreadable program not dumpable: a process of the same user without CAP_SYS_PTRACE cannot ptrace it,
+    open its /proc/<pid>/fd, mem or environ, or take its file descriptors (pidfd_getfd). The sandbox's reporting shell
+    and the grader's test.sh shell run it; the commands they start run ordinary programs."""
+    return os.path.join(_staged(root, [os.path.realpath("/bin/bash")], 0o111), "bash")
 
 
 class BubblewrapBackend(SandboxBackend):
     """Sandboxes on bubblewrap (Linux). `workdir`: the workspace path inside; `uid`: the host user bwrap runs as
-    when the learner is root; `ro_binds`: extra host folders visible read-only (e.g. a Python outside /usr)."""
+    when the learner is root; `ro_binds`: extra host folders visible read-only (e.g. a Python outside /usr);
+    `memory_cap`: how commands' memory is capped (default: the strongest this machine gives, `detect_memory_cap`)."""
 
     def __init__(
         self,
@@ -207,23 +244,55 @@ class BubblewrapBackend(SandboxBackend):
         root: str = "",
         uid: int = NOBODY,
         ro_binds: Sequence[str] = (),
+        memory_cap: MemoryCap | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
-        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev", "/tmp"):
+        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev", "/tmp", "/run"):
             raise ValueError(f"workdir must be an absolute path of its own, got {workdir!r}")
         self.workdir = workdir.rstrip("/")
         self.root = root or os.path.join(tempfile.gettempdir(), "ipa_jax_sandboxes")
         self.run_as = uid if os.geteuid() == 0 else None
         self.ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
+        self.memory_cap = memory_cap or detect_memory_cap()
+        self.process_memory_mb = self._process_memory_mb()
+        log.log(
+            logging.INFO if self.memory_cap.sums else logging.WARNING,
+            "sandbox memory cap: %s",
+            self.memory_cap.describe(self.cgroup_memory_mb, self.limits.max_processes, self.process_memory_mb),
+        )
         self.bwrap, self.bwrap_env = bwrap_binary(), {"PATH": "/usr/bin:/bin"}
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         if self.run_as is not None:
             _check_traversable(self.root)
-            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, os.path.join(tempfile.gettempdir(), "ipa_jax_bwrap"))
+            self.bwrap, env = bwrap_for_sandbox_user(self.bwrap, stage_root())
             self.bwrap_env.update(env)
+        self.shell = execute_only_shell(stage_root())
         sweep_stale_workspaces(self.root)
+        sweep_stale_cgroups(self.memory_cap, _pid_alive)
         self._open: weakref.WeakSet[BubblewrapSandbox] = weakref.WeakSet()
         atexit.register(self.close_all)
+
+    @property
+    def cgroup_memory_mb(self) -> int:
+        """A command cgroup's memory.max: the budget less the workspace, which the host copies in (and is charged for)
+        before the command starts; what the command writes to its folders is charged to the cgroup."""
+        return self.limits.memory_mb - self.limits.workspace_mb
+
+    def _process_memory_mb(self) -> int:
+        """Each process's address space: what the RAM-backed folders leave of the budget, or with no cgroup to cap the
+        sum, that divided by the process cap (so that all processes together stay within the budget)."""
+        lim = self.limits
+        if self.memory_cap.sums:
+            return lim.address_space_mb
+        share = lim.address_space_mb // lim.max_processes
+        if share < MIN_PROCESS_MB:
+            raise SandboxError(
+                f"without a cgroup ({self.memory_cap.reason}) each of the {lim.max_processes} processes a command may "
+                f"run gets {share} MiB of address space (memory_mb {lim.memory_mb} less the folders, "
+                f"{lim.address_space_mb} MiB, divided by max_processes), under the {MIN_PROCESS_MB} MiB it needs: "
+                "raise limits.memory_mb, lower limits.max_processes, or run where cgroups are delegated to the learner"
+            )
+        return share
 
     def create(
         self,
@@ -278,6 +347,9 @@ class BubblewrapBackend(SandboxBackend):
         args = [
             self.bwrap,
             "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",  # no user namespace of the command's own: no mounts (tmpfs outside the caps) in one
+            "--as-pid-1",  # the reporting shell is PID 1: a signal it has no handler for is dropped from inside
             "--die-with-parent",
             "--new-session",
             "--cap-drop",
@@ -311,6 +383,7 @@ class BubblewrapBackend(SandboxBackend):
         args += ["--proc", "/proc", "--dev", "/dev"]
         for path, size_mb, _ in self.ram_folders():  # the workspace among them: the host copies it in and out
             args += ["--size", str(size_mb * 1024 * 1024), "--tmpfs", path]
+        args += ["--ro-bind", self.shell, SANDBOX_SHELL]
         for path in self.ro_binds:  # after /tmp: a folder under /tmp stays visible
             args += ["--ro-bind", path, path]
         for m in mounts:
@@ -348,26 +421,33 @@ class BubblewrapBackend(SandboxBackend):
             (self.workdir, lim.workspace_mb, "workspace_mb"),
         ]
 
-    def script(self, go: int, done: int) -> str:
-        """The shell running a command (its "$1"). It says "ready" on fd `done` and waits for a line on fd `go`
-        (the host copies the workspace in meanwhile), runs the command under ulimit settings (hard limits: the
-        command cannot raise them; SIGUSR1 kills it), kills what it left behind, writes a line on stderr for each
-        capped folder it filled, reports the exit status on `done` and waits for the end of `go` (the host copies
-        the workspace out meanwhile)."""
+    def script(self, control: int) -> str:
+        """The reporting shell's script (the command is its "$1"). It says "ready" on the control socket `control`
+        and waits for a line there (the host copies the workspace in meanwhile), runs the command under ulimit
+        settings (hard limits: the command cannot raise them) without the socket, kills what it left behind, writes a
+        line on stderr for each capped folder it filled, reports the exit status on the socket and waits for its end
+        (the host copies the workspace out meanwhile). SIGUSR1 makes it kill the command (the host's stop).
+
+        The shell is PID 1 (the kernel drops the signals from inside the sandbox it has no handler for, SIGKILL and
+        SIGSTOP among them; SIGUSR1 from the command only kills the command) and not dumpable (an execute-only bash),
+        and a socket cannot be reopened through /proc/<pid>/fd: the command cannot reach the status it reports."""
         lim = self.limits
         checks = "".join(
             f'[ "$(stat -f -c %a {path})" -gt 0 ] || echo "{FULL_MARKER}{path} is full ({mb} MiB, limits.{key})" >&2; '
             for path, mb, key in self.ram_folders()
         )
         ulimit = (
-            f"ulimit -c 0 -t {lim.cpu_s} -v {lim.address_space_mb * 1024} -u {lim.max_processes} "
+            f"ulimit -c 0 -t {lim.cpu_s} -v {self.process_memory_mb * 1024} -u {lim.max_processes} "
             f"-f {lim.file_size_mb * 1024}"
         )
         return (
-            f"echo ready >&{done}; read -r _ <&{go} || exit 125; trap 'kill -9 -1 2>/dev/null' USR1; "
-            f'({ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {go}<&- {done}>&- & command=$!; '
-            f"wait $command; status=$?; while kill -0 $command 2>/dev/null; do wait $command; status=$?; done; "
-            f"kill -9 -1 2>/dev/null; {checks}echo $status >&{done}; read -r _ <&{go}; exit $status"
+            f"echo ready >&{control}; read -r _ <&{control} || exit {NO_STATUS_EXIT}; "
+            # the shell ignores SIGINT (bash's own handling of it in `wait` can lose the status); the command does not
+            "trap 'kill -9 -1 2>/dev/null' USR1; trap '' INT; "
+            f'(trap - INT; {ulimit} || exit 126; exec /bin/bash -c "$1") <&0 {control}>&- & command=$!; '
+            # a signal ends `wait` early (status 128 + N): wait until the command is gone, then take its status
+            "while kill -0 $command 2>/dev/null; do wait $command; done; wait $command; status=$?; "
+            f"kill -9 -1 2>/dev/null; {checks}echo $status >&{control}; read -r _ <&{control}; exit $status"
         )
 
 
@@ -391,7 +471,7 @@ class BubblewrapSandbox(Sandbox):
     """One episode's workspace folder; each `run` is a fresh bwrap container over a copy of it (one at a time)."""
 
     def __init__(self, backend: BubblewrapBackend, folder: str) -> None:
-        self.backend, self.folder, self.workdir = backend, folder, backend.workdir
+        self.backend, self.folder, self.workdir, self.shell = backend, folder, backend.workdir, SANDBOX_SHELL
         self.workspace = os.path.join(folder, "workspace")
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -408,11 +488,14 @@ class BubblewrapSandbox(Sandbox):
         limits = self.backend.limits
         timeout = limits.timeout_s if timeout_s is None else timeout_s
         with self._run_lock:  # one command at a time: each copies the workspace in and back out
-            go_read, go_write = os.pipe()  # host -> shell: a line once the workspace is in, EOF once it is out
-            done_read, done_write = os.pipe()  # shell -> host: "ready", then the command's exit status
-            script = self.backend.script(go_read, done_write)
-            argv = self.backend.argv(self.folder, mounts) + ["/bin/bash", "-c", script, "sandbox", command]
+            # host <-> reporting shell: "ready", "go" once the workspace is in, the status, EOF once it is out
+            control, shell_end = socket.socketpair()
+            script = self.backend.script(shell_end.fileno())
+            argv = self.backend.argv(self.folder, mounts) + [SANDBOX_SHELL, "-c", script, "sandbox", command]
+            cgroup = None
             try:
+                if self.backend.memory_cap.sums:
+                    cgroup = self._cgroup()
                 with self._lock:
                     if self._closed:
                         raise SandboxError("the sandbox is closed")
@@ -429,20 +512,22 @@ class BubblewrapSandbox(Sandbox):
                             extra_groups=None if run_as is None else [],
                             start_new_session=True,
                             close_fds=True,
-                            pass_fds=(go_read, done_write),
+                            pass_fds=(shell_end.fileno(),),
                         )
                     except OSError as e:
                         raise SandboxError(f"cannot start bwrap: {e}") from e
                     self._procs.add(proc)
+            except BaseException:
+                control.close()
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
             finally:
-                os.close(go_read)
-                os.close(done_write)
+                shell_end.close()
             start = time.perf_counter()
-            session, status = _Session(self, proc, go_write), None
+            session, status = _Session(self, proc, control, cgroup), None
             try:
-                output, timed_out, flooded, status = _collect(
-                    proc, stdin, timeout, limits.output_bytes, done_read, session
-                )
+                output, timed_out, flooded, status = _collect(proc, stdin, timeout, limits.output_bytes, session)
                 if status is not None:
                     session.copy_out()
             except (OSError, SandboxError) as e:
@@ -450,22 +535,26 @@ class BubblewrapSandbox(Sandbox):
                     raise SandboxError("the sandbox was closed while a command ran") from e
                 raise
             finally:
-                os.close(done_read)
-                session.end()
-                if status is not None:  # the shell exits now
+                control.close()  # EOF: the shell exits
+                if status is not None:
                     try:
                         proc.wait(KILL_WAIT_S)
                     except subprocess.TimeoutExpired:
                         pass
                 _kill_tree(proc)
+                if cgroup is not None:
+                    cgroup.remove()
                 with self._lock:
                     self._procs.discard(proc)
         if self._closed and not timed_out:
             raise SandboxError("the sandbox was closed while a command ran")
-        if status is None:
-            code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        if status is None:  # only the reporting shell says a command succeeded
+            code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode or NO_STATUS_EXIT
             if session.started and not timed_out and not flooded:
-                output.note("sandbox: the command ended the shell running it; its changes to the workspace are lost")
+                output.note(
+                    "sandbox: the shell running the command ended before reporting its status (out of memory?); "
+                    "the command's changes to the workspace are lost"
+                )
         else:
             code = status
         if session.discarded:
@@ -482,7 +571,16 @@ class BubblewrapSandbox(Sandbox):
             stdout_bytes=stdout_bytes,
             stderr_bytes=stderr_bytes,
             full=full,
+            stdout_tail=output.tail_text(proc.stdout),
         )
+
+    def _cgroup(self) -> CommandCgroup:
+        try:
+            return CommandCgroup(
+                self.backend.memory_cap, self.backend.cgroup_memory_mb * 2**20, self.backend.limits.max_processes
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot make the command's cgroup ({e}): no memory cap for it") from e
 
     def close(self) -> None:
         with self._lock:
@@ -506,28 +604,34 @@ class _Session:
     is ready, asks the shell to stop the command (timeout, output flood), and copies /app back out once the shell
     reports the command's status (every other process of the sandbox is dead then). The copy out never follows a
     link and is bounded: over `workspace_files` entries or `workspace_mb` bytes (hard links, sparse files), the
-    command's changes are discarded."""
+    command's changes are discarded. With a memory cgroup, the shell joins it before the command starts."""
 
-    def __init__(self, sandbox: BubblewrapSandbox, proc: subprocess.Popen, go: int) -> None:
-        self.sandbox, self.proc, self.go = sandbox, proc, go
-        self.init = self.shell = 0  # host pids of the sandbox's init and of the shell
+    def __init__(
+        self, sandbox: BubblewrapSandbox, proc: subprocess.Popen, control: socket.socket, cgroup: CommandCgroup | None
+    ) -> None:
+        self.sandbox, self.proc, self.control, self.cgroup = sandbox, proc, control, cgroup
+        self.shell = 0  # host pid of the reporting shell (the sandbox's PID 1)
         self.started = False
         self.discarded = ""
 
     @property
     def app(self) -> str:
-        return f"/proc/{self.init}/root{self.sandbox.workdir}"
+        return f"/proc/{self.shell}/root{self.sandbox.workdir}"
 
     def ready(self) -> None:
-        """The shell waits: copy the workspace in, then let it run the command."""
-        inits = _children(self.proc.pid)
-        shells = _children(inits[0]) if len(inits) == 1 else []
+        """The shell waits: put it in the command's cgroup, copy the workspace in, then let it run the command."""
+        shells = _children(self.proc.pid)
         if len(shells) != 1:
             raise SandboxError("the sandbox ended before its command started")
-        self.init, self.shell = inits[0], shells[0]
+        self.shell = shells[0]
+        if self.cgroup is not None:
+            try:
+                self.cgroup.add(self.shell)
+            except OSError as e:
+                raise SandboxError(f"cannot move the sandbox into its cgroup ({e}): no memory cap for it") from e
         with _files_as(self.sandbox.backend.run_as):
             _copy_into_sandbox(self.sandbox.workspace, self.app)
-        os.write(self.go, b"go\n")
+        self.control.sendall(b"go\n")
         self.started = True
 
     def stop(self) -> None:
@@ -560,10 +664,6 @@ class _Session:
         os.rename(self.sandbox.workspace, old)
         os.rename(staged, self.sandbox.workspace)
         shutil.rmtree(old, ignore_errors=True)
-
-    def end(self) -> None:
-        """Let the shell exit (EOF on its `go` pipe)."""
-        os.close(self.go)
 
 
 @contextlib.contextmanager
@@ -725,13 +825,14 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 class _Output:
-    """Reads a command's stdout and stderr, keeping the first `keep` bytes of each and counting the rest."""
+    """Reads a command's stdout and stderr, keeping the first and the last `keep` bytes of each and counting the
+    rest (the shell reports full folders at the end of stderr; a test run's summary ends its stdout)."""
 
     def __init__(self, proc: subprocess.Popen, keep: int) -> None:
         self.proc, self.keep = proc, keep
         self.kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+        self.tail = {proc.stdout: b"", proc.stderr: b""}
         self.total = {proc.stdout: 0, proc.stderr: 0}
-        self.stderr_tail = b""  # where the shell reports full folders, even after a flood of output
 
     def read(self, stream) -> bool:
         """Reads what is there; False at end of stream."""
@@ -739,8 +840,7 @@ class _Output:
         self.total[stream] += len(chunk)
         buf = self.kept[stream]
         buf += chunk[: max(0, self.keep - len(buf))]
-        if stream is self.proc.stderr:
-            self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
+        self.tail[stream] = (self.tail[stream] + chunk)[-self.keep :]
         return bool(chunk)
 
     def note(self, line: str) -> None:
@@ -752,7 +852,7 @@ class _Output:
 
     def full(self) -> tuple[str, ...]:
         """The capped folders the shell reported full."""
-        lines = self.stderr_tail.decode("utf-8", "replace").splitlines()
+        lines = self.tail[self.proc.stderr].decode("utf-8", "replace").splitlines()
         return tuple(line[len(FULL_MARKER) :].split(" is full")[0] for line in lines if line.startswith(FULL_MARKER))
 
     @property
@@ -762,19 +862,23 @@ class _Output:
     def text(self, stream) -> tuple[str, int]:
         return bytes(self.kept[stream]).decode("utf-8", "replace"), self.total[stream]
 
+    def tail_text(self, stream) -> str:
+        return self.tail[stream].decode("utf-8", "replace")
+
 
 def _collect(
-    proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, control: int, session: _Session
+    proc: subprocess.Popen, stdin: bytes, timeout: float, keep: int, session: _Session
 ) -> tuple[_Output, bool, bool, int | None]:
-    """Feed stdin and read the output until the shell reports the command's exit status on `control` (then the
-    status), or the sandbox ends without one (None). The shell's "ready" line starts the session; a timeout or a
-    flood (more than OUTPUT_KILL_FACTOR x `keep` bytes) stops the command, and what follows within KILL_WAIT_S is
-    read but not kept. Returns (output, timed_out, flooded, status)."""
+    """Feed stdin and read the output until the shell reports the command's exit status on the session's control
+    socket (then the status), or the sandbox ends without one (None). The shell's "ready" line starts the session; a
+    timeout or a flood (more than OUTPUT_KILL_FACTOR x `keep` bytes) stops the command, and what follows within
+    KILL_WAIT_S is read but not kept. Returns (output, timed_out, flooded, status)."""
     deadline = time.monotonic() + timeout
     output = _Output(proc, keep)
     pending = memoryview(stdin)
     timed_out = flooded = False
     lines = b""
+    control = session.control
     with selectors.DefaultSelector() as sel:
         for stream in (proc.stdout, proc.stderr):
             os.set_blocking(stream.fileno(), False)
@@ -805,20 +909,21 @@ def _collect(
                         sel.unregister(proc.stdin)
                         proc.stdin.close()
                 elif key.fileobj is control:
-                    chunk = os.read(control, 256)
+                    chunk = control.recv(256)
                     if not chunk:  # the shell died: read on until the sandbox's last process closes the output
                         sel.unregister(control)
                         continue
                     lines += chunk
-                    while b"\n" in lines:  # the command could write here too (through /proc): only the expected
+                    while b"\n" in lines:
                         line, lines = lines.split(b"\n", 1)
                         if line == b"ready" and not session.started:
                             session.ready()
                             if pending:
                                 sel.register(proc.stdin, selectors.EVENT_WRITE)
-                        elif line.isdigit() and session.started:
+                        elif session.started:  # the status (a shell that lost it says so: a failed command)
                             _drain(output, sel, proc)
-                            return output, timed_out, flooded, int(line)
+                            status = int(line) if line.isdigit() and int(line) < 256 else NO_STATUS_EXIT
+                            return output, timed_out, flooded, status
                 elif not output.read(key.fileobj):
                     sel.unregister(key.fileobj)
                 elif output.flooded and not flooded:

@@ -1,22 +1,24 @@
 """A terminal task as data (`TerminalSpec`), and the Terminal-Bench / Harbor task folders it is read from.
 
-A terminal task is what the agent is told (`instruction`), the files its workspace starts with, the grader that
-runs in the same sandbox after the episode (`tests`, with `test.sh` as the entry point, mounted read-only at
-/tests only while grading, so the agent never sees it), and a reference solution: a list of bash commands, one
-per expert step (the scripted expert makes one `bash` call per step, then ends the episode).
+A terminal task is what the agent is told (`instruction`), the files its workspace starts with, how it is graded
+after the episode, and a reference solution: a list of bash commands, one per expert step (the scripted expert
+makes one `bash` call per step, then ends the episode). Grading (`ipa_jax/envs/terminal/grader.py`) is either
+`checks` the host compares (the built-in suite), or `tests` run in the same sandbox (`test.sh` the entry point,
+mounted read-only at /tests only while grading, so the agent never sees them).
 
-Reward: the grader's `/logs/verifier/reward.txt` (a number) or `reward.json` (`{"reward": x}`) when it writes
-one, else 1.0 when `test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1]. A task with `reward_file=False` is
-graded by the exit status alone, without /logs: nothing the grader runs (the agent's programs) can write a reward.
+Reward of `tests`: the test run's output when a `parser` reads it (Terminal-Bench 1: pytest's summary), else the
+grader's `/logs/verifier/reward.txt` (a number) or `reward.json` (`{"reward": x}`) when it writes one, else 1.0 when
+`test.sh` exits 0 and 0.0 otherwise; clipped to [0, 1].
 
 Folder layouts read by `load_task_folder`:
 
   Harbor / Terminal-Bench 2.0:  instruction.md, task.toml ([agent] timeout_sec, [verifier] timeout_sec),
                                 environment/ (copied into the workspace; Dockerfile and compose files skipped),
                                 tests/test.sh (+ any files it uses), solution/solve.sh
-  Terminal-Bench 1:             task.yaml (instruction, max_agent_timeout_sec, max_test_timeout_sec), solution.sh,
-                                run-tests.sh (the entry point; TEST_DIR=/tests), tests/, and a Dockerfile whose
-                                COPY / ADD lines stage files of the task folder into the workspace (/app)
+  Terminal-Bench 1:             task.yaml (instruction, max_agent_timeout_sec, max_test_timeout_sec, parser_name:
+                                pytest, the default), solution.sh, run-tests.sh (the entry point; TEST_DIR=/tests),
+                                tests/, and a Dockerfile whose COPY / ADD lines stage files of the task folder into
+                                the workspace (/app)
 
 A solution script is split into expert steps at lines that start with `# step` (the rest of the line is a
 comment); a script without such lines is one step. Lines before the first marker (a shebang, `set -e`) are
@@ -35,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ipa_jax.envs.sandbox.base import check_relative_path
+from ipa_jax.envs.terminal.parsers import PARSERS
 
 TEST_ENTRY = "test.sh"
 STEP_MARKER = "# step"
@@ -53,6 +56,9 @@ class TerminalSpec:
     instruction: the user message.
     files: workspace files the episode starts with (relative path -> text), written after `environment_dir`.
     tests: grader files (relative path -> text) mounted at /tests while grading; `test.sh` is the entry point.
+    checks: instead of tests, expectations the host compares (JSON: "files" path -> exact text, "absent" and
+      "executable" paths, "runs" of {"command", "stdout" (None: any), "exit_code"}, "inputs" name -> text mounted
+      read-only at /tests/inputs for the runs only); see ipa_jax/envs/terminal/suite/_common.py.
     solution: the reference solution, one bash command (a script) per expert step.
     executable: entries of `files` made executable.
     environment_dir / tests_dir: host folders used instead of (or, for environment_dir, before) the inline
@@ -62,13 +68,15 @@ class TerminalSpec:
     agent_timeout_s: the wall-clock time the agent's commands may take in all (each command is also bounded by
       the sandbox's per-command timeout). test_timeout_s: the grader's limit.
     tier / family: where a generated task comes from ("" for folder tasks).
-    reward_file: whether the grader may give the reward in a file under /logs (else its exit status decides).
+    parser: how the test run's output gives the verdict ("pytest", Terminal-Bench 1); "": the reward file, else the
+      exit status.
     """
 
     name: str
     instruction: str
     files: Mapping[str, str] = field(default_factory=dict)
     tests: Mapping[str, str] = field(default_factory=dict)
+    checks: Mapping[str, Any] = field(default_factory=dict)
     solution: tuple[str, ...] = ()
     executable: tuple[str, ...] = ()
     environment_dir: str = ""
@@ -78,18 +86,22 @@ class TerminalSpec:
     test_timeout_s: float = 60.0
     tier: str = ""
     family: str = ""
-    reward_file: bool = True
+    parser: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", dict(self.files))
         object.__setattr__(self, "tests", dict(self.tests))
+        object.__setattr__(self, "checks", dict(self.checks))
         object.__setattr__(self, "environment_files", dict(self.environment_files))
         object.__setattr__(self, "solution", tuple(self.solution))
         object.__setattr__(self, "executable", tuple(self.executable))
         if not self.instruction.strip():
             raise ValueError(f"terminal task {self.name!r}: empty instruction")
-        if TEST_ENTRY not in self.tests and not self.tests_dir:
-            raise ValueError(f"terminal task {self.name!r}: no tests/{TEST_ENTRY}")
+        has_tests = TEST_ENTRY in self.tests or bool(self.tests_dir)
+        if has_tests == bool(self.checks):
+            raise ValueError(f"terminal task {self.name!r}: needs either tests/{TEST_ENTRY} or checks")
+        if self.parser and self.parser not in PARSERS:
+            raise ValueError(f"terminal task {self.name!r}: unknown parser {self.parser!r} (known: {sorted(PARSERS)})")
         if not self.solution:
             raise ValueError(f"terminal task {self.name!r}: no reference solution")
         for path in [*self.files, *self.tests, *self.environment_files]:
@@ -170,6 +182,8 @@ def load_task_folder(path: str) -> TerminalSpec:
             solution=split_solution(_read(os.path.join(path, "solution.sh"))),
             agent_timeout_s=float(meta.get("max_agent_timeout_sec", 120.0)),
             test_timeout_s=float(meta.get("max_test_timeout_sec", 60.0)),
+            # Terminal-Bench 1 reads the verdict from the test run's output: no reward file, not the exit status.
+            parser=str(meta.get("parser_name", "pytest")),
         )
     raise ValueError(f"{path} is not a task folder: expected instruction.md (Harbor) or task.yaml (Terminal-Bench 1)")
 

@@ -1,28 +1,28 @@
-"""What the suite's families share: word pools, the `family` registration decorator, and one grader.
+"""What the suite's families share: word pools, the `family` registration decorator, and the checks that grade them.
 
-Every family's grader is the same small Python checker (`CHECK_SCRIPT`, run by `test.sh`) reading the instance's
-expectations from /tests/expect.json: files with exact contents, files that must be gone or executable, and
-commands whose exit status and stdout must match. Contents and stdout are compared exactly, apart from one final
-newline (`echo 5 > n.txt` and `printf 5 > n.txt` both pass). Inputs the agent must not see (a second data file a
-script is tried on) travel with the tests, at /tests/inputs/<name>.
+Every family is graded by `Checks` the host compares (`TerminalSpec.checks`, see ipa_jax/envs/terminal/grader.py):
+files with exact contents, files that must be gone or executable, and commands whose exit status and stdout must
+match. Contents and stdout are compared exactly, apart from one final newline (`echo 5 > n.txt` and `printf 5 >
+n.txt` both pass). Inputs the agent must not see (a second data file a script is tried on) are mounted for those
+commands only, at /tests/inputs/<name>; the expected contents and outputs stay on the host, so a program the checks
+run can read its input but not the answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from ipa_jax.envs.terminal.grader import TESTS_MOUNT
-from ipa_jax.envs.terminal.spec import TEST_ENTRY, TerminalSpec
+from ipa_jax.envs.terminal.grader import INPUTS_MOUNT
+from ipa_jax.envs.terminal.spec import TerminalSpec
 
 Maker = Callable[[random.Random], TerminalSpec]
 
-INPUTS_FOLDER = "inputs"
-INPUTS_DIR = f"{TESTS_MOUNT}/{INPUTS_FOLDER}"  # hidden inputs, as the grader sees them
+INPUTS_DIR = INPUTS_MOUNT  # hidden inputs, as the commands the checks run see them
 
 
 def _substring_free(words: str) -> tuple[str, ...]:
@@ -102,30 +102,28 @@ class Checks:
     runs: Sequence[Run] = ()
     inputs: Mapping[str, str] = field(default_factory=dict)
 
-    def tests(self) -> dict[str, str]:
-        expect = {
+    def to_dict(self) -> dict[str, Any]:
+        """As `TerminalSpec.checks`."""
+        return {
             "files": dict(self.files),
             "absent": list(self.absent),
             "executable": list(self.executable),
             "runs": [dataclasses.asdict(run) for run in self.runs],
+            "inputs": dict(self.inputs),
         }
-        inputs = {f"{INPUTS_FOLDER}/{name}": text for name, text in self.inputs.items()}
-        return {TEST_ENTRY: TEST_SH, "check.py": CHECK_SCRIPT, "expect.json": json.dumps(expect, indent=1), **inputs}
 
 
 def task(
     instruction: str, files: Mapping[str, str], solution: Sequence[str], checks: Checks, executable: Sequence[str] = ()
 ) -> TerminalSpec:
     """A TerminalSpec whose name, tier and family the `family` decorator fills in."""
-    # The checker runs the agent's programs: graded by its exit status, with no /logs they could write a reward to.
     return TerminalSpec(
         name="",
         instruction=instruction,
         files=files,
-        tests=checks.tests(),
+        checks=checks.to_dict(),
         solution=tuple(solution),
         executable=tuple(executable),
-        reward_file=False,
     )
 
 
@@ -142,58 +140,3 @@ def family_decorator(tier: str, registry: list[Maker]) -> Callable[[Maker], Make
         return make
 
     return family
-
-
-TEST_SH = f"python3 {TESTS_MOUNT}/check.py {TESTS_MOUNT}/expect.json\n"
-
-CHECK_SCRIPT = '''"""Terminal-suite grader: exit 0 iff every expectation in expect.json holds in the current folder."""
-import json
-import os
-import subprocess
-import sys
-
-
-# The agent's programs run as in the workspace: their own folder on Python's path (the grader's Python has none).
-PROGRAM_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
-
-
-def same(actual, expected):
-    return actual.removesuffix("\\n") == expected.removesuffix("\\n")
-
-
-def failures(expect):
-    for path, text in expect["files"].items():
-        try:
-            with open(path, encoding="utf-8") as f:
-                actual = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            yield f"{path}: cannot read it ({e.__class__.__name__})"
-            continue
-        if not same(actual, text):
-            yield f"{path}: wrong content"
-    for path in expect["absent"]:
-        if os.path.lexists(path):
-            yield f"{path}: should not exist"
-    for path in expect["executable"]:
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            yield f"{path}: not an executable file"
-    for run in expect["runs"]:
-        try:
-            done = subprocess.run(["bash", "-c", run["command"]], capture_output=True, text=True, timeout=10,
-                                  env=PROGRAM_ENV)
-        except subprocess.TimeoutExpired:
-            yield f"{run['command']}: timed out"
-            continue
-        if done.returncode != run["exit_code"]:
-            yield f"{run['command']}: exit status {done.returncode}, expected {run['exit_code']}"
-        elif run["stdout"] is not None and not same(done.stdout, run["stdout"]):
-            yield f"{run['command']}: wrong output"
-
-
-with open(sys.argv[1], encoding="utf-8") as f:
-    problems = list(failures(json.load(f)))
-for problem in problems:
-    print("FAIL", problem)
-print("PASS" if not problems else f"{len(problems)} check(s) failed")
-sys.exit(1 if problems else 0)
-'''

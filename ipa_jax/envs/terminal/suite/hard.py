@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,6 @@ from typing import Any
 from ipa_jax.envs.terminal.spec import TerminalSpec
 from ipa_jax.envs.terminal.suite._common import (
     DIRS,
-    INPUTS_DIR,
     NAMES,
     RESULT_FILES,
     SERVICES,
@@ -293,8 +293,16 @@ def cases(rng: random.Random, function: Function, is_buggy: bool) -> list[tuple[
             return [(function.name, ", ".join(map(repr, args)), repr(correct(*args))) for args in drawn]
 
 
+def hidden_calls(module: str, calls: list[tuple[str, str, str]]) -> Run:
+    """A run printing `repr(function(args))` of each (function, args, expected) call of `module`, which must print the
+    expected values: the host compares them, so the module (which runs in that process) never sees them, and a module
+    that ends the process early prints nothing."""
+    code = f"import {module}\n" + "".join(f"print(repr({module}.{f}({args})))\n" for f, args, _ in calls)
+    return Run(f"python3 -c {shlex.quote(code)}", joined(expected for _, _, expected in calls))
+
+
 def python_bugfix(rng: random.Random, pool: tuple[Function, ...], modules: tuple[str, ...]) -> TerminalSpec:
-    """A module of three functions, one with a bug, and its failing unittest file; also graded by a hidden test."""
+    """A module of three functions, one with a bug, and its failing unittest file; also graded by hidden calls."""
     module = rng.choice(modules)
     functions = rng.sample(pool, 3)
     buggy = rng.choice(functions)
@@ -302,7 +310,7 @@ def python_bugfix(rng: random.Random, pool: tuple[Function, ...], modules: tuple
     broken_source = source.replace(buggy.correct, buggy.buggy)
     assert broken_source.count(buggy.buggy) == 1, f"the bug of {buggy.name} is not unique in its module"
     visible = unittest_source(module, [c for f in functions for c in cases(rng, f, f is buggy)])
-    hidden = unittest_source(module, [c for f in functions for c in cases(rng, f, f is buggy)])
+    hidden = [c for f in functions for c in cases(rng, f, f is buggy)]
     test_file = f"test_{module}.py"
     return task(
         f"python3 {test_file} fails. Find and fix the bug in {module}.py (do not change {test_file}) so that "
@@ -314,11 +322,7 @@ def python_bugfix(rng: random.Random, pool: tuple[Function, ...], modules: tuple
             sed_replace(f"{module}.py", buggy.buggy, buggy.correct),
             f"python3 {test_file}",
         ],
-        checks=Checks(
-            files={test_file: visible},
-            inputs={test_file: hidden},
-            runs=[Run(f"python3 {test_file}"), Run(f"PYTHONPATH=. python3 {INPUTS_DIR}/{test_file}")],
-        ),
+        checks=Checks(files={test_file: visible}, runs=[Run(f"python3 {test_file}"), hidden_calls(module, hidden)]),
     )
 
 
