@@ -210,6 +210,17 @@ def test_a_program_the_checks_run_cannot_forge_the_status(learner):
     assert graded["reward"] == 0.0, graded["output"]
 
 
+def test_a_harbor_reward_file_counts_only_when_test_sh_ends_by_itself(learner):
+    """test.sh runs the agent's program, which writes reward 1 and kills test.sh before test.sh writes its own."""
+    kill = (
+        "open('/logs/verifier/reward.txt', 'w').write('1')\nimport os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    )
+    graded = grade_with(learner, HARBOR, [put("/app/prog.py", kill)])
+    assert graded["reward"] == 0.0, graded["output"]
+    honest = grade_with(learner, HARBOR, list(HARBOR.solution))
+    assert honest["reward"] == 1.0, honest["output"]
+
+
 # ----------------------------------------------------------------------------------------------- the answer key
 @pytest.mark.parametrize("family", ["column_sum_script", "number_stats_script"])
 def test_a_program_the_checks_run_cannot_read_the_expected_output(learner, family):

@@ -6,8 +6,9 @@ only its hidden inputs mounted (read-only at /tests/inputs): no grader process s
 expected contents and outputs never enter the sandbox.
 
 Harbor (`tests/test.sh`): the tests run with bash at /tests/test.sh; the reward is the number the grader writes to
-/logs/verifier/reward.txt (or reward.json's "reward"), else 1.0 iff it exits 0. Terminal-Bench 1 (`spec.parser`):
-the test run's output decides (see `parsers`), not its exit status, and there is no /logs at all.
+/logs/verifier/reward.txt (or reward.json's "reward") when test.sh ends by itself, else 1.0 iff it exits 0.
+Terminal-Bench 1 (`spec.parser`): the test run's output decides (see `parsers`), not its exit status, and there is no
+/logs at all.
 
 The agent's workspace is where the tests look, so nothing in it may steer how they run: the grader starts with a
 clean environment of its own (`GRADER_ENV`): `HOME` is the command's private /tmp (not the workspace, whose
@@ -104,7 +105,10 @@ def grade(sandbox: Sandbox, spec: TerminalSpec) -> tuple[float, CommandResult]:
     if spec.parser:
         whole = not result.timed_out and not result.output_limited
         return (1.0 if whole and PARSERS[spec.parser](result.stdout_tail) else 0.0), result
-    if written is not None and not result.timed_out:
+    # A reward file counts only when test.sh ended by itself: a program it ran could write the file, then kill it
+    # before it writes its own (a status of 128 + N: killed by signal N).
+    ended_itself = not result.timed_out and not result.output_limited and result.exit_code < 128
+    if written is not None and ended_itself:
         return written, result
     return (1.0 if result.ok else 0.0), result
 
