@@ -5,10 +5,10 @@ as done in full, so the bar jumps there rather than the total shrinking), the ph
 the phase's own signal (greedy match of expert episodes during the warm start, the batch reward during RL), the
 latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
 other reason) once there are any, under dynamic sampling the groups kept of those drawn for the batch, and the time
-left from the rate of the last steps of the phase: during the warm start, the most its imitation steps can still take
-(RL steps cost otherwise: they wait for rollouts, so their time is not guessed from the warm start's), then the RL
-phase's from its own steps. Evaluations and events (the warm start ending, a resume) get a line of their
-own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
+left from the rate of the phase's last steps (after its first, which compiles): during the warm start, the most its
+imitation steps can still take (RL steps cost otherwise: they wait for rollouts, so their time is not guessed from
+the warm start's), then the RL phase's from its own steps. Evaluations and events (the warm start ending, a resume)
+get a line of their own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Progress:
         self._clock = clock
         self._start_time = clock()
         self._rate = RecentRate(self.ETA_WINDOW, initial, self._start_time)
-        self._last_mark, self._in_warm_start = (initial, self._start_time), None
+        self._in_warm_start: bool | None = None  # the phase of the last step (None: no step yet)
         self._terminal = self.enabled and self.stream.isatty()
         self._bar = None  # created at the first step, so that constructing a Progress draws nothing
 
@@ -82,10 +82,11 @@ class Progress:
             return
         done = step if done is None else done
         now = self._clock()
-        if self._in_warm_start and not warm_start:  # RL's rate is its own: from the warm start's last step on
-            self._rate = RecentRate(self.ETA_WINDOW, *self._last_mark)
-        self._in_warm_start, self._last_mark = warm_start, (step, now)
-        self._rate.add(step, now)
+        if warm_start != self._in_warm_start:  # a phase's first step compiles its program: its rate starts after it
+            self._rate = RecentRate(self.ETA_WINDOW, step, now)
+        else:
+            self._rate.add(step, now)
+        self._in_warm_start = warm_start
         if warm_start:
             eta = self._rate.eta(self.total - self.rl_steps - done)
             then = f" to RL (then {self.rl_steps} RL steps)" if self.rl_steps else ""

@@ -122,14 +122,15 @@ def test_dropped_and_stale_trajectories_show_on_the_line_once_there_are_any():
 
 
 def test_the_eta_does_not_carry_the_warm_starts_rate_into_rl():
-    """Imitation steps of 1 s, RL steps of 3 s (they wait for rollouts), a warm start of at most 4 of 10 steps that
-    ends at step 2: the warm start's lines bound its own time only; RL's first line takes its rate from RL's step."""
+    """Imitation steps of 1 s, RL steps of 3 s (they wait for rollouts), each phase's first step 20 s (it compiles),
+    a warm start of at most 4 of 10 steps that ends at step 3: the warm start's lines bound its own time only; RL's
+    take their rate from RL's steps after its first."""
     out, now = io.StringIO(), [0.0]
     progress = Progress(total=10, initial=0, every=1, stream=out, rl_steps=6, clock=lambda: now[0])
-    for step in range(1, 5):
-        now[0] += 1.0 if step <= 2 else 3.0
-        progress.step(step, {"loss": 0.5}, warm_start=step <= 2, done=step if step < 2 else step + 2)
-    etas = [line.split("elapsed, ")[1][:-1] for line in out.getvalue().splitlines()]  # the ETA in "(... elapsed, ETA)"
-    # step 1: 3 warm-start steps left at 1 s; step 2: the warm start ended (4 of 10 done)
-    assert etas[:2] == ["ETA <= 3s to RL (then 6 RL steps)", "ETA <= 0s to RL (then 6 RL steps)"]
-    assert etas[2:] == ["ETA 15s", "ETA 12s"]  # 5, then 4 steps left at RL's 3 s (not the mean with the 1 s steps)
+    for step, seconds in zip(range(1, 7), (20.0, 1.0, 1.0, 20.0, 3.0, 3.0)):
+        now[0] += seconds
+        progress.step(step, {"loss": 0.5}, warm_start=step <= 3, done=step if step < 3 else step + 1)
+    etas = [line.split("elapsed")[1] for line in out.getvalue().splitlines()]
+    # step 1: no rate yet; step 2: 2 warm-start steps left at 1 s; step 3: the warm start ended (4 of 10 done)
+    assert etas[:3] == [")", ", ETA <= 2s to RL (then 6 RL steps))", ", ETA <= 0s to RL (then 6 RL steps))"]
+    assert etas[3:] == [")", ", ETA 12s)", ", ETA 9s)"]  # 4, then 3 steps left at RL's 3 s
