@@ -537,18 +537,18 @@ def pack_batch(
     row_multiple: int = 1,
     share_prefix: bool = False,
 ) -> tuple[TrajectoryBatch, np.ndarray]:
-    """Validates and packs trajectories into rows of T = the smallest bucket >= the longest trajectory, several
-    per row (first_fit_decreasing), as a TrajectoryBatch with segment_ids. Returns it and slots int32[B, S], the
-    index into `trajs` of the trajectory in each slot (-1 unused).
+    """Validates and packs trajectories into rows of T = the bucket >= the longest trajectory whose rows hold the
+    fewest positions (B x T; ties: the shorter bucket), several per row (first_fit_decreasing), as a TrajectoryBatch
+    with segment_ids: a longer row can take two trajectories where the shortest bucket holds one. Returns it and
+    slots int32[B, S], the index into `trajs` of the trajectory in each slot (-1 unused).
 
     B = packed_row_count(bins, row_multiple, len(trajs) rounded up to row_multiple): the microbatches and the
     data-parallel devices split B, and the rows beyond the bins are empty (all padding). S = the most
     trajectories in one row, rounded up to a power of two (fewer distinct shapes).
 
     share_prefix: a trajectory after a row's first holds only what it does not share with it
-    (shared_prefix_length; TrajectoryBatch.prefix_segment_ids), and T is the bucket >= the longest trajectory
-    whose rows hold the fewest positions (B x T; ties: the shorter bucket): longer rows share one prefix among
-    more trajectories."""
+    (shared_prefix_length; TrajectoryBatch.prefix_segment_ids): longer rows share one prefix among more
+    trajectories."""
     shortest = _bucket(trajs, buckets)
     most = -(-len(trajs) // row_multiple) * row_multiple
 
@@ -560,7 +560,7 @@ def pack_batch(
         rows = first_fit_decreasing([tr.length for tr in trajs], T, share if share_prefix else None)
         return rows + [[] for _ in range(packed_row_count(len(rows), row_multiple, most) - len(rows))]
 
-    candidates = sorted(b for b in buckets if b >= shortest) if share_prefix else [shortest]
+    candidates = sorted(b for b in buckets if b >= shortest)
     T, rows = min(((b, layout(b)) for b in candidates), key=lambda c: (len(c[1]) * c[0], c[0]))
     shared = [[0] + [share(r[0], i) for i in r[1:]] for r in rows] if share_prefix else None
     num_slots = 1 << (max(len(r) for r in rows) - 1).bit_length()

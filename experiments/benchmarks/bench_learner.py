@@ -19,9 +19,10 @@ the rounds' own ratios with a 95% bootstrap interval, which cancels load that sl
 
 Sizes: fixed B x T batches (--sizes, or --batch x --seq_len), each row one trajectory of T tokens; and, with
 --lengths, what RL feeds the learner: --length_batches batches of the recorded run's batch size, their episode
-lengths drawn from a run's trajectories (episode_lengths.py), as that run's learner packs them (`pack_batch`: several
-episodes per row of the smallest of its buckets that fits, `train.packing`; --buckets: other buckets) against the
-same episodes padded to the batch's longest, one per row, for PyTorch (what a transformers training loop does). When
+lengths drawn from a run's trajectories (episode_lengths.py), as that run's learner packs them (`pack_batch`:
+several episodes per row of the bucket whose rows hold the fewest positions, `train.packing`; --buckets: other
+buckets) against the same episodes padded to the batch's longest, one per row, for PyTorch (what a transformers
+training loop does). When
 the run's episodes begin with a common prefix (the recorded system prompt and tool schema), the drawn ones do too,
 and ipa_jax is also timed with `train.share_prefix` (each packed row holds the prefix once). One timed call runs
 all the batches, one step each; tokens/s counts real tokens.

@@ -141,7 +141,7 @@ def synthetic_trajectories(lengths, vocab: int, rng: np.random.Generator, scored
 def length_batches(record: dict, count: int, vocab: int, rng: np.random.Generator, buckets=None) -> list[tuple]:
     """`count` batches of record["batch_size"] episodes drawn from the record (length and scored tokens together,
     all beginning with its common prefix); each as (lengths int[B], padded, packed, shared): padded one episode per
-    row to the batch's longest (pad_batch), packed several per row of the smallest of the buckets that fits, as the
+    row to the batch's longest (pad_batch), packed several per row of the bucket that needs the fewest positions, as the
     run's learner packs them (pack_batch; buckets: record["buckets"] unless given), and shared the same with
     share_prefix (train.share_prefix)."""
     from ipa_jax.trajectory import pack_batch, pad_batch
