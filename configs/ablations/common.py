@@ -34,6 +34,7 @@ def get_config():
     # The learner 1.8-2x faster on these episodes (docs/performance.md), the same loss to float32 rounding.
     c.train.packing = True
     c.train.share_prefix = True
+    c.model.moe_impl = "dense"  # the MoE path the committed results ran (the quickstart's is the CPU default)
     # A run whose policy collapses (every reward 0, so every advantage 0) is an outcome of its arm: it goes on to its
     # final evaluation, where the default would stop it without a result and its seed would drop out of the table.
     c.train.max_consecutive_zero_grad = 0
