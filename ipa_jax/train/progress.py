@@ -5,7 +5,8 @@ as done in full, so the bar jumps there rather than the total shrinking), the ph
 the phase's own signal (greedy match of expert episodes during the warm start, the batch reward during RL), the
 latest held-out success, tokens/s, trajectories dropped (stale: policy lag above queue.max_policy_lag; dropped: any
 other reason) once there are any, under dynamic sampling the groups kept of those drawn for the batch, and the time
-left from the rate of the phase's last steps (after its first, which compiles): during the warm start, the most its
+left from the median time of the phase's last steps (after its first, which compiles; a median, so that a step that
+compiles a new shape or waits for an evaluation does not make it jump): during the warm start, the most its
 imitation steps can still take (RL steps cost otherwise: they wait for rollouts, so their time is not guessed from
 the warm start's), then the RL phase's from its own steps. Evaluations and events (the warm start ending, a resume)
 get a line of their own. Only process 0 writes; everything goes to stderr, so stdout holds just the run's summary.
@@ -14,6 +15,7 @@ get a line of their own. Only process 0 writes; everything goes to stderr, so st
 from __future__ import annotations
 
 import collections
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,19 +35,24 @@ def format_duration(seconds: float) -> str:
 
 
 class RecentRate:
-    """Steps per second over the last `window` steps (the first steps pay for compilation, evaluations recur), and
-    the time left at that rate."""
+    """The time a step takes, as the median over the last `window` steps, and the time left at it. A median, not a
+    mean: a step that compiles a new shape or waits for an evaluation is an outlier that would make the time left
+    jump; and none before `MIN_STEPS` steps, so that a phase's second step (often a compile too) sets no ETA alone."""
+
+    MIN_STEPS = 3
 
     def __init__(self, window: int, step: int, now: float):
-        self._marks: collections.deque[tuple[int, float]] = collections.deque([(step, now)], maxlen=window + 1)
+        self._last = (step, now)
+        self._per_step: collections.deque[float] = collections.deque(maxlen=window)
 
     def add(self, step: int, now: float) -> None:
-        self._marks.append((step, now))
+        (last, t0), self._last = self._last, (step, now)
+        if step > last:
+            self._per_step.append((now - t0) / (step - last))
 
     def eta(self, remaining: int) -> float | None:
-        """Seconds for `remaining` more steps; None before the first step."""
-        (first, t0), (last, t1) = self._marks[0], self._marks[-1]
-        return remaining * (t1 - t0) / (last - first) if last > first else None
+        """Seconds for `remaining` more steps; None before MIN_STEPS steps."""
+        return remaining * statistics.median(self._per_step) if len(self._per_step) >= self.MIN_STEPS else None
 
 
 class Progress:

@@ -78,19 +78,27 @@ def test_skipped_updates_show_once_there_are_any():
     assert "skipped" not in first and "skipped 1 " in second
 
 
-def test_the_eta_comes_from_the_last_steps_not_the_whole_run():
-    """A first step of 100 s (compilation), then 1 s a step: over a window of 4 steps the rate is 1 step/s once
-    the first step has left the window; before that, the window's mean."""
+def test_the_eta_is_the_median_step_of_the_last_steps():
+    """Steps of 1 s with a 100 s compile among them: the ETA stays at 1 s a step (a mean would jump to ~34 s a step);
+    none before 3 steps; over a window of 4 steps, a change of pace shows once it is most of the window."""
     rate = RecentRate(window=4, step=0, now=0.0)
-    assert rate.eta(10) is None
-    times = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
-    for step, now in enumerate(times, start=1):
+    durations = [1.0, 100.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
+    etas, now = [], 0.0
+    for step, seconds in enumerate(durations, start=1):
+        now += seconds
         rate.add(step, now)
-        if step == 1:
-            assert rate.eta(10) == 10 * 100.0
-        if step == 4:
-            assert rate.eta(10) == 10 * 103.0 / 4
-    assert rate.eta(10) == 10 * (105.0 - 101.0) / 4
+        etas.append(rate.eta(10))
+    assert etas[:2] == [None, None]
+    assert etas[2:5] == [10.0, 10.0, 10.0]
+    assert etas[5:] == [10.0, 20.0, 30.0]  # medians of (1, 1, 1, 3), (1, 1, 3, 3), (1, 3, 3, 3)
+
+
+def test_the_eta_counts_steps_between_calls():
+    """Calls every 2 steps (a console line every few steps): the time per step, not per call."""
+    rate = RecentRate(window=4, step=0, now=0.0)
+    for step in (2, 4, 6):
+        rate.add(step, float(step))
+    assert rate.eta(5) == 5.0
 
 
 def test_the_total_is_fixed_when_the_warm_start_ends_early():
@@ -122,15 +130,17 @@ def test_dropped_and_stale_trajectories_show_on_the_line_once_there_are_any():
 
 
 def test_the_eta_does_not_carry_the_warm_starts_rate_into_rl():
-    """Imitation steps of 1 s, RL steps of 3 s (they wait for rollouts), each phase's first step 20 s (it compiles),
-    a warm start of at most 4 of 10 steps that ends at step 3: the warm start's lines bound its own time only; RL's
-    take their rate from RL's steps after its first."""
+    """Imitation steps of 1 s, RL steps of 3 s (they wait for rollouts), each phase's first step 20 s (it compiles)
+    and RL's second 12 s (another shape), a warm start of at most 6 of 14 steps that ends at step 5: the warm start's
+    lines bound its own time only; RL's take their time from RL's steps after its first, with no jump at the change."""
     out, now = io.StringIO(), [0.0]
-    progress = Progress(total=10, initial=0, every=1, stream=out, rl_steps=6, clock=lambda: now[0])
-    for step, seconds in zip(range(1, 7), (20.0, 1.0, 1.0, 20.0, 3.0, 3.0)):
-        now[0] += seconds
-        progress.step(step, {"loss": 0.5}, warm_start=step <= 3, done=step if step < 3 else step + 1)
+    progress = Progress(total=14, initial=0, every=1, stream=out, rl_steps=8, clock=lambda: now[0])
+    seconds = (20.0, 1.0, 1.0, 1.0, 1.0, 20.0, 12.0, 3.0, 3.0, 3.0)
+    for step, dt in enumerate(seconds, start=1):
+        now[0] += dt
+        progress.step(step, {"loss": 0.5}, warm_start=step <= 5, done=step if step < 5 else step + 1)
     etas = [line.split("elapsed")[1] for line in out.getvalue().splitlines()]
-    # step 1: no rate yet; step 2: 2 warm-start steps left at 1 s; step 3: the warm start ended (4 of 10 done)
-    assert etas[:3] == [")", ", ETA <= 2s to RL (then 6 RL steps))", ", ETA <= 0s to RL (then 6 RL steps))"]
-    assert etas[3:] == [")", ", ETA 12s)", ", ETA 9s)"]  # 4, then 3 steps left at RL's 3 s
+    # steps 1-3: fewer than 3 timed steps; step 4: 2 warm-start steps left at 1 s; step 5: the warm start ended
+    assert etas[:5] == [")", ")", ")", ", ETA <= 2s to RL (then 8 RL steps))", ", ETA <= 0s to RL (then 8 RL steps))"]
+    # RL: nothing until 3 timed steps after its first; then 4, then 3 steps left at the median 3 s (not 6 s, the mean)
+    assert etas[5:] == [")", ")", ")", ", ETA 12s)", ", ETA 9s)"]
