@@ -7,6 +7,7 @@ progress, on any thread, and the time two kinds overlapped.
         ...
     clock.busy_s("generation")             # wall time with a generation in progress
     clock.busy_s("generation", "learner_step")   # ... while a learner step also was
+    clock.busy_s("generation", without=("tools",))   # ... while no tool call was
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ class ActivityClock:
                 if not self._running[kind]:
                     del self._running[kind]
 
-    def busy_s(self, *kinds: str) -> float:
-        """Seconds during which every one of `kinds` was in progress (an activity still running counts to now)."""
+    def busy_s(self, *kinds: str, without: tuple[str, ...] = ()) -> float:
+        """Seconds during which every one of `kinds` was in progress and none of `without` (an activity still
+        running counts to now)."""
         with self._lock:
             self._advance()
-            return sum(s for active, s in self._by_set.items() if active.issuperset(kinds))
+            return sum(
+                s for active, s in self._by_set.items() if active.issuperset(kinds) and active.isdisjoint(without)
+            )

@@ -681,8 +681,9 @@ class LockstepSource(RolloutSource):
         self.step, self.rl_start = step, rl_start
         if model is None:
             return
-        if self.playing:  # the batches of older weights are played before the engines change
-            concurrent.futures.wait(list(self.playing.values()))
+        if self.playing:  # the batches of older weights are played before the engines change: waiting for rollouts
+            with self.clock.active("batch_wait"):
+                concurrent.futures.wait(list(self.playing.values()))
         self.engines.push(model, step)
         if (
             self.served_step is not None

@@ -225,8 +225,12 @@ def write_summary(
 def time_breakdown(learner: Learner, wall_time_s: float) -> dict[str, float]:
     """The learner thread's wall time by activity (`LEARNER_ACTIVITIES`), as time_<activity>_s, and the rest
     (setup, compiling outside the steps, batch building, logging, checkpoints) as time_other_s: they add up to
-    wall_time_s."""
-    parts = {f"time_{kind}_s": learner.clock.busy_s(kind) for kind in LEARNER_ACTIVITIES}
+    wall_time_s. A lockstep weight sync first waits for the batches in flight (batch_wait within weight_sync): that
+    wait counts as waiting for batches."""
+    parts = {
+        f"time_{kind}_s": learner.clock.busy_s(kind, without=() if kind == "batch_wait" else ("batch_wait",))
+        for kind in LEARNER_ACTIVITIES
+    }
     return {**parts, "time_other_s": wall_time_s - sum(parts.values())}
 
 
