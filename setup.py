@@ -70,7 +70,7 @@ setup(
         "notebooks": ["jupyter", "ipykernel>=6.29"],
         # env.name=reasoning_gym: its procedural generators as task sources (pre-1.0: generators change between
         # versions, so the tested series is pinned).
-        "reasoning_gym": ["reasoning-gym>=0.1.25,<0.2"],
+        "reasoning-gym": ["reasoning-gym>=0.1.25,<0.2"],
         # Rollout hosts only: SGLang needs a CUDA GPU.
         "sglang": ["sglang[all]>=0.5"],
         # gs:// run folders: etils.epath's backend for GCS (Orbax writes the arrays through TensorStore's own driver).

@@ -8,7 +8,7 @@ instance to score it (`make_env(task.env)` needs no arguments). Train and eval c
 instances, split by a hash of the question: the same question is never in both. With `tools` the policy may run
 code in a sandbox before answering (QuestionEnv); the scripted expert answers with the instance's reference answer.
 
-reasoning-gym is an optional extra (pip install -e '.[reasoning_gym]'), imported when the environment is made.
+reasoning-gym is an optional extra (pip install -e '.[reasoning-gym]'), imported when the environment is made.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ipa_jax.envs.base import Task
 from ipa_jax.envs.dataset import QuestionEnv
 from ipa_jax.envs.tool_calls import ToolCall
 
-INSTALL_HINT = "pip install -e '.[reasoning_gym]'"
+INSTALL_HINT = "pip install -e '.[reasoning-gym]'"
 
 
 def _reasoning_gym() -> Any:

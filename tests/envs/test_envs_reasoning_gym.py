@@ -21,7 +21,7 @@ GENERATORS = (
 @pytest.fixture
 def reasoning_gym():
     return pytest.importorskip(
-        "reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e '.[reasoning_gym]'"
+        "reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e '.[reasoning-gym]'"
     )
 
 
