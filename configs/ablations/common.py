@@ -21,7 +21,7 @@ def get_config():
     c.train.eval_every = 40  # held-out success at the end of the warm start, then every 40 RL steps
     c.train.eval_every_episodes = 0  # on all of train.eval_episodes: the tables' curves (AUC) read them
     # The warm start and RL budget the ablation tables were measured with (the quickstart now stops imitating
-    # earlier, at 20%, and runs 120 RL steps): to 35% greedy match, then 80 RL steps.
+    # earlier, at 30%, and runs 60 RL steps): to 35% greedy match, then 80 RL steps.
     c.train.il_warmup_target = 0.35
     c.train.steps = 440
     # Reproducible arms: each batch from exactly the weights one update before (queue.max_policy_lag 1, the
@@ -35,6 +35,7 @@ def get_config():
     c.train.packing = True
     c.train.share_prefix = True
     c.model.moe_impl = "dense"  # the MoE path the committed results ran (the quickstart's is the CPU default)
+    c.rollout.eval_concurrency = 32  # the committed results' evaluation width (the quickstart's matches its rollouts)
     # A run whose policy collapses (every reward 0, so every advantage 0) is an outcome of its arm: it goes on to its
     # final evaluation, where the default would stop it without a result and its seed would drop out of the table.
     c.train.max_consecutive_zero_grad = 0
