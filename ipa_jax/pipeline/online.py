@@ -37,8 +37,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,76 +101,34 @@ def sampling_agent_config(exp: ExperimentConfig) -> AgentConfig:
 class ExpertStream:
     """Endless scripted-expert trajectories over a task stream, as the env config `demos` says: the expert errs on
     its share of the tasks (expert_error) and only tasks of expert_families are demonstrated. position = tasks drawn
-    (checkpointed).
-
-    The episodes are built ahead, in order, in a thread of their own (up to AHEAD of them): scripting an episode and
-    rendering its chat template take ~5 ms, which then overlap the learner's step instead of preceding it. What
-    `take` returns and `count` are exactly those of building each episode when it is taken."""
-
-    AHEAD = 64
+    (checkpointed)."""
 
     def __init__(
         self, env_factory: Callable[[], Env], tasks: Iterator[Task], chat: ChatFormat, demos: EnvConfig | None = None
     ):
         self.env_factory, self.tasks, self.chat = env_factory, tasks, chat
         self.demos = demos or EnvConfig()
-        self.count = 0  # tasks drawn for the episodes taken
-        self._built: queue.Queue | None = None  # (tasks drawn, episode or None: not demonstrated, mistaken)
-        self._stop = threading.Event()
+        self.count = 0
 
     def take(self, n: int, successes_only: bool = False) -> list[Trajectory]:
         """The next `n` demonstrations; `successes_only`: the failed (mistaken) ones are left out."""
-        if self._built is None:
-            self._built = queue.Queue(self.AHEAD)
-            threading.Thread(target=self._build, name="experts", daemon=True).start()
         out = []
         while len(out) < n:
-            item = self._built.get()
-            if isinstance(item, BaseException):
-                raise item
-            self.count, traj, mistaken = item
-            if traj is not None and not (mistaken and successes_only):  # a mistaken episode fails
-                out.append(traj)
+            task = next(self.tasks)
+            self.count += 1
+            env = self.env_factory()
+            if self.demos.expert_families and env.family(task) not in self.demos.expert_families:
+                continue
+            mistaken = expert_errs(task, self.demos.expert_error)
+            if mistaken and successes_only:
+                continue  # its demonstration fails: filtered imitation leaves it out
+            out.append(expert_trajectory(task, env, self.chat, uid=f"expert:{task.task_id}", mistaken=mistaken))
         return out
 
-    def _build(self) -> None:
-        drawn = self.count
-        try:
-            for task in self.tasks:
-                drawn += 1
-                env = self.env_factory()
-                if self.demos.expert_families and env.family(task) not in self.demos.expert_families:
-                    item = (drawn, None, False)
-                else:
-                    mistaken = expert_errs(task, self.demos.expert_error)
-                    traj = expert_trajectory(task, env, self.chat, uid=f"expert:{task.task_id}", mistaken=mistaken)
-                    item = (drawn, traj, mistaken)
-                if not self._put(item):
-                    return
-        except BaseException as e:  # noqa: BLE001 - raised by the take that reaches it
-            self._put(e)
-
-    def _put(self, item) -> bool:
-        """Queue `item` once there is room; False when the stream was closed meanwhile."""
-        while not self._stop.is_set():
-            try:
-                self._built.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def skip_to(self, count: int) -> None:
-        """Resume at `count` tasks drawn (before the first `take`: the stream is deterministic, the draws replayed)."""
-        if self._built is not None:
-            raise RuntimeError("ExpertStream.skip_to after the first take")
-        while self.count < count:
+        while self.count < count:  # the stream is deterministic: replay the task draws
             next(self.tasks)
             self.count += 1
-
-    def close(self) -> None:
-        """Stops the building thread."""
-        self._stop.set()
 
 
 # ---------------------------------------------------------------------------------------------- engines
@@ -375,7 +331,6 @@ class RolloutSource:
         if self.closed:
             return
         self.closed = True
-        self.experts.close()
         self._stop_rollouts()
         self.engines.close()
 

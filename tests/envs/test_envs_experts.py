@@ -1,7 +1,6 @@
 """Imperfect and partial experts: the systematic mistake fails every time, the share of tasks it hits, task
 families, and the demonstrations the IL stream yields (env.expert_error, expert_families, expert_successes_only)."""
 
-import itertools
 import json
 import re
 
@@ -10,7 +9,7 @@ import pytest
 from ipa_jax.envs import Env, StepResult, ToolCall, expert_errs, make_env, register_env
 from ipa_jax.pipeline import ConfigError, load_config, validate
 from ipa_jax.pipeline.config import EnvConfig
-from ipa_jax.pipeline.online import ExpertStream, expert_trajectory
+from ipa_jax.pipeline.online import ExpertStream
 from ipa_jax.pipeline.tokenizer import build_corpus_tokenizer
 
 MISTAKEN_ENVS = {
@@ -148,41 +147,3 @@ def test_expert_stream_yields_the_configured_demonstrations(chat):
     again.skip_to(stream.count)
     assert [t.uid for t in again.take(5, True)] == [t.uid for t in stream.take(5, True)]
     assert json.dumps([t.info["task_id"] for t in trajs])  # JSON-serialisable ids
-
-
-def test_expert_stream_built_ahead_gives_what_building_on_demand_gives(chat):
-    """The episodes are built ahead in a thread: takes of any size, with and without successes_only, return the
-    episodes (and the count of tasks drawn) of building each one when it is taken from the same task stream."""
-    exp = validate(config(expert_error=0.5, expert_families=("add", "mul")))
-    env = exp.env.make()
-    stream = ExpertStream(exp.env.make, env.task_stream("train", seed=7), chat, exp.env)
-    tasks, drawn = env.task_stream("train", seed=7), 0
-    for n, successes_only in [(3, False), (5, True), (1, False), (ExpertStream.AHEAD + 6, True), (2, False)]:
-        expected = []
-        while len(expected) < n:
-            task, drawn = next(tasks), drawn + 1
-            mistaken = expert_errs(task, 0.5)
-            if env.family(task) in ("add", "mul") and not (mistaken and successes_only):
-                expected.append(expert_trajectory(task, exp.env.make(), chat, f"expert:{task.task_id}", mistaken))
-        taken = stream.take(n, successes_only)
-        assert [(t.uid, t.reward, t.tokens.tolist()) for t in taken] == [
-            (t.uid, t.reward, t.tokens.tolist()) for t in expected
-        ]
-        assert stream.count == drawn
-    with pytest.raises(RuntimeError, match="skip_to after the first take"):
-        stream.skip_to(0)
-    stream.close()
-
-
-def test_an_error_while_building_expert_episodes_reaches_the_take(chat):
-    exp = validate(config())
-    env = exp.env.make()
-
-    def three_tasks_then_an_error():
-        yield from itertools.islice(env.task_stream("train", seed=7), 3)
-        raise ValueError("task source broke")
-
-    stream = ExpertStream(exp.env.make, three_tasks_then_an_error(), chat, exp.env)
-    assert len(stream.take(3)) == 3
-    with pytest.raises(ValueError, match="task source broke"):
-        stream.take(1)
