@@ -43,6 +43,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import tempfile
 
 from absl import app, flags
@@ -445,6 +446,7 @@ def main(_):
         )
     summary = []
     for case, (fns, tokens, flops) in cases.items():
+        print(f"timing {case}: {FLAGS.iters} rounds of {len(fns)} functions", file=sys.stderr, flush=True)
         rounds = time_round_robin(fns, FLAGS.iters)
         out = {"flops_per_call": flops}
         for name, t in rounds.items():
@@ -482,6 +484,7 @@ def main(_):
                     f"[{paired['low']:.2f}, {paired['high']:.2f}]"
                 )
             summary.append(line)
+            print(line, file=sys.stderr, flush=True)  # as each size finishes; all of them again at the end
         results[case] = out
     results["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))

@@ -31,14 +31,17 @@ train step in its next seed) compiles once. Without `train_command`, runs train 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ipa_jax.analysis.curves import RunResult
@@ -200,6 +203,25 @@ def seed_from_warm_start(warm_dir: str, run_dir: str) -> None:
             shutil.copy2(src, dst)
 
 
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM (a scheduler's stop, `timeout`) raises SystemExit(143) as Ctrl-C raises
+    KeyboardInterrupt, so that cleanup runs (in the main thread, where signal handlers live; elsewhere nothing
+    changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train_one(
     config_path: str,
     overrides: Mapping[str, Any],
@@ -209,7 +231,8 @@ def train_one(
 ) -> None:
     """One run: `train_command --config=PATH --config.KEY=VALUE ...` as a subprocess (its output to `log_path`;
     with JAX_COMPILATION_CACHE_DIR=`xla_cache_dir` unless the environment sets it), or in this process without a
-    command. Raises RuntimeError when the subprocess fails."""
+    command. Raises RuntimeError when the subprocess fails. A Ctrl-C or SIGTERM of the sweep meanwhile stops the
+    subprocess too (it saves a checkpoint) before the sweep stops: no run is left training on its own."""
     if train_command is None:
         with open(log_path, "w", encoding="utf-8") as f:
             f.write(f"in-process run of {config_path} with {dict(overrides)}\n")
@@ -220,7 +243,14 @@ def train_one(
         f.write(" ".join(cmd) + "\n")
         f.flush()
         env = {"JAX_COMPILATION_CACHE_DIR": xla_cache_dir, **os.environ} if xla_cache_dir else None
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        with sigterm_raises():
+            try:
+                rc = proc.wait()
+            except BaseException:  # the sweep is stopping (Ctrl-C, SIGTERM): its run stops too, with a checkpoint
+                proc.terminate()
+                proc.wait()
+                raise
     if rc != 0:
         raise RuntimeError(f"exit status {rc}")
 

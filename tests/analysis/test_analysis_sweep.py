@@ -15,8 +15,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -623,3 +625,40 @@ def test_resolve_config_names_and_errors(tmp_path):
         ablate.resolve_config("credit_tokne", CONFIG_DIR)
     with pytest.raises(ValueError, match="share a name"):
         ablate.sweep([("a", path), ("a", path)], [0], str(tmp_path))
+
+
+FAKE_RUN = """
+import os, signal, sys, time
+out = sys.argv[1].split("=", 1)[1]  # --config=<a folder of this test>
+def stop(signum, frame):
+    open(os.path.join(out, "stopped"), "w").close()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(out, "started"), "w").close()
+time.sleep(120)
+"""
+
+SWEEP_DRIVER = """
+import sys
+from ipa_jax.analysis.sweep import train_one
+train_one(sys.argv[1], {}, sys.argv[2], train_command=[sys.executable, sys.argv[3]])
+"""
+
+
+def test_a_sweep_stopped_by_sigterm_stops_its_run_in_progress(tmp_path):
+    """`timeout` or a scheduler sends SIGTERM to the sweep alone: the training subprocess of the run in progress gets
+    it too (and saves its checkpoint), and the sweep exits with status 143; none is left training on its own."""
+    fake = tmp_path / "fake_train.py"
+    fake.write_text(FAKE_RUN)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", SWEEP_DRIVER, str(tmp_path), str(tmp_path / "run.log"), str(fake)],
+        start_new_session=True,  # the test's SIGTERM reaches the sweep alone, as `timeout`'s does
+    )
+    for _ in range(600):
+        if (tmp_path / "started").exists():
+            break
+        time.sleep(0.1)
+    assert (tmp_path / "started").exists(), "the fake run never started"
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) == 143
+    assert (tmp_path / "stopped").exists()
